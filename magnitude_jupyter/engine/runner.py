@@ -1,0 +1,206 @@
+"""The only module that touches llama.cpp: one context, many sequences, per-sequence samplers.
+
+One `llama_decode` takes the tokens of every scheduled sequence (each with its own seq id and
+positions); llama.cpp's sampler chains then sample each sequence from its own logits row.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from .request import SamplingParams
+from .scheduler import DecodeItem
+
+_backend_ready = False
+
+
+class RunnerError(RuntimeError):
+    pass
+
+
+def _init_backend(verbose: bool) -> None:
+    global _backend_ready
+    import llama_cpp._logger as llama_logger  # installs llama-cpp-python's log callback
+
+    llama_logger.logger.setLevel(logging.DEBUG if verbose else logging.ERROR)
+    if not _backend_ready:
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+
+
+class LlamaRunner:
+    """A loaded model and one context with `n_seq_max` sequences over a unified KV cache."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        n_ctx: int,
+        n_seq_max: int,
+        n_batch: int = 512,
+        n_threads: int = 2,
+        verbose: bool = False,
+    ) -> None:
+        _init_backend(verbose)
+        mparams = llama_cpp.llama_model_default_params()
+        self.model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), mparams)
+        if not self.model:
+            raise RunnerError(f"llama.cpp could not load the model file {model_path}")
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_seq_max = n_seq_max
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = n_threads
+        # One cache shared by all sequences: a long request may use most of it, many short ones share it.
+        cparams.kv_unified = True
+        cparams.no_perf = True
+        self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            llama_cpp.llama_model_free(self.model)
+            raise RunnerError(f"llama.cpp could not create a context of {n_ctx} tokens x {n_seq_max} sequences")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self.model))
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        self.n_batch = n_batch
+        self.n_seq_max = n_seq_max
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self.bos_token = self._special_text(llama_cpp.llama_vocab_bos(self.vocab))
+        self.eos_token = self._special_text(llama_cpp.llama_vocab_eos(self.vocab))
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._samplers: dict[int, ctypes.c_void_p] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._closed = False
+
+    def _special_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return llama_cpp.llama_vocab_get_text(self.vocab, token).decode("utf-8", errors="replace")
+
+    # -- text ----------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
+        if n < 0:
+            capacity = -n
+            buf = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
+        if n < 0:
+            raise RunnerError("tokenization failed")
+        return list(buf[:n])
+
+    def token_to_piece(self, token: int) -> bytes:
+        buf = self._piece_buf
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    # -- sequences -------------------------------------------------------------------------
+
+    def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: Sequence[int]) -> None:
+        """Build the sequence's sampler; the prompt primes the repetition penalty."""
+        self._free_sampler(seq_id)
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        penalize = params.repeat_penalty != 1.0 and params.repeat_last_n != 0
+        if penalize:
+            last_n = self.n_ctx if params.repeat_last_n == -1 else params.repeat_last_n
+            llama_cpp.llama_sampler_chain_add(
+                chain, llama_cpp.llama_sampler_init_penalties(self.n_vocab, last_n, params.repeat_penalty, 0.0, 0.0)
+            )
+        if params.greedy:
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+        else:
+            if params.top_k > 0:
+                llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(params.top_k))
+            if params.top_p < 1.0:
+                llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+            if params.min_p > 0.0:
+                llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(params.temperature))
+            seed = params.seed if params.seed is not None else random.getrandbits(32)
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        if penalize:
+            for token in prompt_tokens:
+                llama_cpp.llama_sampler_accept(chain, token)
+        self._samplers[seq_id] = chain
+
+    def end_sequence(self, seq_id: int) -> None:
+        """Give the sequence's KV cells back at once, and drop its sampler."""
+        llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+        self._free_sampler(seq_id)
+
+    def sequence_length(self, seq_id: int) -> int:
+        """Tokens this sequence holds in the KV cache (0 when empty)."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id)) + 1
+
+    def _free_sampler(self, seq_id: int) -> None:
+        chain = self._samplers.pop(seq_id, None)
+        if chain is not None:
+            llama_cpp.llama_sampler_free(chain)
+
+    # -- compute ---------------------------------------------------------------------------
+
+    def decode(self, items: Sequence[DecodeItem]) -> list[int | None]:
+        """One `llama_decode` over all items; returns, per item, the batch row of its logits (or None)."""
+        batch = self._batch
+        n = 0
+        rows: list[int | None] = []
+        for item in items:
+            pos = item.start_pos
+            for token in item.tokens:
+                if n >= self.n_batch:
+                    raise RunnerError(f"a step of more than n_batch={self.n_batch} tokens")
+                batch.token[n] = token
+                batch.pos[n] = pos
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = item.seq_id
+                batch.logits[n] = 0
+                pos += 1
+                n += 1
+            if item.want_logits and item.tokens:
+                batch.logits[n - 1] = 1
+                rows.append(n - 1)
+            else:
+                rows.append(None)
+        batch.n_tokens = n
+        if n == 0:
+            return rows
+        status = llama_cpp.llama_decode(self.ctx, batch)
+        if status != 0:
+            raise RunnerError(f"llama_decode failed with status {status} ({n} tokens)")
+        return rows
+
+    def sample(self, seq_id: int, row: int) -> int:
+        return int(llama_cpp.llama_sampler_sample(self._samplers[seq_id], self.ctx, row))
+
+    def logits(self, row: int) -> np.ndarray:
+        """A copy of one logits row of the last decode (tests and calibration read these)."""
+        ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for seq_id in list(self._samplers):
+            self._free_sampler(seq_id)
+        llama_cpp.llama_batch_free(self._batch)
+        llama_cpp.llama_free(self.ctx)
+        llama_cpp.llama_model_free(self.model)

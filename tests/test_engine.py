@@ -1,0 +1,157 @@
+"""The engine on the real bundled model: nothing here is mocked."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from magnitude_jupyter.engine import Priority, PromptTooLongError, SamplingParams
+
+pytestmark = pytest.mark.model
+
+PROMPTS = [
+    "The capital of France is",
+    "Write a short poem about the sea.",
+    "List three prime numbers:",
+    "Once upon a time, in a small village,",
+    "Explain what a KV cache is in one sentence.",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Translate 'good morning' into Spanish:",
+    "A haiku about autumn leaves:",
+]
+
+
+def greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)
+
+
+def wait_idle(engine, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = engine.status()
+        if status["running"] == 0 and status["waiting"] == 0:
+            return status
+        time.sleep(0.02)
+    raise AssertionError(f"engine still busy: {engine.status()}")
+
+
+def busy_batch(engine, n=8, max_tokens=96):
+    return [
+        engine.submit(PROMPTS[i % len(PROMPTS)], params=greedy(max_tokens, ignore_eos=True), priority=Priority.BATCH)
+        for i in range(n)
+    ]
+
+
+def test_reproducible_request_is_identical_under_load(engine):
+    messages = [{"role": "user", "content": "Tell me about the history of the bicycle."}]
+    params = greedy(48, reproducible=True)
+    alone = engine.generate(messages=messages, params=params)
+    wait_idle(engine)
+
+    batch = busy_batch(engine)
+    while engine.status()["running"] < 8:  # make sure the batch really runs beside it
+        time.sleep(0.01)
+    loaded = engine.generate(messages=messages, params=params)
+    assert any(not r.is_finished for r in batch), "the batch should still be running beside it"
+    assert loaded.token_ids == alone.token_ids
+    assert loaded.text == alone.text and alone.usage["completion_tokens"] > 0
+    for r in batch:
+        list(engine.stream(r.request_id))
+
+    # sampled, seeded and reproducible: the same seed gives the same text, under load too
+    sampled = SamplingParams(max_tokens=32, temperature=0.9, seed=1234, reproducible=True)
+    first = engine.generate(messages=messages, params=sampled)
+    busy_batch(engine, n=4, max_tokens=48)
+    second = engine.generate(messages=messages, params=sampled)
+    assert first.token_ids == second.token_ids
+    other = engine.generate(messages=messages, params=SamplingParams(**{**sampled.to_json(), "seed": 99}))
+    assert other.token_ids != first.token_ids
+    wait_idle(engine)
+
+
+def test_cancel_mid_generation_gives_kv_back(engine):
+    request = engine.submit(PROMPTS[3], params=greedy(400, ignore_eos=True))
+    events = engine.stream(request.request_id)
+    for _ in range(5):
+        next(events)
+    seq_id = request.seq_id
+    assert seq_id is not None and engine.runner.sequence_length(seq_id) > 0
+    assert engine.status()["kv_cells_reserved"] >= len(request.prompt_tokens) + 400
+    assert engine.cancel(request.request_id)
+    rest = list(events)
+    assert rest[-1].finish_reason == "cancelled"
+    status = wait_idle(engine)
+    assert status["kv_cells_reserved"] == 0 and status["kv_cells_used"] == 0
+    assert engine.runner.sequence_length(seq_id) == 0
+    assert rest[-1].usage["completion_tokens"] == len(request.output_tokens) >= 5
+
+
+def test_too_long_prompt_is_rejected_with_the_numbers(engine):
+    long_prompt = "word " * 9000
+    with pytest.raises(PromptTooLongError, match=r"prompt tokens \+ \d+ max_tokens = \d+ tokens, but the .* is 8192"):
+        engine.submit(long_prompt, params=greedy(16))
+    with pytest.raises(PromptTooLongError, match="8192"):
+        engine.submit("hello", params=greedy(9000))
+    with pytest.raises(ValueError, match="max_tokens"):
+        engine.submit("hello", params=SamplingParams(max_tokens=-1))
+    assert engine.generate("Hello", params=greedy(4)).usage["completion_tokens"] >= 1  # still serving
+
+
+def test_stop_strings(engine):
+    free = engine.generate("Count: 1, 2, 3, 4, 5, 6,", params=greedy(24))
+    assert " 8" in free.text, free.text
+    stopped = engine.generate("Count: 1, 2, 3, 4, 5, 6,", params=greedy(24, stop=[" 8"]))
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == free.text[: free.text.index(" 8")]
+
+
+def test_replay_from_event_n_equals_suffix(engine):
+    request = engine.submit(PROMPTS[1], params=greedy(40, ignore_eos=True))
+    full = list(engine.stream(request.request_id))
+    # one event per token; the last token rides on the final event
+    assert full[-1].is_final and len(full) == 40
+    assert [t for e in full for t in e.token_ids] == request.output_tokens
+    for n in (0, 1, 17, 39, 40):
+        assert list(engine.stream(request.request_id, after=n)) == full[n:]
+    # a reader that joins mid-generation and one that re-attaches get the same text
+    request = engine.submit(PROMPTS[2], params=greedy(40, ignore_eos=True))
+    first_part = []
+    for event in engine.stream(request.request_id):
+        first_part.append(event)
+        if len(first_part) == 7:
+            break  # the "client" disconnects
+    resumed = list(engine.stream(request.request_id, after=first_part[-1].id))
+    whole = list(engine.stream(request.request_id))
+    assert "".join(e.text for e in first_part + resumed) == "".join(e.text for e in whole)
+
+
+def test_sixteen_concurrent_requests_finish_with_correct_usage(engine):
+    lengths = [4 + 7 * i for i in range(16)]
+    results: dict[int, object] = {}
+
+    def client(i: int) -> None:
+        prompt = PROMPTS[i % len(PROMPTS)]
+        results[i] = (prompt, engine.generate(prompt, params=greedy(lengths[i], ignore_eos=True)))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(results) == 16
+    for i, (prompt, result) in results.items():
+        assert result.finish_reason == "length"
+        assert result.usage["completion_tokens"] == lengths[i] == len(result.token_ids)
+        assert result.usage["prompt_tokens"] == len(engine.tokenize(prompt))
+        assert result.timings["ttft_ms"] > 0 and result.timings["total_ms"] >= result.timings["ttft_ms"]
+    wait_idle(engine)
+
+
+def test_chat_template_and_eos(engine):
+    result = engine.generate(messages=[{"role": "user", "content": "Say hi."}], params=greedy(64))
+    assert result.text.strip()
+    assert "<|im_end|>" not in result.text
+    assert result.finish_reason in ("stop", "length")

@@ -1,0 +1,120 @@
+"""Batching changes nothing but rounding: teacher forcing at the runner level, on the real model.
+
+llama.cpp on CPU is not batch-invariant, so logits differ slightly between a sequence fed alone
+and among others; a sequence-id, position or logits-row mix-up would make them differ wildly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from magnitude_jupyter.engine.request import SamplingParams
+from magnitude_jupyter.engine.runner import LlamaRunner
+from magnitude_jupyter.engine.scheduler import DecodeItem
+
+pytestmark = pytest.mark.model
+
+TARGETS = [
+    "The history of the bicycle begins in the early nineteenth century, when",
+    "Write a detailed essay about climate change and its effects on",
+    "The quick brown fox",
+]
+OTHERS = [
+    "Write a recipe for pancakes:",
+    "def quicksort(xs):",
+    "Three facts about the moon:",
+    "Dear team, I am writing to",
+    "The mitochondria is",
+    "SELECT name FROM users WHERE",
+    "Once upon a time there was a dragon who",
+    "In 1969, astronauts",
+]
+STEPS = 64
+TARGET_SEQ = 5  # not seq 0 and not batch row 0: an index mix-up must show
+
+
+@pytest.fixture(scope="module")
+def runner(model_path):
+    r = LlamaRunner(model_path, n_ctx=4096, n_seq_max=9, n_batch=512, n_threads=2)
+    yield r
+    r.close()
+
+
+def greedy_continuation(runner: LlamaRunner, prompt: list[int], n: int) -> list[int]:
+    runner.start_sequence(0, SamplingParams(temperature=0), prompt)
+    (row,) = runner.decode([DecodeItem(0, prompt, 0, True)])
+    out = []
+    for i in range(n):
+        token = runner.sample(0, row)
+        out.append(token)
+        (row,) = runner.decode([DecodeItem(0, [token], len(prompt) + i, True)])
+    runner.end_sequence(0)
+    return out
+
+
+def alone_and_batched_logits(runner: LlamaRunner, target: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Logits of the same forced token sequence, fed alone and fed among 8 other sequences."""
+    prompt = runner.tokenize(target)
+    forced = greedy_continuation(runner, prompt, STEPS)
+
+    # Alone: the target sequence by itself.
+    alone = []
+    (row,) = runner.decode([DecodeItem(TARGET_SEQ, prompt, 0, True)])
+    alone.append(runner.logits(row))
+    for i, token in enumerate(forced[:-1]):
+        (row,) = runner.decode([DecodeItem(TARGET_SEQ, [token], len(prompt) + i, True)])
+        alone.append(runner.logits(row))
+    runner.end_sequence(TARGET_SEQ)
+    assert runner.sequence_length(TARGET_SEQ) == 0
+
+    # Among 8 others: the same tokens, each step in one decode with 8 other sequences around it.
+    others = dict(zip([s for s in range(9) if s != TARGET_SEQ], [runner.tokenize(t) for t in OTHERS], strict=True))
+    position = {seq: 0 for seq in others}
+    feed = dict(others)  # what each other sequence is fed next: its prompt, then its own greedy token
+    batched = []
+    target_feed, target_pos = prompt, 0
+    for i in range(STEPS):
+        items = [DecodeItem(seq, feed[seq], position[seq], True) for seq in sorted(others) if seq < TARGET_SEQ]
+        items.append(DecodeItem(TARGET_SEQ, target_feed, target_pos, True))
+        items += [DecodeItem(seq, feed[seq], position[seq], True) for seq in sorted(others) if seq > TARGET_SEQ]
+        rows = runner.decode(items)
+        for item, row in zip(items, rows, strict=True):
+            logits = runner.logits(row)
+            if item.seq_id == TARGET_SEQ:
+                batched.append(logits)
+            else:
+                position[item.seq_id] += len(item.tokens)
+                feed[item.seq_id] = [int(np.argmax(logits))]
+        target_pos += len(target_feed)
+        target_feed = [forced[i]]
+    for seq in range(9):
+        runner.end_sequence(seq)
+
+    return alone, batched
+
+
+def test_batched_logits_match_alone_up_to_rounding(runner):
+    steps = agree = 0
+    deltas = []
+    for target in TARGETS:
+        alone, batched = alone_and_batched_logits(runner, target)
+        assert len(alone) == len(batched) == STEPS
+        for step, (a, b) in enumerate(zip(alone, batched, strict=True)):
+            top2 = np.sort(a)[-2:]
+            margin = top2[1] - top2[0]
+            same = int(np.argmax(a)) == int(np.argmax(b))
+            steps += 1
+            agree += same
+            deltas.append(float(np.mean(np.abs(a - b))))
+            if margin > 2.0:
+                assert same, f"{target!r} step {step}: top token differs although the alone margin is {margin:.2f}"
+    assert agree / steps >= 0.95, f"top token agrees at only {agree}/{steps} steps"
+    assert float(np.median(deltas)) < 1.0, f"median mean |Δlogit| {np.median(deltas):.3f}: more than rounding"
+
+
+def test_tokenize_roundtrip_and_pieces(runner):
+    tokens = runner.tokenize("Hello, world! Ünïcödé €", add_special=False)
+    text = b"".join(runner.token_to_piece(t) for t in tokens).decode()
+    assert text == "Hello, world! Ünïcödé €"
+    assert runner.is_eog(runner.tokenize("<|im_end|>", add_special=False)[0])
