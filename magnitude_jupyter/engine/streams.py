@@ -51,6 +51,7 @@ class TokenStream:
     _closed: bool = False
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _listeners: list[Callable[[], None]] = field(default_factory=list)
+    _done: threading.Event = field(default_factory=threading.Event)
     readers: int = 0
     detached_since: float | None = field(default_factory=time.monotonic)
     closed_at: float | None = None
@@ -77,6 +78,7 @@ class TokenStream:
             if event.is_final:
                 self._closed = True
                 self.closed_at = time.monotonic()
+                self._done.set()
             self._cond.notify_all()
             listeners = list(self._listeners)
         for listener in listeners:
@@ -118,6 +120,17 @@ class TokenStream:
         with self._cond:
             if callback in self._listeners:
                 self._listeners.remove(callback)
+
+    def wait_final(self, timeout: float | None = None) -> StreamEvent:
+        """Block until the final event (without waking on every token) and return it; counts as a reader."""
+        self.attach()
+        try:
+            if not self._done.wait(timeout):
+                raise TimeoutError(f"stream {self.request_id} did not finish within {timeout} s")
+        finally:
+            self.detach()
+        with self._cond:
+            return self._events[-1]
 
     def read(self, after_id: int = 0, timeout: float | None = None) -> Iterator[StreamEvent]:
         """Every event after `after_id`, then the live rest, until the final event.
