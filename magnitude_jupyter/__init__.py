@@ -2,4 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
+
+
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    from .server.extension import MagnitudeApp
+
+    return [{"module": "magnitude_jupyter.server.extension", "app": MagnitudeApp}]

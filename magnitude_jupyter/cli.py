@@ -141,5 +141,67 @@ def chat(
         raise click.ClickException(str(exc)) from exc
 
 
+@main.command()
+@click.option("-m", "--model", default=None, help="Model alias or .gguf path (default: from config).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--parallel", type=int, default=None, help="Sequences decoded together.")
+@click.option("--ctx-size", type=int, default=None, help="KV cache size in tokens, shared by all sequences.")
+@click.option("--threads", type=int, default=None, help="CPU threads for llama.cpp (0: all cores).")
+@click.option("--grace-seconds", type=float, default=None, help="Keep an unread stream this long.")
+@click.option("--token", default=None, help="Bearer token clients must send (default: $MAGNITUDE_TOKEN or a new one).")
+@click.option("--no-auth", is_flag=True, help="Accept requests without a token (loopback hosts only).")
+@click.option("--force", is_flag=True, help="Allow --no-auth on a non-loopback host.")
+@click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp's log.")
+def serve(
+    model: str | None,
+    host: str,
+    port: int,
+    parallel: int | None,
+    ctx_size: int | None,
+    threads: int | None,
+    grace_seconds: float | None,
+    token: str | None,
+    no_auth: bool,
+    force: bool,
+    verbose: bool,
+) -> None:
+    """Serve the OpenAI-compatible API (and /health, /status, /metrics) on HTTP."""
+    import asyncio
+    import logging
+
+    from .engine import Engine
+    from .server.standalone import is_loopback, resolve_token
+    from .server.standalone import serve as run_server
+
+    if no_auth and not is_loopback(host) and not force:
+        raise click.ClickException(
+            f"--no-auth on {host} would let anyone on the network use this server; add --force if you really mean it"
+        )
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(message)s")
+    settings = _settings()
+    overrides = {
+        k: v
+        for k, v in {
+            "parallel": parallel,
+            "ctx_size": ctx_size,
+            "threads": threads,
+            "grace_seconds": grace_seconds,
+        }.items()
+        if v is not None
+    }
+    try:
+        engine = Engine(model, settings=settings, verbose=verbose, **overrides)
+    except (ModelNotFoundError, ConfigError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    token, generated = resolve_token(token, no_auth)
+    if generated:
+        click.echo(f"token: {token}  (clients on this machine also find it in ~/.magnitude/runtime)")
+    try:
+        asyncio.run(run_server(engine, host, port, token, announce=lambda line: click.echo(line)))
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -113,6 +113,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stop = False
         self._started_at = time.monotonic()
+        self.started_at_wall = time.time()
 
     def _llama_runner_factory(self, es: EngineSettings) -> Runner:
         from .runner import LlamaRunner

@@ -151,6 +151,7 @@ class Request:
     finished_time: float | None = None
     stream: TokenStream | None = None
     text: TextAssembler | None = None
+    meta: dict[str, Any] = field(default_factory=dict)  # for hosts (the server keeps the response shape here)
 
     @property
     def kv_cells(self) -> int:

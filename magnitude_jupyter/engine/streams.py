@@ -9,12 +9,15 @@ an id that is no longer held raises `StreamGoneError`; there is never a silent g
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class UnknownStreamError(LookupError):
@@ -82,7 +85,10 @@ class TokenStream:
             self._cond.notify_all()
             listeners = list(self._listeners)
         for listener in listeners:
-            listener()
+            try:
+                listener()
+            except Exception:  # a broken reader must never stop the engine thread
+                log.exception("stream listener failed")
         return event
 
     def events_after(self, after_id: int) -> list[StreamEvent]:

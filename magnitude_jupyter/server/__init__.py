@@ -1,0 +1,1 @@
+"""HTTP hosts for the engine: the Jupyter server extension and `magnitude serve`."""

@@ -1,0 +1,31 @@
+"""Engine errors to HTTP statuses, in one place."""
+
+from __future__ import annotations
+
+from ..engine import EngineError, OverloadedError, PromptTooLongError, StreamGoneError, UnknownStreamError
+from ..engine.chat import ChatFormatError
+from ..models import ModelNotFoundError
+from .protocol import ApiError
+
+
+def api_error_from(exc: Exception) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, PromptTooLongError):
+        return ApiError(400, str(exc), param="messages", code="context_length_exceeded")
+    if isinstance(exc, OverloadedError):
+        retry = max(1, round(exc.retry_after))
+        return ApiError(429, str(exc), type="rate_limit_error", code="queue_full", headers={"Retry-After": str(retry)})
+    if isinstance(exc, ChatFormatError):
+        return ApiError(400, str(exc), param=exc.param, code="invalid_value")
+    if isinstance(exc, ModelNotFoundError):
+        return ApiError(404, str(exc), param="model", code="model_not_found")
+    if isinstance(exc, UnknownStreamError):
+        return ApiError(404, str(exc), code="stream_not_found")
+    if isinstance(exc, StreamGoneError):
+        return ApiError(410, str(exc), code="stream_gone")
+    if isinstance(exc, EngineError):
+        return ApiError(503, str(exc), type="server_error", code="model_not_ready", headers={"Retry-After": "2"})
+    if isinstance(exc, ValueError):  # SamplingParams.validate and friends name the field
+        return ApiError(400, str(exc), param=getattr(exc, "param", None), code="invalid_value")
+    return ApiError(500, f"internal error: {exc}", type="server_error")

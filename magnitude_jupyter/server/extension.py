@@ -1,0 +1,69 @@
+"""The Jupyter server extension: the API under `{base_url}magnitude/`, behind Jupyter's own auth."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from jupyter_server.base.handlers import JupyterHandler
+from jupyter_server.extension.application import ExtensionApp
+from jupyter_server.extension.handler import ExtensionHandlerMixin
+from tornado import web
+from traitlets import Float, Integer, Unicode
+
+from ..config import EngineSettings, load_settings
+from ..engine import Engine
+from .handlers import DEFAULT_MAX_BODY_BYTES, ENGINE_KEY, MAX_BODY_KEY, make_routes
+
+AUTH_RESOURCE = "magnitude"
+
+
+class JupyterAuthHandler(ExtensionHandlerMixin, JupyterHandler):
+    """Jupyter decides who may call: its token (`Authorization: token|Bearer ...`) or login cookie."""
+
+    auth_resource = AUTH_RESOURCE
+
+    async def prepare(self) -> None:  # type: ignore[override]
+        await super().prepare()
+        if self.current_user is None:
+            raise web.HTTPError(403, "authentication required: use the Jupyter server's token or login")
+        action = "read" if self.request.method in ("GET", "HEAD", "OPTIONS") else "write"
+        if not self.authorizer.is_authorized(self, self.current_user, action, AUTH_RESOURCE):
+            raise web.HTTPError(403, f"not authorized to {action} {AUTH_RESOURCE}")
+
+
+class MagnitudeApp(ExtensionApp):
+    name = "magnitude_jupyter"
+    description = "A local-LLM inference service inside Jupyter."
+    load_other_extensions = True
+
+    model = Unicode(None, allow_none=True, config=True, help="Model alias or .gguf path (default: the config file's).")
+    parallel = Integer(None, allow_none=True, config=True, help="Sequences decoded together.")
+    ctx_size = Integer(None, allow_none=True, config=True, help="KV cache size in tokens, shared by all sequences.")
+    threads = Integer(None, allow_none=True, config=True, help="CPU threads for llama.cpp (0: all cores).")
+    max_waiting = Integer(None, allow_none=True, config=True, help="Waiting requests before new ones get 429.")
+    grace_seconds = Float(
+        None, allow_none=True, config=True, help="How long a stream nobody reads is kept before it is cancelled."
+    )
+    max_body_bytes = Integer(DEFAULT_MAX_BODY_BYTES, config=True, help="Largest request body accepted (413 above).")
+
+    def initialize_settings(self) -> None:
+        settings = load_settings()
+        names = {f.name for f in fields(EngineSettings)}
+        overrides: dict[str, Any] = {
+            name: getattr(self, name) for name in names if self.has_trait(name) and getattr(self, name) is not None
+        }
+        self.engine = Engine(self.model, settings=settings, **overrides)
+        self.settings.update({ENGINE_KEY: self.engine, MAX_BODY_KEY: self.max_body_bytes})
+
+    def initialize_handlers(self) -> None:
+        self.handlers.extend(make_routes(JupyterAuthHandler, "/magnitude/"))
+
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        # The model loads on the engine thread; the server answers /health with 503 until it is ready.
+        self.engine.start(wait=False)
+
+    async def stop_extension(self) -> None:
+        import asyncio
+
+        await asyncio.get_running_loop().run_in_executor(None, self.engine.shutdown)
