@@ -6,6 +6,8 @@ from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine
 from magnitude_jupyter.models import bundled_model_path
 
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
 
 @pytest.fixture(scope="session")
 def model_path():

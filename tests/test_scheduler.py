@@ -69,10 +69,11 @@ def test_too_long_is_rejected_with_numbers():
 
 def test_queue_full_is_overload():
     s = Scheduler(ctx_size=100, max_running=1, n_batch=64, max_waiting=2)
-    s.add_request(make_request("a"))
+    s.add_request(make_request("a"))  # will take the free slot at the next step: not counted
     s.add_request(make_request("b"))
+    s.add_request(make_request("c"))
     with pytest.raises(OverloadedError):
-        s.add_request(make_request("c"))
+        s.add_request(make_request("d"))
 
 
 def test_prefill_is_chunked_and_decodes_go_first():

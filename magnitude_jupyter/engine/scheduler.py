@@ -109,7 +109,8 @@ class Scheduler:
 
     def add_request(self, request: Request) -> None:
         self.check_fits(len(request.prompt_tokens), request.max_tokens)
-        if self.num_waiting >= self.max_waiting:
+        # Requests that the next step will admit into a free slot are not "waiting" for the limit.
+        if self.num_waiting - len(self.free_seq_ids) >= self.max_waiting:
             raise OverloadedError(
                 f"the waiting queue is full ({self.max_waiting} requests); retry shortly",
                 retry_after=1.0,

@@ -58,6 +58,8 @@ async def send_sse(handler: RequestHandler, stream: TokenStream, after: int, ren
     stream.add_listener(wake)
     stream.attach()
     try:
+        # Headers go out at once: a queued request is accepted even before its first token.
+        await handler.flush()
         cursor = after
         while True:
             wake.event.clear()

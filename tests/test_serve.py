@@ -1,0 +1,295 @@
+"""`magnitude serve` as a real process, driven by the `openai` package and raw HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.model
+
+TOKEN = "test-token-123"
+MESSAGES = [{"role": "user", "content": "Tell me a story about a lighthouse."}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve")
+    config = tmp / "config.yaml"
+    config.write_text("engine:\n  max_waiting: 8\n  retention_seconds: 3\n")
+    port = free_port()
+    env = {**os.environ, "MAGNITUDE_CONFIG": str(config), "MAGNITUDE_RUNTIME_DIR": str(tmp / "runtime")}
+    env.pop("MAGNITUDE_TOKEN", None)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "magnitude_jupyter.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--token",
+            TOKEN,
+            "--parallel",
+            "16",
+            "--ctx-size",
+            "4096",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            r = httpx.get(f"{url}/health", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=2)
+            if r.status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"server did not start: {proc.stdout.read() if proc.stdout else ''}")
+        time.sleep(0.2)
+    yield {"url": url, "proc": proc, "runtime": tmp / "runtime", "port": port}
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    assert not (tmp / "runtime" / f"serve-{port}.json").exists(), "the runtime file is removed on shutdown"
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server["url"] + "/v1", api_key=TOKEN, max_retries=0, timeout=120)
+
+
+def auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKEN}"}
+
+
+def test_token_file_and_auth(server):
+    info = json.loads((server["runtime"] / f"serve-{server['port']}.json").read_text())
+    assert info["token"] == TOKEN and info["url"] == server["url"]
+    assert oct((server["runtime"] / f"serve-{server['port']}.json").stat().st_mode)[-3:] == "600"
+    for path in ("/health", "/v1/models", "/status", "/metrics", "/magnitude/health"):
+        r = httpx.get(server["url"] + path)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    bad = openai.OpenAI(base_url=server["url"] + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_openai_client_sync_and_streaming(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["smollm2-135m"]
+    extra = {"reproducible": True}
+    sync = client.chat.completions.create(
+        model="smollm2-135m", messages=MESSAGES, max_tokens=24, temperature=0, extra_body=extra
+    )
+    assert sync.choices[0].message.content and sync.usage.completion_tokens <= 24
+    assert sync.model_extra["timings"]["ttft_ms"] > 0
+
+    parts, usage = [], None
+    stream = client.chat.completions.create(
+        model="smollm2-135m",
+        messages=MESSAGES,
+        max_tokens=24,
+        temperature=0,
+        extra_body=extra,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+        if chunk.usage:
+            usage = chunk.usage
+    assert "".join(parts) == sync.choices[0].message.content
+    assert usage is not None and usage.completion_tokens == sync.usage.completion_tokens
+
+    completion = client.completions.create(model="smollm2-135m", prompt="1, 2, 3,", max_tokens=6, temperature=0)
+    assert completion.choices[0].text and completion.object == "text_completion"
+
+
+def sse_events(lines):
+    """Parse SSE lines into (id, data) pairs."""
+    event_id, data = None, None
+    for line in lines:
+        if line.startswith("id: "):
+            event_id = int(line[4:])
+        elif line.startswith("data: "):
+            data = line[6:]
+        elif line == "" and data is not None:
+            yield event_id, data
+            event_id, data = None, None
+
+
+def text_of(events) -> str:
+    out = []
+    for _, data in events:
+        if data != "[DONE]":
+            chunk = json.loads(data)
+            out += [c["delta"].get("content") or "" for c in chunk["choices"]]
+    return "".join(out)
+
+
+def test_resume_after_disconnect_equals_uninterrupted_run(server):
+    body = {
+        "messages": MESSAGES,
+        "max_tokens": 40,
+        "temperature": 0,
+        "ignore_eos": True,
+        "reproducible": True,
+        "stream": True,
+    }
+    url = server["url"] + "/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, headers=auth(), timeout=60) as r:
+        whole = list(sse_events(r.iter_lines()))
+    expected = text_of(whole)
+
+    first = []
+    with httpx.stream("POST", url, json=body, headers=auth(), timeout=60) as r:
+        for event in sse_events(r.iter_lines()):
+            first.append(event)
+            if len(first) == 5:
+                break  # drop the connection mid-answer
+    completion_id = json.loads(first[0][1])["id"]
+    last_id = first[-1][0]
+    with httpx.stream(
+        "GET",
+        f"{server['url']}/v1/streams/{completion_id}",
+        headers={**auth(), "Last-Event-ID": str(last_id)},
+        timeout=60,
+    ) as r:
+        assert r.status_code == 200
+        rest = list(sse_events(r.iter_lines()))
+    assert rest[-1][1] == "[DONE]" and rest[0][0] == last_id + 1
+    assert text_of(first) + text_of(rest) == expected
+    # ?starting_after works the same, and from 0 replays everything
+    r = httpx.get(f"{server['url']}/v1/streams/{completion_id}", params={"starting_after": 0}, headers=auth())
+    assert text_of(sse_events(r.text.splitlines())) == expected
+
+
+def test_stream_cancel_unknown_and_gone(server):
+    url = server["url"]
+    r = httpx.get(f"{url}/v1/streams/cmpl-nope", headers=auth())
+    assert r.status_code == 404 and r.json()["error"]["code"] == "stream_not_found"
+    body = {"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=auth(), timeout=60) as r:
+        first = next(sse_events(r.iter_lines()))
+    cid = json.loads(first[1])["id"]
+    r = httpx.delete(f"{url}/v1/streams/{cid}", headers=auth())
+    assert r.status_code == 200 and r.json()["cancelled"] is True
+    r = httpx.get(f"{url}/v1/streams/{cid}", headers=auth(), timeout=30)
+    last = [json.loads(d) for _, d in sse_events(r.text.splitlines()) if d != "[DONE]"][-1]
+    assert last["magnitude"]["finish_reason"] == "cancelled"
+    time.sleep(4.5)  # retention_seconds is 3 in this server's config
+    r = httpx.get(f"{url}/v1/streams/{cid}", headers=auth())
+    assert r.status_code == 410 and r.json()["error"]["code"] == "stream_gone"
+
+
+def test_sixteen_concurrent_streaming_clients(client, server):
+    results: dict[int, tuple[str, object]] = {}
+
+    def run(i: int) -> None:
+        parts, usage = [], None
+        for chunk in client.chat.completions.create(
+            model="smollm2-135m",
+            messages=[{"role": "user", "content": f"Count to {i + 3}."}],
+            max_tokens=8 + i,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        ):
+            if chunk.choices and chunk.choices[0].delta.content:
+                parts.append(chunk.choices[0].delta.content)
+            if chunk.usage:
+                usage = chunk.usage
+        results[i] = ("".join(parts), usage)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert len(results) == 16
+    for i, (text, usage) in results.items():
+        assert usage.completion_tokens == 8 + i and text
+    status = httpx.get(server["url"] + "/status", headers=auth()).json()
+    assert status["running"] == 0 and status["kv_cells_reserved"] == 0
+
+
+BAD_INPUTS = [
+    ("malformed JSON", b"{not json", 400, None),
+    ("body not an object", b"[1, 2]", 400, None),
+    ("messages wrong type", {"messages": "hi"}, 400, "messages"),
+    ("empty messages", {"messages": []}, 400, "messages"),
+    ("bad role", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages"),
+    ("content wrong type", {"messages": [{"role": "user", "content": 5}]}, 400, "messages"),
+    ("temperature wrong type", {"messages": MESSAGES, "temperature": "hot"}, 400, "temperature"),
+    ("max_tokens as string", {"messages": MESSAGES, "max_tokens": "10"}, 400, "max_tokens"),
+    ("negative max_tokens", {"messages": MESSAGES, "max_tokens": -5}, 400, "max_tokens"),
+    ("huge max_tokens", {"messages": MESSAGES, "max_tokens": 10**9}, 400, "messages"),
+    ("n > 1", {"messages": MESSAGES, "n": 3}, 400, "n"),
+    ("unknown model", {"model": "gpt-9", "messages": MESSAGES}, 404, "model"),
+    ("prompt longer than the context", {"messages": [{"role": "user", "content": "word " * 5000}]}, 400, "messages"),
+    ("oversized body", {"messages": [{"role": "user", "content": "x" * (2 << 20)}]}, 413, None),
+]
+
+
+@pytest.mark.parametrize(("name", "body", "status", "param"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_inputs_get_openai_errors_and_the_server_keeps_serving(server, name, body, status, param):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(server["url"] + "/v1/chat/completions", content=content, headers=auth(), timeout=30)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["param"] == param
+    assert httpx.get(server["url"] + "/health", headers=auth()).status_code == 200
+
+
+def test_full_queue_answers_429_with_retry_after(server):
+    url = server["url"] + "/v1/completions"
+    body = {"prompt": "Once upon a time", "max_tokens": 150, "ignore_eos": True, "stream": True}
+    opened, statuses = [], []
+    with httpx.Client(timeout=60, headers=auth()) as http:
+        try:
+            for _ in range(30):
+                response = http.send(http.build_request("POST", url, json=body), stream=True)
+                statuses.append(response.status_code)
+                if response.status_code == 429:
+                    assert int(response.headers["Retry-After"]) >= 1
+                    response.read()
+                    assert response.json()["error"]["type"] == "rate_limit_error"
+                    response.close()
+                    break
+                opened.append(response)
+        finally:
+            ids = []
+            for response in opened:
+                first = next(sse_events(response.iter_lines()))
+                ids.append(json.loads(first[1])["id"])
+                response.close()
+            for cid in ids:
+                http.delete(f"{server['url']}/v1/streams/{cid}")
+    assert statuses[-1] == 429 and statuses.count(200) == 16 + 8

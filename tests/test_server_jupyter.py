@@ -1,0 +1,111 @@
+"""The extension inside a real jupyter-server (pytest-jupyter), with the real engine behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from tornado.httpclient import HTTPClientError
+
+pytestmark = pytest.mark.model
+
+ROUTES = [
+    ("GET", "magnitude/health"),
+    ("GET", "magnitude/status"),
+    ("GET", "magnitude/metrics"),
+    ("GET", "magnitude/v1/models"),
+    ("POST", "magnitude/v1/chat/completions"),
+    ("POST", "magnitude/v1/completions"),
+    ("GET", "magnitude/v1/streams/cmpl-abc"),
+    ("DELETE", "magnitude/v1/streams/cmpl-abc"),
+]
+
+
+@pytest.fixture
+def jp_server_config():
+    return {
+        "ServerApp": {"jpserver_extensions": {"magnitude_jupyter": True}},
+        "MagnitudeApp": {"parallel": 4, "ctx_size": 2048},
+    }
+
+
+async def start_and_wait_ready(serverapp, jp_fetch, timeout=60.0):
+    """pytest-jupyter does not run the server's start hooks: run them as `jupyter server` does, then wait."""
+    await serverapp.extension_manager.start_all_extensions()
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            response = await jp_fetch("magnitude", "health")
+            return json.loads(response.body)
+        except HTTPClientError as exc:
+            if exc.code != 503 or asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize(("method", "path"), ROUTES)
+async def test_every_route_refuses_unauthenticated(jp_fetch, method, path):
+    body = b"{}" if method == "POST" else None
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch(*path.split("/"), method=method, body=body, headers={"Authorization": ""})
+    assert info.value.code in (401, 403)
+    error = json.loads(info.value.response.body)["error"]
+    assert error["type"] in ("authentication_error", "permission_error")
+
+
+async def test_chat_completion_streams_and_status_shows_it(jp_fetch, jp_serverapp):
+    assert (await start_and_wait_ready(jp_serverapp, jp_fetch))["status"] == "ok"
+    chunks: list[bytes] = []
+    statuses: list[dict] = []
+
+    async def poll_status():
+        while not chunks or b"[DONE]" not in b"".join(chunks):
+            statuses.append(json.loads((await jp_fetch("magnitude", "status")).body))
+            await asyncio.sleep(0.05)
+
+    body = {
+        "messages": [{"role": "user", "content": "Write a long story about a cat."}],
+        "max_tokens": 48,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    poller = asyncio.ensure_future(poll_status())
+    response = await jp_fetch(
+        "magnitude",
+        "v1",
+        "chat",
+        "completions",
+        method="POST",
+        body=json.dumps(body),
+        streaming_callback=chunks.append,
+        request_timeout=120,
+    )
+    await poller
+    assert response.headers["Content-Type"].startswith("text/event-stream")
+    text = b"".join(chunks).decode()
+    events = [block for block in text.split("\n\n") if block.strip()]
+    assert events[-1] == "data: [DONE]"
+    ids = [int(line[4:]) for block in events for line in block.splitlines() if line.startswith("id: ")]
+    assert ids == sorted(ids) and ids[0] == 1
+    payloads = [json.loads(b.split("data: ", 1)[1]) for b in events[:-1]]
+    assert payloads[-1]["choices"][0]["finish_reason"] == "length"
+    assert payloads[-1]["usage"]["completion_tokens"] == 48
+    assert any(s["running"] >= 1 for s in statuses), statuses
+    assert statuses[0]["model"] == "smollm2-135m" and statuses[0]["kv_cells_total"] == 2048
+
+
+async def test_non_streaming_and_errors_in_openai_shape(jp_fetch, jp_serverapp):
+    await start_and_wait_ready(jp_serverapp, jp_fetch)
+    body = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
+    response = await jp_fetch("magnitude", "v1", "completions", method="POST", body=json.dumps(body))
+    data = json.loads(response.body)
+    assert data["object"] == "text_completion" and data["usage"]["completion_tokens"] >= 1
+    assert "ttft_ms" in data["timings"]
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("magnitude", "v1", "completions", method="POST", body=json.dumps({**body, "max_tokens": -2}))
+    assert info.value.code == 400
+    assert json.loads(info.value.response.body)["error"]["param"] == "max_tokens"
+    metrics = (await jp_fetch("magnitude", "metrics")).body.decode()
+    assert "magnitude_generation_tokens_total" in metrics
