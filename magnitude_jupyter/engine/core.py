@@ -112,6 +112,7 @@ class Engine:
         self.scheduler: Scheduler | None = None
         self._thread: threading.Thread | None = None
         self._stop = False
+        self._step_listeners: list[Callable[[], None]] = []
         self._started_at = time.monotonic()
         self.started_at_wall = time.time()
 
@@ -252,6 +253,29 @@ class Engine:
             self._lock.notify_all()
             return True
 
+    def add_step_listener(self, callback: Callable[[], None]) -> None:
+        """`callback()` runs on the engine thread after every step that produced events.
+
+        Async hosts use it to wake all their readers once per step, rather than once per token per
+        stream: on a small machine every wakeup during a decode takes a core from llama.cpp.
+        """
+        with self._lock:
+            self._step_listeners.append(callback)
+
+    def remove_step_listener(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if callback in self._step_listeners:
+                self._step_listeners.remove(callback)
+
+    def _notify_step(self) -> None:
+        with self._lock:
+            listeners = list(self._step_listeners)
+        for callback in listeners:
+            try:
+                callback()
+            except Exception:  # a broken host must never stop the engine thread
+                log.exception("step listener failed")
+
     def get_request(self, request_id: str) -> Request | None:
         with self._lock:
             return self._requests.get(request_id)
@@ -328,6 +352,7 @@ class Engine:
             self._loop()
         finally:
             self._abort_all("the engine shut down")
+            self._notify_step()
             self.runner.close()
             self.state = "stopped"
 
@@ -341,16 +366,19 @@ class Engine:
                 if now >= next_housekeeping:
                     self._housekeeping(now)
                     next_housekeeping = now + 0.25
-                to_end = self._apply_cancels()
+                to_end, cancelled = self._apply_cancels()
                 if self._stop:
                     break
                 # Cleared under the lock, so that status() never counts cells a cancel has given back.
                 for seq_id in to_end:
                     runner.end_sequence(seq_id)
                 out = scheduler.schedule(now)
-                if out.empty:
+                if out.empty and not cancelled:
                     self._lock.wait(timeout=0.25)
-                    continue
+            if out.empty:
+                if cancelled:
+                    self._notify_step()
+                continue
             for request in out.admitted:
                 runner.start_sequence(request.seq_id, request.params, request.prompt_tokens)
             try:
@@ -358,10 +386,12 @@ class Engine:
             except Exception as exc:
                 log.exception("decode failed")
                 self._fail_step(out, f"decode failed: {exc}")
+                self._notify_step()
                 continue
             with self._lock:
                 for seq_id in self._update(out, sampled):
                     runner.end_sequence(seq_id)
+            self._notify_step()
 
     def _execute(self, runner: Runner, out: SchedulerOutput) -> list[int | None]:
         """Decode the plan: the batched chunks in one call, each reproducible chunk in its own."""
@@ -440,16 +470,18 @@ class Engine:
         self.metrics.record_finished(request)
         return seq_id
 
-    def _apply_cancels(self) -> list[int]:
-        ended = []
+    def _apply_cancels(self) -> tuple[list[int], bool]:
+        """Finish the queued cancels: the sequence ids to clear, and whether any request ended."""
+        ended, any_finished = [], False
         while self._cancels:
             request_id, reason, error = self._cancels.popleft()
             request = self._requests.get(request_id)
-            if request is not None:
+            if request is not None and not request.is_finished:
                 seq_id = self._finish(request, reason, error=error)
+                any_finished = True
                 if seq_id is not None:
                     ended.append(seq_id)
-        return ended
+        return ended, any_finished
 
     def _housekeeping(self, now: float) -> None:
         """Cancel requests nobody reads any more, and forget old finished streams. Lock held."""

@@ -1,7 +1,7 @@
 """Append-only event logs, one per request, that readers can follow from any event id.
 
-The engine thread appends; any number of readers (blocking iterators here, or async hosts
-through `add_listener`) read every event after the last id they saw. A log outlives its
+The engine thread appends; any number of readers (blocking iterators here, or async hosts woken
+by the engine's step listeners) read every event after the last id they saw. A log outlives its
 readers: the registry tells the engine which live requests have had no reader for the grace
 period (to cancel them), and drops finished logs after the retention period. Reading from
 an id that is no longer held raises `StreamGoneError`; there is never a silent gap.
@@ -9,15 +9,12 @@ an id that is no longer held raises `StreamGoneError`; there is never a silent g
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 
 class UnknownStreamError(LookupError):
@@ -53,7 +50,6 @@ class TokenStream:
     _next_id: int = 1
     _closed: bool = False
     _cond: threading.Condition = field(default_factory=threading.Condition)
-    _listeners: list[Callable[[], None]] = field(default_factory=list)
     _done: threading.Event = field(default_factory=threading.Event)
     readers: int = 0
     detached_since: float | None = field(default_factory=time.monotonic)
@@ -83,12 +79,6 @@ class TokenStream:
                 self.closed_at = time.monotonic()
                 self._done.set()
             self._cond.notify_all()
-            listeners = list(self._listeners)
-        for listener in listeners:
-            try:
-                listener()
-            except Exception:  # a broken reader must never stop the engine thread
-                log.exception("stream listener failed")
         return event
 
     def events_after(self, after_id: int) -> list[StreamEvent]:
@@ -116,16 +106,6 @@ class TokenStream:
             self.readers = max(0, self.readers - 1)
             if self.readers == 0:
                 self.detached_since = time.monotonic()
-
-    def add_listener(self, callback: Callable[[], None]) -> None:
-        """`callback()` runs on the engine thread after each append: hand off, never block in it."""
-        with self._cond:
-            self._listeners.append(callback)
-
-    def remove_listener(self, callback: Callable[[], None]) -> None:
-        with self._cond:
-            if callback in self._listeners:
-                self._listeners.remove(callback)
 
     def wait_final(self, timeout: float | None = None) -> StreamEvent:
         """Block until the final event (without waking on every token) and return it; counts as a reader."""

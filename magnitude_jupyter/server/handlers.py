@@ -24,9 +24,8 @@ from .protocol import (
     parse_json_body,
     stream_chunks,
 )
-from .sse import send_sse, wait_final
+from .sse import ENGINE_KEY, send_sse, step_hub, wait_final
 
-ENGINE_KEY = "magnitude_engine"
 MAX_BODY_KEY = "magnitude_max_body_bytes"
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 
@@ -103,9 +102,9 @@ class GenerationHandler(ApiMixin):
         request.meta["shape"] = shape
         assert request.stream is not None
         if req.stream:
-            await send_sse(self, request.stream, 0, lambda event: stream_chunks(shape, event))
+            await send_sse(self, step_hub(self), request.stream, 0, lambda event: stream_chunks(shape, event))
         else:
-            final = await wait_final(request.stream)
+            final = await wait_final(step_hub(self), request.stream)
             self.send_json(completion_response(shape, request.output_text, final))
 
 
@@ -144,7 +143,7 @@ class StreamHandler(ApiMixin):
         shape = request.meta.get("shape") if request is not None else None
         if shape is None:
             shape = ResponseShape(stream_id, "completion", self.engine.model_id)
-        await send_sse(self, stream, after, lambda event: stream_chunks(shape, event))
+        await send_sse(self, step_hub(self), stream, after, lambda event: stream_chunks(shape, event))
 
     def delete(self, stream_id: str) -> None:
         try:

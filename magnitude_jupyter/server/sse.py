@@ -5,47 +5,74 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tornado.iostream import StreamClosedError
 from tornado.web import RequestHandler
 
+from ..engine import Engine
 from ..engine.streams import StreamEvent, TokenStream
+
+ENGINE_KEY = "magnitude_engine"
+HUB_KEY = "magnitude_step_hub"
 
 Render = Callable[[StreamEvent], list[dict[str, Any]]]
 
 
-class _Wakeup:
-    """An asyncio.Event the engine thread can set safely, even after the loop has gone away."""
+class StepHub:
+    """Wakes every reader on one event loop once per engine step (one cross-thread call per step)."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.loop = asyncio.get_running_loop()
-        self.event = asyncio.Event()
+        self.readers: set[asyncio.Event] = set()
+        self._pending = False
+        engine.add_step_listener(self._on_step)
 
-    def __call__(self) -> None:
+    def _on_step(self) -> None:  # engine thread
+        if self._pending or not self.readers:
+            return
+        self._pending = True
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
-            self.loop.call_soon_threadsafe(self.event.set)
+            self.loop.call_soon_threadsafe(self._wake_all)
+
+    def _wake_all(self) -> None:
+        self._pending = False
+        for event in self.readers:
+            event.set()
+
+    @contextlib.contextmanager
+    def reader(self, stream: TokenStream) -> Iterator[asyncio.Event]:
+        """An Event set after every engine step while the block runs; the block counts as a stream reader."""
+        event = asyncio.Event()
+        self.readers.add(event)
+        stream.attach()
+        try:
+            yield event
+        finally:
+            self.readers.discard(event)
+            stream.detach()
 
 
-async def wait_final(stream: TokenStream) -> StreamEvent:
-    """The final event of a stream, awaited without a thread; the waiter counts as a reader."""
-    wake = _Wakeup()
-    stream.add_listener(wake)
-    stream.attach()
-    try:
+def step_hub(handler: RequestHandler) -> StepHub:
+    hub = handler.settings.get(HUB_KEY)
+    if hub is None:
+        hub = handler.settings[HUB_KEY] = StepHub(handler.settings[ENGINE_KEY])
+    return hub
+
+
+async def wait_final(hub: StepHub, stream: TokenStream) -> StreamEvent:
+    """The final event of a stream, awaited on the loop; the waiter counts as a reader."""
+    with hub.reader(stream) as wake:
         while not stream.closed:
-            wake.event.clear()
+            wake.clear()
             if stream.closed:
                 break
-            await wake.event.wait()
-        return stream.events_after(stream.last_id - 1)[-1]
-    finally:
-        stream.remove_listener(wake)
-        stream.detach()
+            await wake.wait()
+    return stream.events_after(stream.last_id - 1)[-1]
 
 
-async def send_sse(handler: RequestHandler, stream: TokenStream, after: int, render: Render) -> None:
+async def send_sse(handler: RequestHandler, hub: StepHub, stream: TokenStream, after: int, render: Render) -> None:
     """Write every event after `after` as SSE (`id: N`), then the live rest, then `data: [DONE]`.
 
     A client that goes away only ends this reader: the generation runs on for the grace period,
@@ -54,30 +81,25 @@ async def send_sse(handler: RequestHandler, stream: TokenStream, after: int, ren
     handler.set_header("Content-Type", "text/event-stream; charset=utf-8")
     handler.set_header("Cache-Control", "no-cache")
     handler.set_header("X-Accel-Buffering", "no")
-    wake = _Wakeup()
-    stream.add_listener(wake)
-    stream.attach()
-    try:
-        # Headers go out at once: a queued request is accepted even before its first token.
-        await handler.flush()
-        cursor = after
-        while True:
-            wake.event.clear()
-            events = stream.events_after(cursor)
-            for event in events:
-                for payload in render(event):
-                    handler.write(f"id: {event.id}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n")
-                cursor = event.id
-            done = (events and events[-1].is_final) or (not events and stream.closed)
-            if done:
-                handler.write("data: [DONE]\n\n")
-            if events or done:
-                await handler.flush()
-            if done:
-                return
-            await wake.event.wait()
-    except StreamClosedError:
-        return
-    finally:
-        stream.remove_listener(wake)
-        stream.detach()
+    with hub.reader(stream) as wake:
+        try:
+            # Headers go out at once: a queued request is accepted even before its first token.
+            await handler.flush()
+            cursor = after
+            while True:
+                wake.clear()
+                events = stream.events_after(cursor)
+                for event in events:
+                    for payload in render(event):
+                        handler.write(f"id: {event.id}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n")
+                    cursor = event.id
+                done = (events and events[-1].is_final) or (not events and stream.closed)
+                if done:
+                    handler.write("data: [DONE]\n\n")
+                if events or done:
+                    await handler.flush()
+                if done:
+                    return
+                await wake.wait()
+        except StreamClosedError:
+            return
