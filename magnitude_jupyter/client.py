@@ -1,0 +1,315 @@
+"""HTTP + SSE client for any OpenAI-compatible server, ours first.
+
+Finding a server: `MAGNITUDE_URL` (+ `MAGNITUDE_TOKEN`); else a running Jupyter server with our
+extension (from jupyter-server's runtime files); else a running `magnitude serve` (from ours);
+else start `magnitude serve` in the background once, and let later kernels reuse it.
+
+A stream that breaks mid-answer is resumed from the last event id seen, so no text is lost or
+repeated; an interrupt (KeyboardInterrupt) cancels the generation on the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+RESUMABLE_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.ReadTimeout, httpx.ConnectError)
+
+
+class ClientError(RuntimeError):
+    """A request failed; the message is meant to be shown to a person as it is."""
+
+    def __init__(
+        self, message: str, status: int | None = None, code: str | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.retry_after = retry_after
+
+    @property
+    def retryable(self) -> bool:
+        return self.status is None or self.status == 429 or self.status >= 500
+
+
+@dataclass
+class StreamResult:
+    id: str | None = None
+    text: str = ""
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
+    model: str | None = None
+    resumed: int = 0  # how many times the stream was re-attached after a broken connection
+    raw_final: dict[str, Any] = field(default_factory=dict)
+
+
+def _error_from(response: httpx.Response) -> ClientError:
+    try:
+        error = response.json().get("error") or {}
+        message = error.get("message") or response.text
+        code = error.get("code")
+    except (ValueError, AttributeError):
+        message, code = response.text[:300] or response.reason_phrase, None
+    retry = response.headers.get("Retry-After")
+    return ClientError(
+        f"{response.status_code}: {message}",
+        response.status_code,
+        code,
+        float(retry) if retry and retry.replace(".", "", 1).isdigit() else None,
+    )
+
+
+def iter_sse(lines: Iterator[str]) -> Iterator[tuple[int | None, str]]:
+    """(event id, data) pairs of a text/event-stream."""
+    event_id: int | None = None
+    data: list[str] = []
+    for line in lines:
+        if line == "":
+            if data:
+                yield event_id, "\n".join(data)
+            event_id, data = None, []
+        elif line.startswith("id:"):
+            with contextlib.suppress(ValueError):
+                event_id = int(line[3:].strip())
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip(" "))
+    if data:
+        yield event_id, "\n".join(data)
+
+
+class Client:
+    """One server: `api_base` is the URL that `/v1/...` hangs from."""
+
+    def __init__(self, api_base: str, token: str | None = None, timeout: float = 600.0, source: str = "") -> None:
+        self.api_base = api_base.rstrip("/")
+        self.token = token
+        self.source = source
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout, connect=5.0))
+
+    def __repr__(self) -> str:
+        return f"Client({self.api_base!r}, source={self.source!r})"
+
+    def close(self) -> None:
+        self.http.close()
+
+    # -- plain calls ----------------------------------------------------------------------
+
+    def _get(self, path: str) -> httpx.Response:
+        try:
+            response = self.http.get(self.api_base + path)
+        except httpx.TransportError as exc:
+            raise ClientError(f"cannot reach {self.api_base}: {exc}") from None
+        if response.status_code >= 400:
+            raise _error_from(response)
+        return response
+
+    def health(self) -> dict[str, Any]:
+        return self._get("/health").json()
+
+    def status(self) -> dict[str, Any]:
+        return self._get("/status").json()
+
+    def models(self) -> list[dict[str, Any]]:
+        return self._get("/v1/models").json().get("data", [])
+
+    def cancel(self, completion_id: str) -> None:
+        with contextlib.suppress(httpx.TransportError):
+            self.http.delete(f"{self.api_base}/v1/streams/{completion_id}", timeout=5)
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.health()
+                return
+            except ClientError as exc:
+                if exc.status not in (None, 503) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
+
+    # -- generation -------------------------------------------------------------------------
+
+    def chat(self, messages: list[dict[str, Any]], **body: Any) -> StreamResult:
+        """One chat completion, streamed and collected (see `stream_chat` for the pieces)."""
+        result = StreamResult()
+        for _ in self.stream_chat(messages, result=result, **body):
+            pass
+        return result
+
+    def stream_chat(
+        self, messages: list[dict[str, Any]], result: StreamResult | None = None, max_resumes: int = 5, **body: Any
+    ) -> Iterator[str]:
+        """Yield text pieces of a streamed chat completion; `result` is filled in as it goes.
+
+        A broken connection is resumed from the last event id seen (`Last-Event-ID`); a
+        KeyboardInterrupt cancels the generation on the server and propagates.
+        """
+        result = result if result is not None else StreamResult()
+        payload = {**body, "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
+        last_id = 0
+        try:
+            with self.http.stream("POST", self.api_base + "/v1/chat/completions", json=payload) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise _error_from(response)
+                for event_id, piece in self._read(response, result):
+                    last_id = event_id or last_id
+                    if piece:
+                        yield piece
+        except RESUMABLE_ERRORS as exc:
+            if result.id is None:
+                raise ClientError(f"cannot reach {self.api_base}: {exc}") from None
+            yield from self._resume(result, last_id, max_resumes)
+        except (KeyboardInterrupt, GeneratorExit):
+            if result.id is not None and result.finish_reason is None:
+                self.cancel(result.id)
+            raise
+        except httpx.TransportError as exc:
+            raise ClientError(f"connection to {self.api_base} failed: {exc}") from None
+
+    def _resume(self, result: StreamResult, last_id: int, max_resumes: int) -> Iterator[str]:
+        while result.finish_reason is None:
+            if result.resumed >= max_resumes:
+                raise ClientError(f"the stream {result.id} broke {result.resumed} times; giving up")
+            result.resumed += 1
+            time.sleep(min(0.2 * 2**result.resumed, 5.0))
+            try:
+                with self.http.stream(
+                    "GET", f"{self.api_base}/v1/streams/{result.id}", headers={"Last-Event-ID": str(last_id)}
+                ) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        raise _error_from(response)
+                    for event_id, piece in self._read(response, result):
+                        last_id = event_id or last_id
+                        if piece:
+                            yield piece
+            except RESUMABLE_ERRORS:
+                continue
+
+    def _read(self, response: httpx.Response, result: StreamResult) -> Iterator[tuple[int | None, str]]:
+        for event_id, data in iter_sse(response.iter_lines()):
+            if data == "[DONE]":
+                return
+            chunk = json.loads(data)
+            if "error" in chunk and "choices" not in chunk:
+                raise ClientError(chunk["error"].get("message", "stream error"))
+            result.id = result.id or chunk.get("id")
+            result.model = result.model or chunk.get("model")
+            if chunk.get("usage"):
+                result.usage = chunk["usage"]
+            if chunk.get("timings"):
+                result.timings = chunk["timings"]
+            piece = ""
+            for choice in chunk.get("choices") or []:
+                piece += (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                if choice.get("finish_reason"):
+                    result.finish_reason = choice["finish_reason"]
+                    result.raw_final = chunk
+            result.text += piece
+            yield event_id, piece
+
+
+# -- finding a server -----------------------------------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _try(api_base: str, token: str | None, source: str) -> Client | None:
+    client = Client(api_base, token, source=source)
+    try:
+        client.http.get(client.api_base + "/health", timeout=2)  # any answer: it is there
+        response = client.http.get(client.api_base + "/health", timeout=2)
+        if response.status_code in (200, 503):
+            return client
+    except httpx.TransportError:
+        pass
+    client.close()
+    return None
+
+
+def jupyter_servers() -> list[dict[str, Any]]:
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    servers = []
+    for path in sorted(Path(jupyter_runtime_dir()).glob("jpserver-*.json"), key=os.path.getmtime, reverse=True):
+        with contextlib.suppress(OSError, ValueError):
+            info = json.loads(path.read_text())
+            if _alive(int(info.get("pid", 0))):
+                servers.append(info)
+    return servers
+
+
+def serve_runtime_files() -> list[dict[str, Any]]:
+    from .server.standalone import runtime_dir
+
+    found = []
+    for path in sorted(runtime_dir().glob("serve-*.json"), key=os.path.getmtime, reverse=True):
+        with contextlib.suppress(OSError, ValueError):
+            info = json.loads(path.read_text())
+            if _alive(int(info.get("pid", 0))):
+                found.append(info)
+    return found
+
+
+def start_background_server(timeout: float = 120.0) -> Client:
+    """Start `magnitude serve` detached from this process, so that it outlives the kernel and is reused."""
+    from .server.standalone import runtime_dir
+
+    folder = runtime_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    log = open(folder / "serve.log", "ab")  # noqa: SIM115 (the child keeps it)
+    subprocess.Popen(
+        [sys.executable, "-m", "magnitude_jupyter.cli", "serve", "--port", "0"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for info in serve_runtime_files():
+            client = _try(info["url"], info.get("token"), "magnitude serve (started)")
+            if client is not None:
+                client.wait_ready(timeout=max(1.0, deadline - time.monotonic()))
+                return client
+        time.sleep(0.3)
+    raise ClientError(f"magnitude serve did not start within {timeout:.0f} s; see {folder / 'serve.log'}")
+
+
+def discover(start: bool = True) -> Client:
+    """The server a notebook should talk to (see the module docstring for the order)."""
+    url = os.environ.get("MAGNITUDE_URL")
+    if url:
+        return Client(url, os.environ.get("MAGNITUDE_TOKEN"), source="MAGNITUDE_URL")
+    for info in jupyter_servers():
+        client = _try(info["url"].rstrip("/") + "/magnitude", info.get("token"), "jupyter server extension")
+        if client is not None:
+            return client
+    for info in serve_runtime_files():
+        client = _try(info["url"], info.get("token"), "magnitude serve")
+        if client is not None:
+            return client
+    if not start:
+        raise ClientError("no magnitude server found; set MAGNITUDE_URL or run `magnitude serve`")
+    return start_background_server()
