@@ -93,52 +93,152 @@ def list_cmd(as_json: bool, show_details: bool) -> None:
                 click.echo(f"    {label:<16} {value}")
 
 
+def _client(url: str | None, token: str | None):
+    from .client import Client, ClientError, discover
+
+    try:
+        return Client(url, token, source="--url") if url else discover()
+    except ClientError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 @main.command()
 @click.argument("prompt")
-@click.option("-m", "--model", default=None, help="Model alias or .gguf path (default: from config).")
+@click.option("-m", "--model", default=None, help="Model to ask for (default: the server's).")
 @click.option("-s", "--system", default=None, help="System message.")
 @click.option("-t", "--temperature", type=float, default=0.0, show_default=True)
 @click.option("--max-tokens", type=int, default=256, show_default=True)
 @click.option("--seed", type=int, default=None)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--url", default=None, help="Server URL ending before /v1 (default: find one, or start one).")
+@click.option("--token", default=None, envvar="MAGNITUDE_TOKEN", help="Bearer token for --url.")
 def chat(
-    prompt: str, model: str | None, system: str | None, temperature: float, max_tokens: int, seed: int | None, fmt: str
+    prompt: str,
+    model: str | None,
+    system: str | None,
+    temperature: float,
+    max_tokens: int,
+    seed: int | None,
+    fmt: str,
+    url: str | None,
+    token: str | None,
 ) -> None:
-    """Answer one prompt with the local engine, streaming the text."""
-    from .engine import Engine, EngineError, SamplingParams
+    """Answer one prompt, streaming the text (starts `magnitude serve` in the background if none runs)."""
+    from .client import ClientError, StreamResult
 
-    settings = _settings()
-    try:
-        engine = Engine(model, settings=settings, parallel=1, ctx_size=max(2048, max_tokens + 1024))
-    except ModelNotFoundError as exc:
-        raise click.ClickException(str(exc)) from exc
+    client = _client(url, token)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, reproducible=True)
+    body: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens, "reproducible": True}
+    if model:
+        body["model"] = model
+    if seed is not None:
+        body["seed"] = seed
+    result = StreamResult()
     try:
-        with engine:
-            request = engine.submit(messages=messages, params=params)
-            final = None
-            for event in engine.stream(request.request_id):
-                if fmt == "text" and event.text:
-                    click.echo(event.text, nl=False)
-                final = event
+        for piece in client.stream_chat(messages, result=result, **body):
             if fmt == "text":
-                click.echo()
-            else:
-                click.echo(
-                    json.dumps(
-                        {
-                            "model": engine.model_id,
-                            "text": request.output_text,
-                            "finish_reason": final.finish_reason if final else None,
-                            "usage": final.usage if final else None,
-                            "timings": final.timings if final else None,
-                        },
-                        indent=2,
-                    )
-                )
-    except (EngineError, ValueError) as exc:
+                click.echo(piece, nl=False)
+    except ClientError as exc:
         raise click.ClickException(str(exc)) from exc
+    if fmt == "text":
+        click.echo()
+    else:
+        click.echo(
+            json.dumps(
+                {
+                    "id": result.id,
+                    "model": result.model,
+                    "text": result.text,
+                    "finish_reason": result.finish_reason,
+                    "usage": result.usage,
+                    "timings": result.timings,
+                },
+                indent=2,
+            )
+        )
+
+
+@main.command()
+@click.option(
+    "--input",
+    "input_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Rows to score: .jsonl or .csv.",
+)
+@click.option(
+    "--output",
+    "output_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Where to write the scored rows (.jsonl).",
+)
+@click.option("--template", required=True, help="Jinja2 template over the columns, e.g. 'Classify: {{ review }}'.")
+@click.option("--system", default=None)
+@click.option("--output-column", default="answer", show_default=True)
+@click.option("--concurrency", type=int, default=8, show_default=True)
+@click.option("--retry", type=int, default=3, show_default=True)
+@click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds per request.")
+@click.option("--max-tokens", type=int, default=256, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--on-overflow", type=click.Choice(["error", "truncate", "skip"]), default="error", show_default=True)
+@click.option("--checkpoint", default=None, help="JSONL file of finished rows; a rerun skips them.")
+@click.option("--fail-on-truncation", is_flag=True, help="Exit non-zero if any answer hit max tokens.")
+@click.option("--url", default=None)
+@click.option("--token", default=None, envvar="MAGNITUDE_TOKEN")
+def batch(
+    input_path: str,
+    output_path: str,
+    template: str,
+    system: str | None,
+    output_column: str,
+    concurrency: int,
+    retry: int,
+    timeout: float,
+    max_tokens: int,
+    temperature: float,
+    on_overflow: str,
+    checkpoint: str | None,
+    fail_on_truncation: bool,
+    url: str | None,
+    token: str | None,
+) -> None:
+    """Score a JSONL or CSV file row by row with a template (the notebook's batch, from the shell)."""
+    import pandas as pd
+
+    from .batch import BatchError, score_dataframe
+
+    try:
+        df = pd.read_csv(input_path) if input_path.endswith(".csv") else pd.read_json(input_path, lines=True)
+    except ValueError as exc:
+        raise click.ClickException(f"cannot read {input_path}: {exc}") from exc
+    client = _client(url, token)
+    try:
+        out = score_dataframe(
+            df,
+            template,
+            client=client,
+            system=system,
+            output_column=output_column,
+            concurrency=concurrency,
+            retry=retry,
+            timeout=timeout,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            on_overflow=on_overflow,
+            checkpoint=checkpoint,
+        )
+    except BatchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    out.to_json(output_path, orient="records", lines=True, force_ascii=False)
+    failed = int(out["error"].notna().sum())
+    truncated = int((out["finish_reason"] == "length").sum())
+    click.echo(
+        f"{len(out) - failed} of {len(out)} rows scored, {failed} failed, {truncated} hit max tokens -> {output_path}",
+        err=True,
+    )
+    if failed or (fail_on_truncation and truncated):
+        sys.exit(1)
 
 
 @main.command()

@@ -47,6 +47,7 @@ class StreamResult:
     id: str | None = None
     text: str = ""
     finish_reason: str | None = None
+    engine_finish_reason: str | None = None  # ours adds stop/length/cancelled/error under "magnitude"
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     model: str | None = None
@@ -217,6 +218,7 @@ class Client:
                 piece += (choice.get("delta") or {}).get("content") or choice.get("text") or ""
                 if choice.get("finish_reason"):
                     result.finish_reason = choice["finish_reason"]
+                    result.engine_finish_reason = (chunk.get("magnitude") or {}).get("finish_reason")
                     result.raw_final = chunk
             result.text += piece
             yield event_id, piece

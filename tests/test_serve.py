@@ -3,11 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -15,66 +10,25 @@ import httpx
 import openai
 import pytest
 
+from .conftest import ServeProcess
+
 pytestmark = pytest.mark.model
 
 TOKEN = "test-token-123"
 MESSAGES = [{"role": "user", "content": "Tell me a story about a lighthouse."}]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("serve")
-    config = tmp / "config.yaml"
-    config.write_text("engine:\n  max_waiting: 8\n  retention_seconds: 3\n")
-    port = free_port()
-    env = {**os.environ, "MAGNITUDE_CONFIG": str(config), "MAGNITUDE_RUNTIME_DIR": str(tmp / "runtime")}
-    env.pop("MAGNITUDE_TOKEN", None)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "magnitude_jupyter.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--token",
-            TOKEN,
-            "--parallel",
-            "16",
-            "--ctx-size",
-            "4096",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    serve = ServeProcess(
+        tmp_path_factory.mktemp("serve"),
+        config="engine:\n  max_waiting: 8\n  retention_seconds: 3\n",
+        args=("--parallel", "16", "--ctx-size", "4096"),
+        token=TOKEN,
     )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            r = httpx.get(f"{url}/health", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=2)
-            if r.status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"server did not start: {proc.stdout.read() if proc.stdout else ''}")
-        time.sleep(0.2)
-    yield {"url": url, "proc": proc, "runtime": tmp / "runtime", "port": port}
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    assert not (tmp / "runtime" / f"serve-{port}.json").exists(), "the runtime file is removed on shutdown"
+    yield {"url": serve.url, "proc": serve.proc, "runtime": serve.runtime, "port": serve.port}
+    serve.stop()
+    assert not (serve.runtime / f"serve-{serve.port}.json").exists(), "the runtime file is removed on shutdown"
 
 
 @pytest.fixture(scope="module")

@@ -113,6 +113,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stop = False
         self._step_listeners: list[Callable[[], None]] = []
+        self._sha256: str | None = None
         self._started_at = time.monotonic()
         self.started_at_wall = time.time()
 
@@ -252,6 +253,16 @@ class Engine:
             self._cancels.append((request_id, FinishReason.CANCELLED, None))
             self._lock.notify_all()
             return True
+
+    def model_sha256(self) -> str | None:
+        """The model file's SHA-256 (computed once, on first use: it reads the whole file)."""
+        if self.model_entry is None:
+            return None
+        if self._sha256 is None:
+            from ..models import file_sha256
+
+            self._sha256 = file_sha256(self.model_entry.path)
+        return self._sha256
 
     def add_step_listener(self, callback: Callable[[], None]) -> None:
         """`callback()` runs on the engine thread after every step that produced events.

@@ -7,6 +7,7 @@ does the work, `protocol` shapes the JSON, `errors` picks the status codes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any
@@ -155,9 +156,10 @@ class StreamHandler(ApiMixin):
 
 
 class ModelsHandler(ApiMixin):
-    def get(self) -> None:
+    async def get(self) -> None:
         engine = self.engine
         info = engine.model_info
+        sha256 = await asyncio.get_running_loop().run_in_executor(None, engine.model_sha256)
         self.send_json(
             {
                 "object": "list",
@@ -167,7 +169,7 @@ class ModelsHandler(ApiMixin):
                         "object": "model",
                         "created": int(engine.started_at_wall),
                         "owned_by": "magnitude",
-                        "meta": info.to_json() if info else None,
+                        "meta": {**info.to_json(), "sha256": sha256} if info else None,
                     }
                 ],
             }

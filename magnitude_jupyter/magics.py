@@ -1,0 +1,353 @@
+"""`%%magnitude` and `%magnitude`: prompts that stream into the cell, and DataFrame batches.
+
+The magics talk to a server through `client.py` (ours, found automatically, or any
+OpenAI-compatible endpoint after `%magnitude connect URL`); they never touch the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import string
+import time
+from typing import Any
+
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.display import display
+
+from .batch import BatchError, score_dataframe
+from .client import Client, ClientError, StreamResult, discover
+
+LAST_ANSWER = "_magnitude"
+FORMATS = ("text", "markdown", "json", "code")
+UPDATE_EVERY_S = 0.05
+
+
+class MagnitudeError(Exception):
+    """Shown as one line under the cell, not a traceback."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"magnitude: {self}"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # never SystemExit inside a kernel
+        raise MagnitudeError(f"{message} (usage: {self.format_usage().strip().removeprefix('usage: ')})")
+
+
+def interpolate(text: str, namespace: dict[str, Any]) -> str:
+    """`{name}`, `{In[3]}`, `{Out[2]}`, `{x:.2f}` from the notebook's namespace; `{{` and `}}` escape."""
+    try:
+        return string.Formatter().vformat(text, (), namespace)
+    except KeyError as exc:
+        raise MagnitudeError(f"{{{exc.args[0]}}} is not defined in the notebook (write {{{{ to mean a brace)") from None
+    except (IndexError, AttributeError, ValueError, TypeError) as exc:
+        raise MagnitudeError(f"cannot fill in the prompt: {exc}") from None
+
+
+def strip_fences(text: str) -> str:
+    match = re.search(r"```[\w+-]*\n(.*?)```", text, re.S)
+    return (match.group(1) if match else text).strip()
+
+
+def parse_json_answer(text: str) -> Any:
+    candidate = strip_fences(text)
+    try:
+        return json.loads(candidate)
+    except ValueError:
+        start, end = candidate.find("{"), candidate.rfind("}")
+        if 0 <= start < end:
+            try:
+                return json.loads(candidate[start : end + 1])
+            except ValueError:
+                pass
+    raise MagnitudeError(f"the answer is not valid JSON (kept as text in {LAST_ANSWER}): {text[:80]!r}")
+
+
+def _add_batch_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--system", "-s", default=None)
+    parser.add_argument("--output-column", default="answer")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--retry", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--temperature", "-t", type=float, default=0.0)
+    parser.add_argument("--on-overflow", choices=("error", "truncate", "skip"), default="error")
+    parser.add_argument("--checkpoint", default=None)
+    parser.add_argument("--model", "-m", default=None)
+    parser.add_argument("-o", "--output", default=None, help="variable for the result")
+
+
+def cell_parser() -> _Parser:
+    p = _Parser(prog="%%magnitude", add_help=False)
+    p.add_argument("--model", "-m", default=None)
+    p.add_argument("--system", "-s", default=None)
+    p.add_argument("--temperature", "-t", type=float, default=None)
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", nargs="+", default=None)
+    p.add_argument("--format", "-f", choices=FORMATS, default="text")
+    p.add_argument("-o", "--output", default=None)
+    p.add_argument("--no-stream", action="store_true")
+    p.add_argument("--no-reproducible", action="store_true")
+    p.add_argument("--df", default=None, help="score this DataFrame, the cell being the row template")
+    for name in ("--output-column", "--concurrency", "--retry", "--timeout", "--on-overflow", "--checkpoint"):
+        p.add_argument(name, default=None)
+    return p
+
+
+def line_parser() -> _Parser:
+    p = _Parser(prog="%magnitude", add_help=False)
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    sub.add_parser("status")
+    sub.add_parser("list")
+    use = sub.add_parser("use")
+    use.add_argument("model")
+    connect = sub.add_parser("connect")
+    connect.add_argument("url")
+    connect.add_argument("--token", default=None)
+    sub.add_parser("disconnect")
+    batch = sub.add_parser("batch")
+    batch.add_argument("df")
+    batch.add_argument("--template", required=True)
+    _add_batch_options(batch)
+    return p
+
+
+@magics_class
+class MagnitudeMagics(Magics):
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self._client: Client | None = None
+        self.model: str | None = None
+
+    # -- the server ---------------------------------------------------------------------------
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            try:
+                self._client = discover()
+            except ClientError as exc:
+                raise MagnitudeError(str(exc)) from None
+        return self._client
+
+    def _is_ours(self, client: Client) -> bool:
+        try:
+            return "kv_cells_total" in client.status()
+        except ClientError:
+            return False
+
+    # -- entry point ------------------------------------------------------------------------------
+
+    @line_cell_magic
+    def magnitude(self, line: str, cell: str | None = None) -> Any:
+        """%%magnitude [options]: send the cell as a prompt.  %magnitude status|list|use|connect|disconnect|batch."""
+        try:
+            argv = shlex.split(line)
+        except ValueError as exc:
+            raise MagnitudeError(f"cannot parse the options: {exc}") from None
+        if cell is None:
+            return self._line(argv)
+        args = cell_parser().parse_args(argv)
+        if args.df:
+            return self._cell_batch(args, cell)
+        return self._prompt(args, cell)
+
+    def _line(self, argv: list[str]) -> Any:
+        if not argv:
+            raise MagnitudeError(
+                "say what to do: status, list, use MODEL, connect URL, disconnect, batch DF --template T"
+            )
+        args = line_parser().parse_args(argv)
+        if args.command == "status":
+            status = self._call(self.client.status)
+            display({"text/plain": json.dumps(status, indent=2), "application/json": status}, raw=True)
+            return None
+        if args.command == "list":
+            models = self._call(self.client.models)
+            for model in models:
+                mark = "*" if model["id"] == (self.model or model["id"]) else " "
+                print(f"{mark} {model['id']}")
+            return None
+        if args.command == "use":
+            self.model = args.model
+            print(f"magnitude: using model {args.model!r}")
+            return None
+        if args.command == "connect":
+            client = Client(args.url, args.token, source="connect")
+            self._call(client.models)
+            self._client = client
+            print(f"magnitude: connected to {client.api_base}")
+            return None
+        if args.command == "disconnect":
+            if self._client is not None:
+                self._client.close()
+            self._client = None
+            print("magnitude: disconnected (the next call finds a server again)")
+            return None
+        if args.command == "batch":
+            return self._batch(args.df, args.template, args)
+        raise MagnitudeError(f"unknown command {args.command!r}")
+
+    def _call(self, fn: Any) -> Any:
+        try:
+            return fn()
+        except ClientError as exc:
+            raise MagnitudeError(str(exc)) from None
+
+    # -- one prompt ---------------------------------------------------------------------------
+
+    def _prompt(self, args: argparse.Namespace, cell: str) -> Any:
+        prompt = interpolate(cell.strip(), self.shell.user_ns)
+        if not prompt:
+            raise MagnitudeError("the cell is empty: write the prompt below %%magnitude")
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": prompt}
+        ]
+        client = self.client
+        body: dict[str, Any] = {}
+        for key, value in (
+            ("model", args.model or self.model),
+            ("temperature", args.temperature if args.temperature is not None else 0.0),
+            ("max_tokens", args.max_tokens),
+            ("top_p", args.top_p),
+            ("seed", args.seed),
+            ("stop", args.stop),
+        ):
+            if value is not None:
+                body[key] = value
+        ours = self._is_ours(client)
+        if ours:
+            body["reproducible"] = not args.no_reproducible
+            body["priority"] = "interactive"
+
+        result = StreamResult()
+        handle = None if args.no_stream else display({"text/plain": ""}, raw=True, display_id=True)
+        last_update = 0.0
+        try:
+            for _ in client.stream_chat(messages, result=result, **body):
+                now = time.monotonic()
+                if handle is not None and now - last_update >= UPDATE_EVERY_S:
+                    handle.update({"text/plain": result.text}, raw=True)
+                    last_update = now
+        except ClientError as exc:
+            raise MagnitudeError(str(exc)) from None
+
+        metadata = {"magnitude": self._provenance(client, body, result, ours)}
+        answer: Any = result.text
+        if args.format == "markdown":
+            bundle = {"text/markdown": result.text, "text/plain": result.text}
+        elif args.format == "code":
+            code = strip_fences(result.text)
+            self.shell.set_next_input(code, replace=False)
+            answer = code
+            bundle = {"text/plain": result.text}
+        else:
+            bundle = {"text/plain": result.text}
+        if handle is not None:
+            handle.update(bundle, raw=True, metadata=metadata)
+        else:
+            display(bundle, raw=True, metadata=metadata)
+        self.shell.user_ns[LAST_ANSWER] = result.text
+        if args.format == "json":
+            answer = parse_json_answer(result.text)
+        self.shell.user_ns[LAST_ANSWER] = answer
+        if args.output:
+            self.shell.user_ns[args.output] = answer
+        return None
+
+    def _provenance(self, client: Client, body: dict[str, Any], result: StreamResult, ours: bool) -> dict[str, Any]:
+        """How this answer was made, saved with the notebook."""
+        model_meta: dict[str, Any] = {}
+        try:
+            models = client.models()
+            model_meta = next((m for m in models if m["id"] == result.model), models[0] if models else {})
+        except ClientError:
+            pass
+        meta = model_meta.get("meta") or {}
+        return {
+            "server": client.api_base,
+            "model": result.model,
+            "model_file": meta.get("path"),
+            "model_sha256": meta.get("sha256"),
+            "sampling": {k: v for k, v in body.items() if k != "model"},
+            "seed": body.get("seed"),
+            "usage": result.usage,
+            "timings": result.timings,
+            "finish_reason": result.finish_reason,
+            "id": result.id,
+            "resumed": result.resumed,
+            "engine": "magnitude" if ours else "openai-compatible",
+        }
+
+    # -- DataFrame batches ------------------------------------------------------------------------
+
+    def _cell_batch(self, args: argparse.Namespace, cell: str) -> Any:
+        parser = _Parser(prog="%%magnitude --df", add_help=False)
+        _add_batch_options(parser)
+        batch_argv = []
+        for name in (
+            "system",
+            "output_column",
+            "concurrency",
+            "retry",
+            "timeout",
+            "on_overflow",
+            "checkpoint",
+            "model",
+            "output",
+            "max_tokens",
+            "temperature",
+        ):
+            value = getattr(args, name, None)
+            if value is not None:
+                batch_argv += [f"--{name.replace('_', '-')}", str(value)]
+        return self._batch(args.df, cell.strip(), parser.parse_args(batch_argv))
+
+    def _batch(self, df_name: str, template: str, args: argparse.Namespace) -> Any:
+        import pandas as pd
+
+        df = self.shell.user_ns.get(df_name)
+        if df is None:
+            raise MagnitudeError(f"no DataFrame named {df_name!r} in the notebook")
+        if not isinstance(df, pd.DataFrame):
+            raise MagnitudeError(f"{df_name!r} is a {type(df).__name__}, not a pandas DataFrame")
+        options = {
+            "system": args.system,
+            "output_column": args.output_column,
+            "concurrency": int(args.concurrency),
+            "retry": int(args.retry),
+            "timeout": float(args.timeout),
+            "max_tokens": int(args.max_tokens) if args.max_tokens is not None else None,
+            "temperature": float(args.temperature),
+            "on_overflow": args.on_overflow,
+            "checkpoint": args.checkpoint,
+            "model": args.model or self.model,
+        }
+        try:
+            result = score_dataframe(df, template, client=self.client, **options)
+        except BatchError as exc:
+            raise MagnitudeError(str(exc)) from None
+        info = result.attrs.get("magnitude", {})
+        done = int(result["error"].isna().sum())
+        note = f"magnitude: {done} of {len(result)} rows scored"
+        if info.get("errors"):
+            note += f", {info['errors']} failed (see the 'error' column)"
+        if info.get("interrupted"):
+            note += "; interrupted: the finished rows are kept" + (
+                ", rerun with the same --checkpoint to finish" if options["checkpoint"] else ""
+            )
+        print(note)
+        self.shell.user_ns[LAST_ANSWER] = result
+        if args.output:
+            self.shell.user_ns[args.output] = result
+            return None
+        return result
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    ipython.register_magics(MagnitudeMagics)

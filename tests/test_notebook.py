@@ -1,0 +1,144 @@
+"""The magics in real kernels (nbclient) against a real `magnitude serve`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import ServeProcess
+from .notebook_helpers import DroppingProxy, run_notebook, text_outputs
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    serve = ServeProcess(tmp_path_factory.mktemp("nb-serve"), args=("--parallel", "8", "--ctx-size", "4096"))
+    yield serve
+    serve.stop()
+
+
+@pytest.fixture
+def connected(server, monkeypatch):
+    monkeypatch.setenv("MAGNITUDE_URL", server.url)
+    monkeypatch.setenv("MAGNITUDE_TOKEN", server.token)
+    return server
+
+
+def test_prompt_streams_interpolates_and_stores(connected, tmp_path):
+    nb = run_notebook(
+        [
+            "%load_ext magnitude_jupyter",
+            'topic = "the sea"\nnumbers = [3, 4]',
+            "%%magnitude -o line --max-tokens 24\nWrite one sentence about {topic} and the number {numbers[1]}. {{ok}}",
+            "print(repr(line)); print(_magnitude == line)",
+            "%%magnitude -f json --max-tokens 48\nReply with only this JSON object and nothing else: "
+            '{{"city": "Paris"}}',
+        ],
+        tmp_path,
+    )
+    magic = nb.cells[2]
+    (display,) = [o for o in magic.outputs if o.output_type == "display_data"]
+    meta = display.metadata["magnitude"]
+    assert meta["model"] == "smollm2-135m" and meta["engine"] == "magnitude"
+    assert meta["usage"]["completion_tokens"] <= 24 and meta["sampling"]["reproducible"] is True
+    assert len(meta["model_sha256"]) == 64 and meta["timings"]["ttft_ms"] > 0
+    printed = text_outputs(nb.cells[3]).splitlines()
+    assert printed[1] == "True"
+    assert display.data["text/plain"] == eval(printed[0])  # the stored answer is what the cell showed
+
+
+def test_dataframe_batch_keeps_order_and_reports_failed_rows(connected, tmp_path):
+    nb = run_notebook(
+        [
+            "%load_ext magnitude_jupyter",
+            "import pandas as pd\n"
+            'reviews = [f\'Review {i}: the product was {"great" if i % 2 else "bad"}.\' for i in range(50)]\n'
+            "reviews[17] = 'word ' * 6000  # too long for the context: this row fails\n"
+            "df = pd.DataFrame({'review': reviews}, index=[f'r{i}' for i in range(50)])",
+            "%%magnitude --df df -o scored --concurrency 8 --max-tokens 4\n"
+            "Is this review positive or negative? {{ review }}",
+            "print(list(scored.index) == list(df.index), scored['answer'].notna().sum(), "
+            "scored.loc['r17', 'error'] is not None, scored.drop(index='r17')['error'].isna().all(), "
+            "list(df.columns) == ['review'])",
+        ],
+        tmp_path,
+    )
+    assert "49 of 50 rows scored, 1 failed" in text_outputs(nb.cells[2])
+    assert text_outputs(nb.cells[3]).split() == ["True", "49", "True", "True", "True"]
+
+
+def test_interrupt_keeps_finished_rows_and_checkpoint_finishes(connected, tmp_path):
+    checkpoint = tmp_path / "rows.jsonl"
+    nb = run_notebook(
+        [
+            "%load_ext magnitude_jupyter",
+            "import pandas as pd, threading, _thread\n"
+            "df = pd.DataFrame({'text': [f'Tell me a fact about the number {i}.' for i in range(40)]})",
+            "threading.Timer(4.0, _thread.interrupt_main).start()\n"
+            f"%magnitude batch df --template 'Q: {{{{ text }}}}' --concurrency 4 --max-tokens 24 "
+            f"--checkpoint {checkpoint} -o first",
+            "done_first = first['error'].isna().sum(); print(done_first, first.attrs['magnitude']['interrupted'])",
+            f"%magnitude batch df --template 'Q: {{{{ text }}}}' --concurrency 4 --max-tokens 24 "
+            f"--checkpoint {checkpoint} -o second",
+            "print(second['error'].isna().sum(), second.attrs['magnitude']['skipped_from_checkpoint'] == done_first)",
+        ],
+        tmp_path,
+        timeout=600,
+    )
+    first_done, interrupted = text_outputs(nb.cells[3]).split()
+    assert interrupted == "True" and 0 < int(first_done) < 40
+    assert "interrupted" in text_outputs(nb.cells[2])
+    assert text_outputs(nb.cells[5]).split() == ["40", "True"]
+    keys = [json.loads(line)["key"] for line in checkpoint.read_text().splitlines()]
+    assert sorted(keys, key=int) == [str(i) for i in range(40)]  # every row once: none scored twice
+
+
+def test_dropped_connection_resumes_with_identical_text(server, monkeypatch, tmp_path):
+    proxy = DroppingProxy(server.port, cut_after=6)
+    monkeypatch.setenv("MAGNITUDE_URL", f"http://127.0.0.1:{proxy.port}")
+    monkeypatch.setenv("MAGNITUDE_TOKEN", server.token)
+    try:
+        nb = run_notebook(
+            [
+                "%load_ext magnitude_jupyter",
+                "%%magnitude -o resumed --max-tokens 40\nTell me about lighthouses.",
+                "%%magnitude -o again --max-tokens 40\nTell me about lighthouses.",
+                "print(resumed == again, len(resumed) > 20)",
+            ],
+            tmp_path,
+        )
+    finally:
+        proxy.close()
+    assert proxy.cuts == 1
+    meta = next(o for o in nb.cells[1].outputs if o.output_type == "display_data").metadata["magnitude"]
+    assert meta["resumed"] >= 1
+    assert text_outputs(nb.cells[3]).split() == ["True", "True"]
+
+
+def test_bad_input_gives_one_clear_line(connected, tmp_path, monkeypatch):
+    nb = run_notebook(
+        [
+            "%load_ext magnitude_jupyter",
+            "import pandas as pd\ndf = pd.DataFrame({'review': ['fine']})",
+            "%%magnitude --df df\nClassify {{ review }",
+            "%%magnitude --df df\nClassify {{ rating }}",
+            "%%magnitude --temperature hot\nHello",
+            "%%magnitude\nHello {undefined_name}",
+            "%magnitude connect http://127.0.0.1:9",
+        ],
+        tmp_path,
+        allow_errors=True,
+    )
+    errors = []
+    for cell in nb.cells[2:]:
+        (error,) = [o for o in cell.outputs if o.output_type == "error"]
+        assert len(error.traceback) == 1, error.traceback
+        errors.append(error.traceback[0])
+    assert all(e.startswith("magnitude: ") for e in errors)
+    assert "template error" in errors[0]
+    assert "'rating'" in errors[1] and "review" in errors[1]
+    assert "--temperature" in errors[2]
+    assert "{undefined_name}" in errors[3]
+    assert "cannot reach" in errors[4]
