@@ -165,6 +165,7 @@ class Client:
                 if response.status_code >= 400:
                     response.read()
                     raise _error_from(response)
+                result.id = response.headers.get("X-Completion-Id")  # ours sends it before any token
                 for event_id, piece in self._read(response, result):
                     last_id = event_id or last_id
                     if piece:

@@ -99,6 +99,8 @@ class GenerationHandler(ApiMixin):
         except Exception as exc:
             self.send_error_json(exc)
             return
+        # The id comes first, in a header: a client can re-attach or cancel before the first token.
+        self.set_header("X-Completion-Id", request.request_id)
         shape = ResponseShape(request.request_id, self.kind, self.engine.model_id, include_usage=req.include_usage)
         request.meta["shape"] = shape
         assert request.stream is not None
