@@ -37,9 +37,13 @@ class EngineSettings:
     grace_seconds: float = 60.0
     retention_seconds: float = 300.0
     max_retained_events: int = 100_000
+    prefix_reuse: bool = True  # start a prompt from cells another sequence computed (prefix.py)
+    min_prefix_tokens: int = 32
 
     def __post_init__(self) -> None:
-        for name in ("parallel", "ctx_size", "n_batch", "max_waiting", "default_max_tokens"):
+        if not isinstance(self.prefix_reuse, bool):
+            raise ConfigError(f"engine setting 'prefix_reuse' must be true or false, got {self.prefix_reuse!r}")
+        for name in ("parallel", "ctx_size", "n_batch", "max_waiting", "default_max_tokens", "min_prefix_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"engine setting {name!r} must be a positive integer, got {value!r}")

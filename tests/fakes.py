@@ -23,6 +23,7 @@ class FakeRunner:
         self.bos_token = ""
         self.eos_token = ""
         self.calls: list[list[DecodeItem]] = []
+        self.copies: list[tuple[int, int, int]] = []
         self.cells: dict[int, int] = {}
         self.next_token: dict[int, int] = {}
         self.closed = False
@@ -42,6 +43,10 @@ class FakeRunner:
     def end_sequence(self, seq_id: int) -> None:
         self.cells.pop(seq_id, None)
         self.next_token.pop(seq_id, None)
+
+    def copy_prefix(self, src_seq: int, dst_seq: int, length: int) -> None:
+        self.copies.append((src_seq, dst_seq, length))
+        self.cells[dst_seq] = self.cells.get(dst_seq, 0) + length
 
     def sequence_length(self, seq_id: int) -> int:
         return self.cells.get(seq_id, 0)

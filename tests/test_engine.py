@@ -84,7 +84,7 @@ def test_cancel_mid_generation_gives_kv_back(engine):
     rest = list(events)
     assert rest[-1].finish_reason == "cancelled"
     status = wait_idle(engine)
-    assert status["kv_cells_reserved"] == 0 and status["kv_cells_used"] == 0
+    assert status["kv_cells_reserved"] == status["prefix_slot_tokens"] and status["kv_cells_used"] == 0
     assert engine.runner.sequence_length(seq_id) == 0
     assert rest[-1].usage["completion_tokens"] == len(request.output_tokens) >= 5
 
@@ -155,3 +155,32 @@ def test_chat_template_and_eos(engine):
     assert result.text.strip()
     assert "<|im_end|>" not in result.text
     assert result.finish_reason in ("stop", "length")
+
+
+def test_rows_with_a_shared_prefix_reuse_its_cells(engine):
+    system = (
+        "You are a sentiment classifier for product reviews. Read the review and answer with exactly one "
+        "word, positive or negative, in lower case, with no punctuation and no explanation at all. "
+    )
+    reviews = ["I loved it.", "It broke after a day.", "Works great, would buy again.", "Terrible support."]
+    first = engine.submit(
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": reviews[0]}],
+        params=greedy(24, ignore_eos=True),
+        priority=Priority.BATCH,
+    )
+    next(engine.stream(first.request_id))  # its prompt is in the cache
+    rest = [
+        engine.generate(
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": r}],
+            params=greedy(4),
+            priority=Priority.BATCH,
+        )
+        for r in reviews[1:]
+    ]
+    for result in rest:
+        cached = result.usage["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= 32 and cached < result.usage["prompt_tokens"]
+        assert result.text.strip()
+    list(engine.stream(first.request_id))
+    status = wait_idle(engine)
+    assert status["prefix_slot_tokens"] >= 32 and status["kv_cells_reserved"] == status["prefix_slot_tokens"]

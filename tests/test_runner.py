@@ -118,3 +118,22 @@ def test_tokenize_roundtrip_and_pieces(runner):
     text = b"".join(runner.token_to_piece(t) for t in tokens).decode()
     assert text == "Hello, world! Ünïcödé €"
     assert runner.is_eog(runner.tokenize("<|im_end|>", add_special=False)[0])
+
+
+def test_copied_prefix_continues_like_the_original(runner):
+    prompt = runner.tokenize(
+        "You are a careful assistant who answers questions about geography with short, precise sentences. "
+        "Always name the continent. Question: where is the city of Lyon?"
+    )
+    assert len(prompt) >= 30
+    (row,) = runner.decode([DecodeItem(0, prompt, 0, True)])
+    computed = runner.logits(row)
+    runner.copy_prefix(0, 1, 24)
+    (row,) = runner.decode([DecodeItem(1, prompt[24:], 24, True)])
+    copied = runner.logits(row)
+    assert int(np.argmax(copied)) == int(np.argmax(computed))
+    assert float(np.mean(np.abs(copied - computed))) < 0.5
+    runner.end_sequence(0)
+    assert runner.sequence_length(1) == len(prompt)  # the shared cells stay while seq 1 holds them
+    runner.end_sequence(1)
+    assert runner.sequence_length(1) == 0

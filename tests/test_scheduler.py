@@ -13,6 +13,7 @@ from magnitude_jupyter.engine import (
     PromptTooLongError,
     SamplingParams,
 )
+from magnitude_jupyter.engine.prefix import ClearSequence, PrefixCopy
 from magnitude_jupyter.engine.request import Request, RequestStatus
 from magnitude_jupyter.engine.scheduler import Scheduler
 
@@ -120,6 +121,7 @@ def test_engine_loop_batches_and_finishes_with_usage():
                 "prompt_tokens": 3,
                 "completion_tokens": r.max_tokens,
                 "total_tokens": 3 + r.max_tokens,
+                "prompt_tokens_details": {"cached_tokens": 0},
             }
         assert "".join(e.text for e in engine.stream(results[0].request_id)) == "8 9 10 "
         assert texts == ["3 4 "]
@@ -158,3 +160,57 @@ def test_shutdown_cancels_running_and_closes_runner():
     assert engine.state == "stopped" and engine.fake.closed
     assert request.is_finished
     assert list(engine.stream(request.request_id))[-1].is_final
+
+
+def test_prefix_is_copied_from_a_running_request_and_kept_in_the_slot():
+    s = Scheduler(ctx_size=1000, max_running=4, n_batch=64, max_waiting=10, min_prefix_tokens=8)
+    shared = list(range(100, 140))  # 40 shared tokens
+    first = make_request("first", 4, 4)
+    first.prompt_tokens = [*shared, 1, 2]
+    s.add_request(first)
+    s.schedule()
+    first.num_computed_tokens = len(first.prompt_tokens)  # its prompt is in the cache now
+    first.output_tokens = [7]
+    second = make_request("second", 4, 4)
+    second.prompt_tokens = [*shared, 3, 4, 5]
+    s.add_request(second)
+    out = s.schedule()
+    assert second.num_computed_tokens == second.cached_tokens == 40
+    copies = [op for op in out.kv_ops if isinstance(op, PrefixCopy)]
+    assert [(c.src_seq, c.dst_seq, c.length) for c in copies] == [
+        (first.seq_id, second.seq_id, 40),
+        (first.seq_id, s.prefix_slot.seq_id, 40),
+    ]
+    assert s.prefix_slot.tokens == shared
+    # prefill continues after the copied cells
+    chunk = next(c for c in out.batched if c.request is second)
+    assert chunk.start_pos == 40 and chunk.tokens == [3, 4, 5]
+    # once both are gone, the slot still serves the prefix
+    s.finish(first, FinishReason.STOP)
+    s.finish(second, FinishReason.STOP)
+    third = make_request("third", 4, 4)
+    third.prompt_tokens = [*shared, 9]
+    s.add_request(third)
+    out = s.schedule()
+    assert [(c.src_seq, c.length) for c in out.kv_ops if isinstance(c, PrefixCopy)] == [(s.prefix_slot.seq_id, 40)]
+
+
+def test_slot_is_evicted_when_a_request_needs_its_cells():
+    s = Scheduler(ctx_size=100, max_running=4, n_batch=64, max_waiting=10, min_prefix_tokens=8)
+    s.prefix_slot.tokens = list(range(50))
+    s.budget.reserve("<prefix slot>", 50)
+    big = make_request("big", 60, 30)
+    s.add_request(big)
+    out = s.schedule()
+    assert out.admitted == [big] and s.prefix_slot.tokens == []
+    assert any(isinstance(op, ClearSequence) for op in out.kv_ops)
+
+
+def test_reproducible_requests_never_share_cells():
+    s = Scheduler(ctx_size=1000, max_running=4, n_batch=64, max_waiting=10, min_prefix_tokens=8)
+    s.prefix_slot.tokens = list(range(1, 41))
+    s.budget.reserve("<prefix slot>", 40)
+    r = make_request("r", 50, 4, reproducible=True)
+    s.add_request(r)
+    out = s.schedule()
+    assert r.cached_tokens == 0 and not out.kv_ops

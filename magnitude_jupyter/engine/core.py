@@ -28,6 +28,7 @@ from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
 from .chat import render_chat
 from .kv import kv_bytes_per_token
 from .metrics import EngineMetrics
+from .prefix import PrefixCopy
 from .request import FinishReason, Priority, Request, SamplingParams
 from .scheduler import DecodeItem, ScheduledChunk, Scheduler, SchedulerOutput
 from .streams import StreamEvent, StreamRegistry
@@ -53,6 +54,7 @@ class Runner(Protocol):
     def is_eog(self, token: int) -> bool: ...
     def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: list[int]) -> None: ...
     def end_sequence(self, seq_id: int) -> None: ...
+    def copy_prefix(self, src_seq: int, dst_seq: int, length: int) -> None: ...
     def sequence_length(self, seq_id: int) -> int: ...
     def decode(self, items: list[DecodeItem]) -> list[int | None]: ...
     def sample(self, seq_id: int, row: int) -> int: ...
@@ -124,7 +126,7 @@ class Engine:
         return LlamaRunner(
             self.model_entry.path,
             n_ctx=es.ctx_size,
-            n_seq_max=es.parallel,
+            n_seq_max=es.parallel + (1 if es.prefix_reuse else 0),  # + the retained prefix slot
             n_batch=es.n_batch,
             n_threads=es.n_threads,
             verbose=self._verbose,
@@ -332,6 +334,7 @@ class Engine:
             "kv_cells_reserved": reserved,
             "kv_cells_used": filled,
             "kv_cells_total": total,
+            "prefix_slot_tokens": sched.prefix_slot.length if sched and sched.prefix_slot else 0,
             "kv_bytes_per_token": kv_bytes_per_token(info) if info else None,
             "recent_tokens_per_s": round(self.metrics.recent_tokens_per_s(), 2),
             "uptime_s": round(time.monotonic() - self._started_at, 1),
@@ -350,6 +353,8 @@ class Engine:
                 n_batch=es.n_batch,
                 max_waiting=es.max_waiting,
                 trained_context=trained,
+                prefix_reuse=es.prefix_reuse,
+                min_prefix_tokens=es.min_prefix_tokens,
             )
         except Exception as exc:  # reported through state/load_error, and to wait_ready()
             log.exception("model load failed")
@@ -392,6 +397,11 @@ class Engine:
                 continue
             for request in out.admitted:
                 runner.start_sequence(request.seq_id, request.params, request.prompt_tokens)
+            for op in out.kv_ops:
+                if isinstance(op, PrefixCopy):
+                    runner.copy_prefix(op.src_seq, op.dst_seq, op.length)
+                else:
+                    runner.end_sequence(op.seq_id)
             try:
                 sampled = self._execute(runner, out)
             except Exception as exc:

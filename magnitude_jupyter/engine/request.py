@@ -143,6 +143,7 @@ class Request:
     output_tokens: list[int] = field(default_factory=list)
     output_text: str = ""
     num_computed_tokens: int = 0  # tokens already in this request's KV cells
+    cached_tokens: int = 0  # prompt tokens copied from another sequence's cells instead of computed
     seq_id: int | None = None
     finish_reason: FinishReason | None = None
     error: str | None = None
@@ -167,7 +168,12 @@ class Request:
 
     def usage(self) -> dict[str, int]:
         prompt, completion = len(self.prompt_tokens), len(self.output_tokens)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
 
     def timings(self) -> Timings:
         t = Timings()

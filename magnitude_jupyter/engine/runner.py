@@ -151,6 +151,10 @@ class LlamaRunner:
         llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
         self._free_sampler(seq_id)
 
+    def copy_prefix(self, src_seq: int, dst_seq: int, length: int) -> None:
+        """Let `dst_seq` share the cells of positions [0, length) of `src_seq` (no copy in a unified cache)."""
+        llama_cpp.llama_memory_seq_cp(self.memory, src_seq, dst_seq, 0, length)
+
     def sequence_length(self, seq_id: int) -> int:
         """Tokens this sequence holds in the KV cache (0 when empty)."""
         return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id)) + 1

@@ -17,7 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .kv import KVBudget
+from .prefix import ClearSequence, KVOp, PrefixCopy, PrefixSlot, common_prefix_len
 from .request import FinishReason, Priority, Request, RequestStatus
+
+SLOT_KEY = "<prefix slot>"  # the retained prefix's entry in the KV budget
 
 
 class PromptTooLongError(ValueError):
@@ -57,6 +60,7 @@ class SchedulerOutput:
     batched: list[ScheduledChunk] = field(default_factory=list)  # decoded together in one llama_decode
     solo: list[ScheduledChunk] = field(default_factory=list)  # reproducible requests: one llama_decode each
     admitted: list[Request] = field(default_factory=list)
+    kv_ops: list[KVOp] = field(default_factory=list)  # prefix copies and slot clears, in order, before the decode
 
     @property
     def empty(self) -> bool:
@@ -75,6 +79,8 @@ class Scheduler:
         n_batch: int,
         max_waiting: int,
         trained_context: int | None = None,
+        prefix_reuse: bool = True,
+        min_prefix_tokens: int = 32,
     ) -> None:
         self.ctx_size = ctx_size
         self.max_running = max_running
@@ -85,6 +91,9 @@ class Scheduler:
         self.waiting: dict[Priority, deque[Request]] = {p: deque() for p in Priority}
         self.running: list[Request] = []
         self.free_seq_ids: list[int] = list(range(max_running))
+        # The sequence id after the request slots holds a retained prefix (see prefix.py).
+        self.prefix_slot: PrefixSlot | None = PrefixSlot(max_running) if prefix_reuse else None
+        self.min_prefix_tokens = min_prefix_tokens
 
     # -- admission ----------------------------------------------------------------------
 
@@ -118,32 +127,69 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.waiting[request.priority].append(request)
 
-    def _admit(self, now: float) -> list[Request]:
-        admitted: list[Request] = []
+    def _admit(self, now: float, out: SchedulerOutput) -> None:
         for priority in Priority:  # interactive first
             queue = self.waiting[priority]
             while queue and self.free_seq_ids:
                 head = queue[0]
-                if not self.budget.fits(head.kv_cells):
+                if not self.budget.fits(head.kv_cells) and not self._evict_slot_for(head.kv_cells, out):
                     # Strict FIFO: a large request at the head is not overtaken forever by small ones,
                     # and batch rows do not jump ahead of a waiting interactive request.
-                    return admitted
+                    return
                 queue.popleft()
                 self.budget.reserve(head.request_id, head.kv_cells)
                 head.seq_id = self.free_seq_ids.pop(0)
                 head.status = RequestStatus.RUNNING
                 head.admitted_time = now
+                self._reuse_prefix(head, out)
                 self.running.append(head)
-                admitted.append(head)
+                out.admitted.append(head)
             if queue:
-                return admitted
-        return admitted
+                return
+
+    def _evict_slot_for(self, cells: int, out: SchedulerOutput) -> bool:
+        """Free the retained prefix's cells if that makes `cells` fit."""
+        slot = self.prefix_slot
+        if slot is None or not slot.tokens or not self.budget.fits(cells - slot.length):
+            return False
+        self.budget.release(SLOT_KEY)
+        slot.tokens = []
+        out.kv_ops.append(ClearSequence(slot.seq_id))
+        return True
+
+    def _reuse_prefix(self, request: Request, out: SchedulerOutput) -> None:
+        """Start `request` from the longest prompt prefix already in the cache, if it is long enough."""
+        slot = self.prefix_slot
+        if slot is None or request.params.reproducible:
+            return
+        limit = len(request.prompt_tokens) - 1  # the last prompt token is always computed: it gives the logits
+        best_len, best_src = 0, None
+        if slot.tokens:
+            best_len, best_src = common_prefix_len(slot.tokens, request.prompt_tokens, limit), slot.seq_id
+        for other in self.running:
+            if other.params.reproducible or other.seq_id is None:
+                continue
+            n = common_prefix_len(other.prompt_tokens, request.prompt_tokens, min(limit, other.num_computed_tokens))
+            if n > best_len:
+                best_len, best_src = n, other.seq_id
+        if best_src is None or best_len < self.min_prefix_tokens:
+            return
+        out.kv_ops.append(PrefixCopy(best_src, request.seq_id, best_len))  # type: ignore[arg-type]
+        request.num_computed_tokens = best_len
+        request.cached_tokens = best_len
+        if best_src != slot.seq_id and best_len > slot.length and self.budget.fits(best_len - slot.length):
+            # Keep this prefix beyond the life of the requests that share it now.
+            self.budget.release(SLOT_KEY)
+            self.budget.reserve(SLOT_KEY, best_len)
+            slot.tokens = request.prompt_tokens[:best_len]
+            out.kv_ops += [ClearSequence(slot.seq_id), PrefixCopy(best_src, slot.seq_id, best_len)]
 
     # -- one step -------------------------------------------------------------------------
 
     def schedule(self, now: float | None = None) -> SchedulerOutput:
         now = time.monotonic() if now is None else now
-        out = SchedulerOutput(admitted=self._admit(now))
+        out = SchedulerOutput()
+        self._admit(now, out)
         token_budget = self.n_batch
 
         # Decode first: one token of every sequence whose prompt is in the cache.
