@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import tornado.httpserver
+import tornado.netutil
 import tornado.web
 
 from ..engine import Engine
@@ -106,7 +107,9 @@ async def serve(
     server = tornado.httpserver.HTTPServer(
         app, max_body_size=max(max_body_bytes * 4, 1 << 20), idle_connection_timeout=60
     )
-    server.listen(port, address=host)
+    sockets = tornado.netutil.bind_sockets(port, address=host)
+    server.add_sockets(sockets)
+    port = sockets[0].getsockname()[1]  # the real one when asked for port 0
     runtime_file = write_runtime_file(host, port, token, engine.model_id)
     engine.start(wait=False)
     announce(f"magnitude serving {engine.model_id} at http://{host}:{port}/v1 (model loading in the background)")

@@ -1,0 +1,124 @@
+"""Finding a server, the CLI twins of the magics, and the batch's pure parts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from magnitude_jupyter.batch import BatchError, backoff_seconds, compile_template
+from magnitude_jupyter.client import discover, iter_sse, serve_runtime_files
+
+from .conftest import ServeProcess
+
+
+def test_backoff_is_exponential_capped_and_honours_retry_after():
+    assert [backoff_seconds(k) for k in range(4)] == [0.5, 1.0, 2.0, 4.0]
+    assert backoff_seconds(10) == 30.0
+    assert backoff_seconds(0, retry_after=3.0) == 3.0
+
+
+def test_template_checks_happen_before_any_request():
+    with pytest.raises(BatchError, match=r"'rating'.*columns are: review"):
+        compile_template("{{ rating }}", ["review"])
+    with pytest.raises(BatchError, match="template error on line 1"):
+        compile_template("{{ review ", ["review"])
+    assert compile_template("A {{ review|upper }}", ["review"]).render(review="x") == "A X"
+
+
+def test_sse_parser():
+    lines = ["id: 1", "data: a", "", ": comment", "id: 2", "data: b", "data: c", "", "data: [DONE]", ""]
+    assert list(iter_sse(iter(lines))) == [(1, "a"), (2, "b\nc"), (None, "[DONE]")]
+
+
+@pytest.mark.model
+def test_discover_starts_one_background_server_and_reuses_it(tmp_path, monkeypatch):
+    for var in ("MAGNITUDE_URL", "MAGNITUDE_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MAGNITUDE_RUNTIME_DIR", str(tmp_path / "rt"))
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "jupyter"))
+    monkeypatch.setenv("MAGNITUDE_CONFIG", str(tmp_path / "none.yaml"))
+    client = None
+    try:
+        client = discover()
+        assert client.source == "magnitude serve (started)"
+        assert client.health()["status"] == "ok"
+        again = discover()
+        assert again.api_base == client.api_base and again.source == "magnitude serve"
+    finally:
+        for info in serve_runtime_files():
+            os.kill(info["pid"], signal.SIGTERM)
+        if client is not None:
+            client.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    serve = ServeProcess(tmp_path_factory.mktemp("cli-serve"), args=("--parallel", "4", "--ctx-size", "4096"))
+    yield serve
+    serve.stop()
+
+
+def magnitude(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "magnitude_jupyter.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
+
+
+@pytest.mark.model
+def test_cli_chat_and_batch(server, tmp_path):
+    env = {"MAGNITUDE_URL": server.url, "MAGNITUDE_TOKEN": server.token}
+    done = magnitude("chat", "Say hello.", "--max-tokens", "12", "--format", "json", env=env)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["text"] and answer["usage"]["completion_tokens"] <= 12 and answer["model"] == "smollm2-135m"
+
+    rows = tmp_path / "in.jsonl"
+    rows.write_text("".join(json.dumps({"review": f"review number {i}"}) + "\n" for i in range(6)))
+    out = tmp_path / "out.jsonl"
+    done = magnitude(
+        "batch",
+        "--input",
+        str(rows),
+        "--output",
+        str(out),
+        "--template",
+        "Classify: {{ review }}",
+        "--max-tokens",
+        "4",
+        "--concurrency",
+        "3",
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    scored = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["review"] for r in scored] == [f"review number {i}" for i in range(6)]
+    assert all(r["answer"] and r["error"] is None for r in scored)
+    assert "6 of 6 rows scored" in done.stderr
+
+    done = magnitude("batch", "--input", str(rows), "--output", str(out), "--template", "{{ missing }}", env=env)
+    assert done.returncode != 0 and "'missing'" in done.stderr
+    done = magnitude(
+        "batch",
+        "--input",
+        str(rows),
+        "--output",
+        str(out),
+        "--template",
+        "{{ review }}",
+        "--max-tokens",
+        "2",
+        "--fail-on-truncation",
+        env=env,
+    )
+    assert done.returncode == 1 and "hit max tokens" in done.stderr
+    done = magnitude("chat", "hi", "--url", "http://127.0.0.1:9")
+    assert done.returncode != 0 and "cannot reach" in done.stderr
