@@ -28,7 +28,7 @@ def _human_bytes(n: float) -> str:
 
 
 def _model_details(entry: Any) -> dict[str, Any]:
-    from .engine.kv import kv_bytes_per_token
+    from .kvmath import kv_bytes_per_token
 
     info = read_model_info(entry.path)
     details = info.to_json()
@@ -301,6 +301,72 @@ def serve(
         asyncio.run(run_server(engine, host, port, token, announce=lambda line: click.echo(line)))
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+
+
+@main.command()
+@click.option("--url", default=None, help="Server URL ending before /v1 (default: find one, or start one).")
+@click.option("--token", default=None, envvar="MAGNITUDE_TOKEN")
+@click.option("--concurrency", default="1,2,4,8,16", show_default=True, help="Levels, comma-separated.")
+@click.option("--requests", type=int, default=16, show_default=True, help="Requests per level.")
+@click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option("--prompt", default=None, help="The prompt every request sends.")
+@click.option("--ttft-limit-ms", type=float, default=None, help="Stop when a level's p95 TTFT is over this.")
+@click.option("--latency-target-ms", type=float, default=None, help="For the recommended parallel (p95 end-to-end).")
+@click.option("--no-probe", is_flag=True, help="Skip the capacity probe.")
+@click.option("--json", "json_path", default=None, help="Write the profile here.")
+@click.option("--csv", "csv_path", default=None, help="Write the levels here.")
+@click.option("--html", "html_path", default=None, help="Write a standalone report with the plots here.")
+def calibrate(
+    url: str | None,
+    token: str | None,
+    concurrency: str,
+    requests: int,
+    max_tokens: int,
+    prompt: str | None,
+    ttft_limit_ms: float | None,
+    latency_target_ms: float | None,
+    no_probe: bool,
+    json_path: str | None,
+    csv_path: str | None,
+    html_path: str | None,
+) -> None:
+    """Sweep concurrency against a server and print throughput, latency and capacity."""
+    from .calibrate.report import format_profile
+    from .calibrate.run import calibrate as run_calibration
+    from .calibrate.sweep import DEFAULT_PROMPT, SweepConfig
+    from .calibrate.widget import parse_levels
+    from .client import ClientError
+
+    try:
+        config = SweepConfig(
+            concurrency=parse_levels(concurrency),
+            requests_per_level=requests,
+            max_tokens=max_tokens,
+            prompt=prompt or DEFAULT_PROMPT,
+            ttft_p95_limit_ms=ttft_limit_ms,
+            latency_target_ms=latency_target_ms,
+        )
+        config.validate()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    client = _client(url, token)
+
+    def progress(level: dict[str, Any]) -> None:
+        click.echo(
+            f"  concurrency {level['concurrency']:>3}: {level['output_tokens_per_s']:7.1f} tok/s, "
+            f"TTFT p95 {level['ttft_ms']['p95'] or 0:7.0f} ms",
+            err=True,
+        )
+
+    try:
+        profile = run_calibration(client, config, run_probe=not no_probe, on_level=progress)
+    except ClientError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(format_profile(profile))
+    for path, save in ((json_path, profile.save_json), (csv_path, profile.save_csv), (html_path, profile.save_html)):
+        if path:
+            save(path)
+            click.echo(f"wrote {path}", err=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -110,6 +110,13 @@ def line_parser() -> _Parser:
     connect.add_argument("url")
     connect.add_argument("--token", default=None)
     sub.add_parser("disconnect")
+    calibrate = sub.add_parser("calibrate")
+    calibrate.add_argument("--concurrency", default="1,2,4,8,16")
+    calibrate.add_argument("--requests", type=int, default=16)
+    calibrate.add_argument("--max-tokens", type=int, default=64)
+    calibrate.add_argument("--latency-target-ms", type=float, default=2000.0)
+    calibrate.add_argument("--no-probe", action="store_true")
+    calibrate.add_argument("--start", action="store_true", help="start the sweep at once")
     batch = sub.add_parser("batch")
     batch.add_argument("df")
     batch.add_argument("--template", required=True)
@@ -191,6 +198,8 @@ class MagnitudeMagics(Magics):
             return None
         if args.command == "batch":
             return self._batch(args.df, args.template, args)
+        if args.command == "calibrate":
+            return self._calibrate(args)
         raise MagnitudeError(f"unknown command {args.command!r}")
 
     def _call(self, fn: Any) -> Any:
@@ -283,6 +292,28 @@ class MagnitudeMagics(Magics):
             "resumed": result.resumed,
             "engine": "magnitude" if ours else "openai-compatible",
         }
+
+    # -- calibration ------------------------------------------------------------------------------
+
+    def _calibrate(self, args: argparse.Namespace) -> Any:
+        from .calibrate.sweep import SweepConfig
+        from .calibrate.widget import CalibrationWidget, parse_levels
+
+        try:
+            config = SweepConfig(
+                concurrency=parse_levels(args.concurrency),
+                requests_per_level=args.requests,
+                max_tokens=args.max_tokens,
+                latency_target_ms=args.latency_target_ms,
+            )
+            config.validate()
+        except ValueError as exc:
+            raise MagnitudeError(str(exc)) from None
+        widget = CalibrationWidget(self.client, config, probe=not args.no_probe)
+        self.shell.user_ns["_magnitude_calibration"] = widget
+        if args.start:
+            widget.start()
+        return widget
 
     # -- DataFrame batches ------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ queued and applied between steps, never mid-step.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -24,9 +25,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ..config import EngineSettings, Settings, load_settings
+from ..kvmath import kv_bytes_per_token
 from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
 from .chat import render_chat
-from .kv import kv_bytes_per_token
 from .metrics import EngineMetrics
 from .prefix import PrefixCopy
 from .request import FinishReason, Priority, Request, SamplingParams
@@ -35,6 +36,15 @@ from .streams import StreamEvent, StreamRegistry
 from .text import TextAssembler
 
 log = logging.getLogger(__name__)
+
+
+def _rss_bytes() -> int | None:
+    """This process's resident memory (Linux), for calibration's memory samples."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class EngineError(RuntimeError):
@@ -336,6 +346,8 @@ class Engine:
             "kv_cells_total": total,
             "prefix_slot_tokens": sched.prefix_slot.length if sched and sched.prefix_slot else 0,
             "kv_bytes_per_token": kv_bytes_per_token(info) if info else None,
+            "kv_buffer_bytes_reported": getattr(self.runner, "kv_buffer_bytes", None),
+            "rss_bytes": _rss_bytes(),
             "recent_tokens_per_s": round(self.metrics.recent_tokens_per_s(), 2),
             "uptime_s": round(time.monotonic() - self._started_at, 1),
         }

@@ -1,0 +1,193 @@
+"""KV-cache capacity: what fits in memory, where the engine's setting sits, and a probe that checks it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from ..client import Client, ClientError
+from ..kvmath import CACHE_TYPE_BYTES, kv_bytes_per_token, tokens_that_fit
+
+CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+def available_memory() -> int:
+    """Bytes of memory available now (MemAvailable), the default budget for the KV cache."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:  # pragma: no cover - psutil comes with ipykernel
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    return 0
+
+
+def sessions_table(
+    bytes_per_token: float, memory_bytes: int, contexts: tuple[int, ...] = CONTEXTS, trained_context: int | None = None
+) -> list[dict[str, Any]]:
+    """How many sessions of each context length fit the memory budget (KV cache only)."""
+    rows = []
+    for ctx in contexts:
+        if trained_context and ctx > trained_context:
+            continue
+        per_session = ctx * bytes_per_token
+        rows.append(
+            {
+                "context": ctx,
+                "bytes_per_session": per_session,
+                "sessions": int(memory_bytes // per_session) if per_session else 0,
+            }
+        )
+    return rows
+
+
+@dataclass
+class CapacityReport:
+    cache_type: str
+    bytes_per_token: float
+    memory_budget_bytes: int
+    tokens_that_fit: int
+    table: list[dict[str, Any]]
+    current: dict[str, Any] = field(default_factory=dict)  # the engine's setting: parallel, ctx_size, bytes
+    reported_kv_buffer_bytes: int | None = None  # what llama.cpp said it allocated
+    predicted_kv_buffer_bytes: int | None = None
+    probe: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def model_shape(meta: dict[str, Any]) -> Any:
+    """An object with the KV shape fields kvmath needs, from /v1/models metadata."""
+
+    class Shape:
+        kv_heads_per_layer = tuple(meta["kv_heads_per_layer"])
+        head_dim_k = meta["head_dim_k"]
+        head_dim_v = meta["head_dim_v"]
+
+    return Shape
+
+
+def capacity_report(
+    meta: dict[str, Any] | None, status: dict[str, Any] | None, memory_bytes: int | None = None, cache_type: str = "f16"
+) -> CapacityReport | None:
+    """Capacity from GGUF metadata and the engine's status; None when the server says neither."""
+    if not meta or "kv_heads_per_layer" not in meta:
+        return None
+    if cache_type not in CACHE_TYPE_BYTES:
+        raise ValueError(f"unknown cache type {cache_type!r}")
+    bpt = kv_bytes_per_token(model_shape(meta), cache_type)
+    budget = memory_bytes if memory_bytes is not None else available_memory()
+    report = CapacityReport(
+        cache_type=cache_type,
+        bytes_per_token=bpt,
+        memory_budget_bytes=budget,
+        tokens_that_fit=tokens_that_fit(budget, bpt),
+        table=sessions_table(bpt, budget, trained_context=meta.get("trained_context")),
+    )
+    if status and status.get("kv_cells_total"):
+        ctx, parallel = int(status["kv_cells_total"]), int(status["parallel"])
+        report.current = {
+            "parallel": parallel,
+            "ctx_size": ctx,
+            "context_per_session": ctx // parallel,
+            "kv_bytes": ctx * bpt,
+        }
+        report.predicted_kv_buffer_bytes = round(ctx * bpt)
+        report.reported_kv_buffer_bytes = status.get("kv_buffer_bytes_reported")
+    return report
+
+
+def _open(client: Client, prompt: str, max_tokens: int) -> httpx.Response:
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "priority": "batch",
+    }
+    request = client.http.build_request("POST", client.api_base + "/v1/chat/completions", json=body)
+    return client.http.send(request, stream=True)
+
+
+def probe(
+    client: Client, sessions: int | None = None, prompt: str = "Count upwards from one.", timeout: float = 30.0
+) -> dict[str, Any]:
+    """Check the engine against the arithmetic, with real requests (all cancelled at once).
+
+    1. One request: `prompt + max_tokens` equal to the largest a request may hold is admitted; one
+       token more is refused (400, context_length_exceeded).
+    2. `sessions` requests that split the cache evenly all run at once; one more has to wait.
+    """
+    status = client.status()
+    ctx, parallel = int(status["kv_cells_total"]), int(status["parallel"])
+    limit = min(ctx, int(status.get("trained_context") or ctx))
+    first = client.chat([{"role": "user", "content": prompt}], max_tokens=1, temperature=0)
+    prompt_tokens = int((first.usage or {})["prompt_tokens"])
+    result: dict[str, Any] = {"request_limit": limit, "prompt_tokens": prompt_tokens}
+
+    opened: list[httpx.Response] = []
+    try:
+        response = _open(client, prompt, limit - prompt_tokens)
+        opened.append(response)
+        result["largest_request_admitted"] = response.status_code == 200
+        response = _open(client, prompt, limit - prompt_tokens + 1)
+        response.read()
+        result["one_more_token_refused"] = response.status_code == 400 and (
+            response.json()["error"]["code"] == "context_length_exceeded"
+        )
+        _cancel_all(client, opened)
+        opened.clear()
+        _wait_idle(client, timeout)
+
+        n = sessions or parallel
+        per_session = ctx // n
+        result.update({"sessions_predicted": n, "context_per_session": per_session})
+        for _ in range(n + 1):
+            opened.append(_open(client, prompt, per_session - prompt_tokens))
+        deadline = time.monotonic() + timeout
+        seen = {"running": 0, "waiting": 0}
+        while time.monotonic() < deadline:
+            now = client.status()
+            seen = {"running": now["running"], "waiting": now["waiting"]}
+            if now["running"] >= n and now["waiting"] >= 1:
+                break
+            time.sleep(0.05)
+        result["sessions_running_at_once"] = seen["running"]
+        result["one_more_session_waited"] = seen["waiting"] >= 1
+    finally:
+        _cancel_all(client, opened)
+    result["confirmed"] = bool(
+        result.get("largest_request_admitted")
+        and result.get("one_more_token_refused")
+        and result.get("sessions_running_at_once") == result.get("sessions_predicted")
+        and result.get("one_more_session_waited")
+    )
+    return result
+
+
+def _cancel_all(client: Client, responses: list[httpx.Response]) -> None:
+    for response in responses:
+        completion_id = response.headers.get("X-Completion-Id")
+        response.close()
+        if completion_id:
+            client.cancel(completion_id)
+
+
+def _wait_idle(client: Client, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            status = client.status()
+        except ClientError:
+            return
+        if status["running"] == 0 and status["waiting"] == 0:
+            return
+        time.sleep(0.05)

@@ -1,0 +1,103 @@
+"""The three calibration plots, as plotly figures: pure functions of profiles (the widget reuses them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+
+from .stats import knee
+
+
+def _closed(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [lv for lv in levels if lv.get("concurrency")]
+
+
+def throughput_traces(levels: list[dict[str, Any]], name: str = "") -> dict[str, Any]:
+    closed = _closed(levels)
+    xs = [lv["concurrency"] for lv in closed]
+    ys = [lv["output_tokens_per_s"] for lv in closed]
+    k = knee(list(zip(xs, ys, strict=True)))
+    knee_y = [y for x, y in zip(xs, ys, strict=True) if x == k]
+    return {"x": xs, "y": ys, "knee_x": [k] if k is not None else [], "knee_y": knee_y[:1], "name": name}
+
+
+def latency_traces(levels: list[dict[str, Any]], key: str = "ttft_ms") -> dict[str, list[Any]]:
+    closed = _closed(levels)
+    out: dict[str, list[Any]] = {"x": [lv["concurrency"] for lv in closed]}
+    for stat in ("p50", "p95", "p99"):
+        out[stat] = [(lv.get(key) or {}).get(stat) for lv in closed]
+    return out
+
+
+def throughput_figure(profiles: list[Any]) -> go.Figure:
+    fig = go.Figure(
+        layout={
+            "title": "Output tokens/s vs concurrency",
+            "xaxis": {"title": "concurrent clients", "type": "log", "dtick": 0.30103},
+            "yaxis": {"title": "output tok/s"},
+        }
+    )
+    for profile in profiles:
+        t = throughput_traces(profile.levels, profile.name or str(profile.model.get("id")))
+        fig.add_scatter(x=t["x"], y=t["y"], mode="lines+markers", name=t["name"])
+        fig.add_scatter(
+            x=t["knee_x"], y=t["knee_y"], mode="markers", name="knee", marker={"size": 14, "symbol": "star"}
+        )
+    return fig
+
+
+def latency_figure(profiles: list[Any], key: str = "ttft_ms", target_ms: float | None = None) -> go.Figure:
+    fig = go.Figure(
+        layout={
+            "title": f"{key.split('_')[0].upper()} percentiles vs concurrency",
+            "xaxis": {"title": "concurrent clients", "type": "log", "dtick": 0.30103},
+            "yaxis": {"title": "ms"},
+        }
+    )
+    for profile in profiles:
+        t = latency_traces(profile.levels, key)
+        for stat in ("p50", "p95", "p99"):
+            fig.add_scatter(x=t["x"], y=t[stat], mode="lines+markers", name=f"{profile.name} {stat}".strip())
+    if target_ms:
+        fig.add_hline(y=target_ms, line_dash="dash", annotation_text="target")
+    return fig
+
+
+def capacity_traces(capacity: dict[str, Any] | None) -> dict[str, list[Any]]:
+    if not capacity:
+        return {"x": [], "y": [], "current_x": [], "current_y": [], "probe_x": [], "probe_y": []}
+    table = capacity.get("table") or []
+    current = capacity.get("current") or {}
+    probe = capacity.get("probe") or {}
+    return {
+        "x": [row["context"] for row in table],
+        "y": [row["sessions"] for row in table],
+        "current_x": [current["context_per_session"]] if current else [],
+        "current_y": [current["parallel"]] if current else [],
+        "probe_x": [probe["context_per_session"]] if probe.get("context_per_session") else [],
+        "probe_y": [probe.get("sessions_running_at_once")] if probe.get("context_per_session") else [],
+    }
+
+
+def capacity_figure(profile: Any) -> go.Figure:
+    t = capacity_traces(profile.capacity)
+    fig = go.Figure(
+        layout={
+            "title": "Sessions that fit vs context per session (KV cache)",
+            "xaxis": {"title": "context per session (tokens)", "type": "log"},
+            "yaxis": {"title": "sessions", "type": "log"},
+        }
+    )
+    fig.add_scatter(x=t["x"], y=t["y"], mode="lines+markers", name="fit the memory budget")
+    fig.add_scatter(
+        x=t["current_x"],
+        y=t["current_y"],
+        mode="markers",
+        name="engine setting",
+        marker={"size": 14, "symbol": "diamond"},
+    )
+    fig.add_scatter(
+        x=t["probe_x"], y=t["probe_y"], mode="markers", name="probe: ran at once", marker={"size": 10, "symbol": "x"}
+    )
+    return fig

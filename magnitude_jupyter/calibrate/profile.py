@@ -1,0 +1,155 @@
+"""A calibration profile: the machine, the model, the engine settings, every level, and a summary.
+
+Saved as JSON (the source of truth), CSV (the levels) and a standalone HTML report with the plots;
+several profiles compare as one DataFrame and overlaid plots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .stats import knee, recommend_parallel, scaling_efficiency
+
+PROFILE_VERSION = 1
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    memory = None
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_bytes": memory,
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+    }
+
+
+def summarize_levels(
+    levels: list[dict[str, Any]], engine: dict[str, Any], model: dict[str, Any], latency_target_ms: float | None = None
+) -> dict[str, Any]:
+    closed = [lv for lv in levels if lv.get("concurrency")]
+    thr = {int(lv["concurrency"]): lv["output_tokens_per_s"] for lv in closed}
+    peak = max(closed, key=lambda lv: lv["output_tokens_per_s"]) if closed else None
+    knee_c = knee([(c, t) for c, t in thr.items()])
+    at_knee = next((lv for lv in closed if lv["concurrency"] == knee_c), None)
+    trained = model.get("trained_context")
+    ctx = engine.get("ctx_size")
+    for lv in closed:  # p95 end-to-end, flattened for recommend_parallel
+        lv["_e2e_p95"] = (lv.get("e2e_ms") or {}).get("p95")
+    recommended = recommend_parallel(closed, "_e2e_p95", latency_target_ms) if latency_target_ms else None
+    for lv in closed:
+        lv.pop("_e2e_p95", None)
+    return {
+        "single_stream_tokens_per_s": thr.get(1),
+        "peak_tokens_per_s": peak["output_tokens_per_s"] if peak else None,
+        "peak_concurrency": peak["concurrency"] if peak else None,
+        "knee_concurrency": knee_c,
+        "scaling_efficiency": {str(c): e for c, e in scaling_efficiency(thr).items()},
+        "e2e_std_ms_at_knee": (at_knee or {}).get("e2e_ms", {}).get("std") if at_knee else None,
+        "ttft_std_ms_at_knee": (at_knee or {}).get("ttft_ms", {}).get("std") if at_knee else None,
+        "usable_context_ratio": (min(ctx, trained) / trained) if ctx and trained else None,
+        "latency_target_ms": latency_target_ms,
+        "recommended_parallel": recommended,
+    }
+
+
+@dataclass
+class Profile:
+    machine: dict[str, Any]
+    server: dict[str, Any]
+    model: dict[str, Any]
+    engine: dict[str, Any]
+    config: dict[str, Any]
+    levels: list[dict[str, Any]]
+    summary: dict[str, Any]
+    capacity: dict[str, Any] | None = None
+    stopped_because: str | None = None
+    created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    name: str = ""
+    version: int = PROFILE_VERSION
+
+    # -- files -------------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def save_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_json(), indent=2, default=str))
+        return path
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Profile:
+        if data.get("version") != PROFILE_VERSION:
+            raise ValueError(f"profile version {data.get('version')!r} is not {PROFILE_VERSION}")
+        return cls(**data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+    def levels_frame(self) -> Any:
+        import pandas as pd
+
+        rows = []
+        for lv in self.levels:
+            row = {k: v for k, v in lv.items() if not isinstance(v, dict)}
+            for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms"):
+                for stat, value in (lv.get(key) or {}).items():
+                    row[f"{key}_{stat}"] = value
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def save_csv(self, path: str | Path) -> Path:
+        path = Path(path)
+        self.levels_frame().to_csv(path, index=False)
+        return path
+
+    def save_html(self, path: str | Path) -> Path:
+        from .figures import capacity_figure, latency_figure, throughput_figure
+
+        figures = [throughput_figure([self]), latency_figure([self]), capacity_figure(self)]
+        parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
+        s = self.summary
+        rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in s.items())
+        html = (
+            "<!doctype html><html><head><meta charset='utf-8'>"
+            f"<title>magnitude profile: {self.model.get('id')}</title>"
+            "<style>body{font-family:sans-serif;margin:2em}th{text-align:left;padding-right:1em}</style></head><body>"
+            f"<h1>{self.model.get('id')} on {self.machine.get('cpu')}</h1>"
+            f"<p>{self.created}; {self.machine.get('cores')} cores; engine {json.dumps(self.engine)}</p>"
+            f"<table>{rows}</table>{''.join(parts)}</body></html>"
+        )
+        path = Path(path)
+        path.write_text(html)
+        return path
+
+
+def compare(profiles: list[Profile]) -> Any:
+    """One row per (profile, level): the figures side by side."""
+    import pandas as pd
+
+    frames = []
+    for i, profile in enumerate(profiles):
+        frame = profile.levels_frame()
+        frame.insert(0, "profile", profile.name or f"{profile.model.get('id')} #{i + 1}")
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

@@ -1,0 +1,85 @@
+"""A profile as text: the table the CLI prints (missing figures shown as '—', never invented)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .profile import Profile
+
+
+def _fmt(value: Any, spec: str = ".1f") -> str:
+    if value is None:
+        return "—"
+    return format(value, spec) if isinstance(value, (int, float)) else str(value)
+
+
+def format_profile(profile: Profile) -> str:
+    headers = [
+        "concurrency",
+        "req/s",
+        "out tok/s",
+        "TTFT p50",
+        "TTFT p95",
+        "TPOT p50",
+        "E2E p95",
+        "E2E std",
+        "queue p50",
+        "KV max",
+        "errors",
+    ]
+    rows = []
+    for lv in profile.levels:
+        rows.append(
+            [
+                _fmt(lv.get("concurrency") or lv.get("arrival_rate"), "g"),
+                _fmt(lv["requests_per_s"], ".2f"),
+                _fmt(lv["output_tokens_per_s"]),
+                _fmt(lv["ttft_ms"]["p50"], ".0f"),
+                _fmt(lv["ttft_ms"]["p95"], ".0f"),
+                _fmt(lv["tpot_ms"]["p50"], ".1f"),
+                _fmt(lv["e2e_ms"]["p95"], ".0f"),
+                _fmt(lv["e2e_ms"]["std"], ".0f"),
+                _fmt(lv["queue_ms"]["p50"], ".0f"),
+                _fmt(lv.get("kv_usage_max") * 100 if lv.get("kv_usage_max") is not None else None, ".0f") + "%",
+                str(lv["errors"]),
+            ]
+        )
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)] if rows else map(len, headers)
+    widths = list(widths)
+    lines = [
+        f"{profile.model.get('id')} on {profile.machine.get('cpu')} ({profile.machine.get('cores')} cores); "
+        f"engine {profile.engine or 'not reported'}"
+    ]
+    lines.append("  ".join(h.rjust(wd) for h, wd in zip(headers, widths, strict=True)))
+    lines += ["  ".join(c.rjust(wd) for c, wd in zip(row, widths, strict=True)) for row in rows]
+    s = profile.summary
+    lines.append("")
+    lines.append(
+        f"single stream {_fmt(s['single_stream_tokens_per_s'])} tok/s; peak {_fmt(s['peak_tokens_per_s'])} "
+        f"tok/s at concurrency {_fmt(s['peak_concurrency'], 'g')}; knee at {_fmt(s['knee_concurrency'], 'g')}; "
+        f"usable/trained context {_fmt(s['usable_context_ratio'], '.2f')}; recommended parallel "
+        f"{_fmt(s['recommended_parallel'], 'g')}"
+    )
+    eff = ", ".join(f"{c}: {_fmt(e, '.2f')}" for c, e in s["scaling_efficiency"].items())
+    lines.append(f"scaling efficiency thr(c)/(c·thr(1)): {eff}")
+    cap = profile.capacity
+    if cap:
+        lines.append(
+            f"KV cache: {cap['bytes_per_token']:,.0f} bytes/token ({cap['cache_type']}); predicted buffer "
+            f"{_fmt(cap['predicted_kv_buffer_bytes'], ',')} B, llama.cpp reports "
+            f"{_fmt(cap['reported_kv_buffer_bytes'], ',')} B; {cap['tokens_that_fit']:,} tokens fit "
+            f"{cap['memory_budget_bytes'] / 2**30:.1f} GiB"
+        )
+        probe = cap.get("probe")
+        if probe:
+            lines.append(
+                f"probe: largest request admitted {probe.get('largest_request_admitted')}, one more token "
+                f"refused {probe.get('one_more_token_refused')}; {probe.get('sessions_running_at_once')} of "
+                f"{probe.get('sessions_predicted')} predicted sessions ran at once, one more waited "
+                f"{probe.get('one_more_session_waited')}: {'confirmed' if probe.get('confirmed') else 'NOT confirmed'}"
+            )
+    else:
+        lines.append("KV cache: — (this server does not report its model's shape)")
+    if profile.stopped_because:
+        lines.append(f"stopped early: {profile.stopped_because}")
+    return "\n".join(lines)

@@ -1,0 +1,75 @@
+"""One calibration: capacity, a sweep, the probe, and the profile that records them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from ..client import Client, ClientError, discover
+from .capacity import capacity_report, probe
+from .profile import Profile, machine_info, summarize_levels
+from .sweep import SweepConfig, run_sweep
+
+
+def server_facts(client: Client) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None, dict[str, Any]]:
+    """(model, engine, status, GGUF metadata) as far as the server tells; ours tells all of them."""
+    models = client.models()
+    first = models[0] if models else {}
+    meta = first.get("meta") or {}
+    model = {
+        "id": first.get("id"),
+        "sha256": meta.get("sha256"),
+        "quantization": meta.get("quantization"),
+        "parameters": meta.get("parameters"),
+        "architecture": meta.get("architecture"),
+        "trained_context": meta.get("trained_context"),
+        "file_size": meta.get("file_size"),
+    }
+    try:
+        status = client.status()
+    except ClientError:
+        status = None
+    engine = {}
+    if status and "kv_cells_total" in status:
+        engine = {
+            "parallel": status["parallel"],
+            "ctx_size": status["kv_cells_total"],
+            "kv_bytes_per_token": status.get("kv_bytes_per_token"),
+        }
+    return model, engine, (status if engine else None), meta
+
+
+def calibrate(
+    client: Client | None = None,
+    config: SweepConfig | None = None,
+    run_probe: bool = True,
+    memory_bytes: int | None = None,
+    on_level: Callable[[dict[str, Any]], None] | None = None,
+    on_capacity: Callable[[dict[str, Any]], None] | None = None,
+    stop: threading.Event | None = None,
+    name: str = "",
+) -> Profile:
+    client = client or discover()
+    config = config or SweepConfig()
+    model, engine, status, meta = server_facts(client)
+    report = capacity_report(meta, status, memory_bytes)
+    capacity = report.to_json() if report else None
+    if capacity is not None and run_probe and status is not None:
+        capacity["probe"] = probe(client)
+    if on_capacity is not None and capacity is not None:
+        on_capacity(capacity)
+    levels, reason = run_sweep(client, config, on_level=on_level, stop=stop)
+    return Profile(
+        machine=machine_info(),
+        server={"url": client.api_base, "engine": "magnitude" if engine else "openai-compatible"},
+        model=model,
+        engine=engine,
+        config={k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
+        levels=levels,
+        summary=summarize_levels(levels, engine, model, config.latency_target_ms),
+        capacity=capacity,
+        stopped_because=reason,
+        name=name,
+    )

@@ -1,0 +1,262 @@
+"""Load sweeps against any OpenAI-compatible server: closed-loop levels, or open-loop Poisson arrivals.
+
+Each request is one streamed chat completion, timed on the client: time to first token, the gaps
+between tokens, end-to-end. Figures only our server gives (queue wait, KV usage, process memory)
+are read from its own timings and /status, and left missing (None) for other servers.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..client import Client, ClientError, StreamResult
+from .stats import percentiles, saturated
+
+DEFAULT_PROMPT = "Write a detailed story about a lighthouse keeper who finds a message in a bottle."
+
+
+@dataclass
+class SweepConfig:
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
+    requests_per_level: int = 16
+    seconds_per_level: float | None = None  # if set, run each level this long instead of a request count
+    warmup_requests: int = 2
+    max_tokens: int = 64
+    prompt: str = DEFAULT_PROMPT
+    temperature: float = 0.0
+    ignore_eos: bool = True  # every request generates max_tokens: levels compare like with like
+    ttft_p95_limit_ms: float | None = None  # stop when a level's p95 TTFT is over this
+    latency_target_ms: float | None = None  # for the recommended `parallel` (p95 end-to-end)
+    mode: str = "closed"  # or "open": Poisson arrivals at `rates` requests/s
+    rates: tuple[float, ...] = ()
+    model: str | None = None
+
+    def validate(self) -> None:
+        if self.mode not in ("closed", "open"):
+            raise ValueError(f"mode must be 'closed' or 'open', got {self.mode!r}")
+        if self.mode == "closed" and (not self.concurrency or min(self.concurrency) < 1):
+            raise ValueError("concurrency levels must be positive integers")
+        if self.mode == "open" and (not self.rates or min(self.rates) <= 0):
+            raise ValueError("open-loop mode needs positive arrival rates (requests/s)")
+        if self.requests_per_level < 1 or self.max_tokens < 1:
+            raise ValueError("requests per level and max tokens must be at least 1")
+
+
+@dataclass
+class Sample:
+    ok: bool
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    tokens: int = 0
+    itl_s: list[float] = field(default_factory=list)
+    queued_ms: float | None = None
+    error: str | None = None
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.ttft_s is None or self.e2e_s is None or self.tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.tokens - 1)
+
+
+def one_request(client: Client, config: SweepConfig) -> Sample:
+    body: dict[str, Any] = {"max_tokens": config.max_tokens, "temperature": config.temperature}
+    if config.ignore_eos:
+        body["ignore_eos"] = True
+    if config.model:
+        body["model"] = config.model
+    result = StreamResult()
+    start = time.perf_counter()
+    ttft = last = None
+    itl: list[float] = []
+    pieces = 0
+    try:
+        for _ in client.stream_chat([{"role": "user", "content": config.prompt}], result=result, **body):
+            now = time.perf_counter()
+            if ttft is None:
+                ttft = now - start
+            else:
+                itl.append(now - last)  # type: ignore[operator]
+            last = now
+            pieces += 1
+    except ClientError as exc:
+        return Sample(ok=False, error=str(exc))
+    e2e = time.perf_counter() - start
+    tokens = int((result.usage or {}).get("completion_tokens") or pieces)
+    queued = (result.timings or {}).get("queued_ms")
+    return Sample(ok=True, ttft_s=ttft, e2e_s=e2e, tokens=tokens, itl_s=itl, queued_ms=queued)
+
+
+class _StatusSampler:
+    """Polls the server's /status during a level (ours only): KV usage, queue, process memory."""
+
+    def __init__(self, client: Client, every_s: float = 0.25) -> None:
+        self.client = client
+        self.every_s = every_s
+        self.samples: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _StatusSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                status = self.client.status()
+            except ClientError:
+                return  # not our server: these figures stay missing
+            if "kv_cells_total" not in status:
+                return
+            self.samples.append(status)
+            self._stop.wait(self.every_s)
+
+    def summary(self) -> dict[str, Any]:
+        if not self.samples:
+            return {"kv_usage_max": None, "kv_usage_mean": None, "rss_bytes_max": None, "waiting_max": None}
+        usage = [s["kv_cells_used"] / s["kv_cells_total"] for s in self.samples if s.get("kv_cells_total")]
+        rss = [s["rss_bytes"] for s in self.samples if s.get("rss_bytes")]
+        return {
+            "kv_usage_max": max(usage) if usage else None,
+            "kv_usage_mean": sum(usage) / len(usage) if usage else None,
+            "rss_bytes_max": max(rss) if rss else None,
+            "waiting_max": max(s.get("waiting", 0) for s in self.samples),
+        }
+
+
+def summarize(samples: list[Sample], elapsed_s: float, **extra: Any) -> dict[str, Any]:
+    ok = [s for s in samples if s.ok]
+    tokens = sum(s.tokens for s in ok)
+    ms = 1000.0
+
+    def pct(values: list[float | None]) -> dict[str, float | None]:
+        return percentiles([v * ms for v in values if v is not None])
+
+    return {
+        **extra,
+        "requests": len(samples),
+        "errors": len(samples) - len(ok),
+        "seconds": elapsed_s,
+        "requests_per_s": len(ok) / elapsed_s if elapsed_s > 0 else 0.0,
+        "output_tokens": tokens,
+        "output_tokens_per_s": tokens / elapsed_s if elapsed_s > 0 else 0.0,
+        "ttft_ms": pct([s.ttft_s for s in ok]),
+        "tpot_ms": pct([s.tpot_s for s in ok]),
+        "itl_ms": pct([gap for s in ok for gap in s.itl_s]),
+        "e2e_ms": pct([s.e2e_s for s in ok]),
+        "queue_ms": percentiles([s.queued_ms for s in ok if s.queued_ms is not None]),
+    }
+
+
+def run_closed_level(client: Client, config: SweepConfig, concurrency: int, stop: threading.Event) -> dict[str, Any]:
+    """`concurrency` clients, each sending its next request as soon as its last one completes."""
+    samples: list[Sample] = []
+    lock = threading.Lock()
+    remaining = [config.requests_per_level]
+    deadline = time.perf_counter() + config.seconds_per_level if config.seconds_per_level else None
+
+    def take() -> bool:
+        with lock:
+            if stop.is_set():
+                return False
+            if deadline is not None:
+                return time.perf_counter() < deadline
+            if remaining[0] <= 0:
+                return False
+            remaining[0] -= 1
+            return True
+
+    def worker() -> None:
+        while take():
+            sample = one_request(client, config)
+            with lock:
+                samples.append(sample)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    with _StatusSampler(client) as sampler:
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - start
+    return summarize(samples, elapsed, concurrency=concurrency, **sampler.summary())
+
+
+def run_open_level(
+    client: Client, config: SweepConfig, rate: float, stop: threading.Event, seed: int = 0
+) -> dict[str, Any]:
+    """Poisson arrivals at `rate` requests/s, whatever the server's pace (each request its own thread)."""
+    rng = random.Random(seed)
+    samples: list[Sample] = []
+    lock = threading.Lock()
+    threads = []
+
+    def fire() -> None:
+        sample = one_request(client, config)
+        with lock:
+            samples.append(sample)
+
+    with _StatusSampler(client) as sampler:
+        start = time.perf_counter()
+        next_at = start
+        for _ in range(config.requests_per_level):
+            if stop.is_set():
+                break
+            next_at += rng.expovariate(rate)
+            time.sleep(max(0.0, next_at - time.perf_counter()))
+            thread = threading.Thread(target=fire, daemon=True)
+            thread.start()
+            threads.append(thread)
+        for thread in threads:
+            thread.join()
+        elapsed = time.perf_counter() - start
+    return summarize(samples, elapsed, concurrency=None, arrival_rate=rate, **sampler.summary())
+
+
+def run_sweep(
+    client: Client,
+    config: SweepConfig,
+    on_level: Callable[[dict[str, Any]], None] | None = None,
+    stop: threading.Event | None = None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Every level in turn (after a warm-up); returns the levels measured and why it stopped early, if it did."""
+    config.validate()
+    stop = stop or threading.Event()
+    for _ in range(config.warmup_requests):
+        if stop.is_set():
+            break
+        one_request(client, config)
+    levels: list[dict[str, Any]] = []
+    steps = config.concurrency if config.mode == "closed" else config.rates
+    reason = None
+    for step in steps:
+        if stop.is_set():
+            reason = "stopped"
+            break
+        if config.mode == "closed":
+            level = run_closed_level(client, config, int(step), stop)
+        else:
+            level = run_open_level(client, config, float(step), stop)
+        if stop.is_set() and level["requests"] == 0:
+            reason = "stopped"
+            break
+        levels.append(level)
+        if on_level is not None:
+            on_level(level)
+        reason = saturated(levels, config.ttft_p95_limit_ms)
+        if reason:
+            break
+    if stop.is_set():
+        reason = "stopped"
+    return levels, reason

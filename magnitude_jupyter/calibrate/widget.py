@@ -1,0 +1,177 @@
+"""The calibration widget: controls, three live plotly FigureWidgets, a progress bar and a Stop button.
+
+The sweep runs on a background thread, so the Stop button (and the rest of the notebook) stays
+live; each finished level updates the figures in place (`batch_update`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import ipywidgets as w
+import plotly.graph_objects as go
+
+from ..client import Client, discover
+from .figures import capacity_figure, capacity_traces, latency_figure, latency_traces, throughput_traces
+from .profile import Profile
+from .run import calibrate
+from .sweep import DEFAULT_PROMPT, SweepConfig
+
+
+def parse_levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise ValueError(f"concurrency levels must be integers separated by commas, got {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise ValueError("give at least one concurrency level, each 1 or more")
+    return levels
+
+
+class CalibrationWidget:
+    def __init__(self, client: Client | None = None, config: SweepConfig | None = None, probe: bool = True) -> None:
+        self.client = client or discover()
+        config = config or SweepConfig()
+        self.run_probe = probe
+        self.profile: Profile | None = None
+        self.error: str | None = None
+        self.levels: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+        models = [m["id"] for m in self.client.models()]
+        self.model = w.Dropdown(options=models or ["(server default)"], description="model")
+        self.concurrency = w.Text(",".join(map(str, config.concurrency)), description="concurrency")
+        self.requests = w.BoundedIntText(config.requests_per_level, min=1, max=10_000, description="requests/level")
+        self.max_tokens = w.BoundedIntText(config.max_tokens, min=1, max=32_768, description="max tokens")
+        self.prompt = w.Textarea(config.prompt or DEFAULT_PROMPT, description="prompt")
+        self.target = w.FloatText(config.latency_target_ms or 2000.0, description="target ms")
+        self.start_button = w.Button(description="Start", button_style="primary", icon="play")
+        self.stop_button = w.Button(description="Stop", button_style="warning", icon="stop", disabled=True)
+        self.progress = w.IntProgress(value=0, min=0, max=len(config.concurrency), description="levels")
+        self.status = w.Label("ready")
+        self.start_button.on_click(lambda _: self.start())
+        self.stop_button.on_click(lambda _: self.stop())
+
+        self.throughput = go.FigureWidget(
+            layout={
+                "title": "Output tokens/s vs concurrency",
+                "height": 320,
+                "xaxis": {"title": "concurrent clients", "type": "log"},
+                "yaxis": {"title": "tok/s"},
+            }
+        )
+        self.throughput.add_scatter(x=[], y=[], mode="lines+markers", name="output tok/s")
+        self.throughput.add_scatter(x=[], y=[], mode="markers", name="knee", marker={"size": 14, "symbol": "star"})
+        self.latency = go.FigureWidget(latency_figure([]))
+        self.latency.update_layout(height=320)
+        for stat in ("p50", "p95", "p99"):
+            self.latency.add_scatter(x=[], y=[], mode="lines+markers", name=f"TTFT {stat}")
+        self.capacity = go.FigureWidget(capacity_figure(_Empty()))
+        self.capacity.update_layout(height=320)
+
+        controls = w.VBox(
+            [
+                w.HBox([self.model, self.concurrency, self.requests]),
+                w.HBox([self.max_tokens, self.target]),
+                self.prompt,
+                w.HBox([self.start_button, self.stop_button, self.progress, self.status]),
+            ]
+        )
+        self.box = w.VBox([controls, w.HBox([self.throughput, self.latency]), self.capacity])
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.box)
+
+    # -- running ------------------------------------------------------------------------------
+
+    def config(self) -> SweepConfig:
+        return SweepConfig(
+            concurrency=parse_levels(self.concurrency.value),
+            requests_per_level=int(self.requests.value),
+            max_tokens=int(self.max_tokens.value),
+            prompt=self.prompt.value,
+            latency_target_ms=float(self.target.value) or None,
+            model=self.model.value if self.model.value != "(server default)" else None,
+        )
+
+    def start(self) -> None:
+        """Run the sweep on a background thread (the widget's Start button)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._thread = threading.Thread(target=self.run, daemon=True, name="magnitude-calibrate")
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the sweep after the requests in flight; what was measured is kept."""
+        self._stop.set()
+        self.status.value = "stopping after the requests in flight…"
+
+    def wait(self, timeout: float | None = None) -> Profile | None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.profile
+
+    def run(self) -> Profile | None:
+        """Run the sweep in this thread, updating the widget as it goes."""
+        try:
+            config = self.config()
+        except ValueError as exc:
+            self.error = self.status.value = str(exc)
+            return None
+        self._stop.clear()
+        self.levels = []
+        self.error = None
+        self.progress.max, self.progress.value = len(config.concurrency), 0
+        self.start_button.disabled, self.stop_button.disabled = True, False
+        self.status.value = "measuring capacity…" if self.run_probe else "warming up…"
+        self.latency.layout.shapes = ()
+        if config.latency_target_ms:
+            self.latency.add_hline(y=config.latency_target_ms, line_dash="dash")
+        try:
+            self.profile = calibrate(
+                self.client,
+                config,
+                run_probe=self.run_probe,
+                on_level=self._on_level,
+                on_capacity=self._on_capacity,
+                stop=self._stop,
+            )
+            why = self.profile.stopped_because
+            self.status.value = f"done: {len(self.profile.levels)} levels" + (f" ({why})" if why else "")
+        except Exception as exc:  # shown in the widget: the sweep runs on a thread with no traceback to see
+            self.error = self.status.value = f"failed: {exc}"
+        finally:
+            self.start_button.disabled, self.stop_button.disabled = False, True
+        return self.profile
+
+    def _on_capacity(self, capacity: dict[str, Any]) -> None:
+        t = capacity_traces(capacity)
+        with self.capacity.batch_update():
+            self.capacity.data[0].x, self.capacity.data[0].y = t["x"], t["y"]
+            self.capacity.data[1].x, self.capacity.data[1].y = t["current_x"], t["current_y"]
+            self.capacity.data[2].x, self.capacity.data[2].y = t["probe_x"], t["probe_y"]
+        self.status.value = "sweeping…"
+
+    def _on_level(self, level: dict[str, Any]) -> None:
+        self.levels.append(level)
+        t = throughput_traces(self.levels)
+        lat = latency_traces(self.levels, "ttft_ms")
+        with self.throughput.batch_update():
+            self.throughput.data[0].x, self.throughput.data[0].y = t["x"], t["y"]
+            self.throughput.data[1].x, self.throughput.data[1].y = t["knee_x"], t["knee_y"]
+        with self.latency.batch_update():
+            for trace, stat in zip(self.latency.data, ("p50", "p95", "p99"), strict=True):
+                trace.x, trace.y = lat["x"], lat[stat]
+        self.progress.value = len(self.levels)
+        self.status.value = (
+            f"concurrency {level['concurrency']}: {level['output_tokens_per_s']:.1f} tok/s, "
+            f"TTFT p95 {level['ttft_ms']['p95'] or 0:.0f} ms"
+        )
+
+
+class _Empty:
+    capacity = None

@@ -1,0 +1,225 @@
+"""Calibration: the pure parts by hand, then a real short sweep, the probe, the widget and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from magnitude_jupyter.calibrate.capacity import capacity_report, sessions_table
+from magnitude_jupyter.calibrate.profile import Profile, compare, summarize_levels
+from magnitude_jupyter.calibrate.stats import knee, percentiles, recommend_parallel, saturated, scaling_efficiency
+from magnitude_jupyter.calibrate.sweep import SweepConfig
+from magnitude_jupyter.client import Client
+from magnitude_jupyter.models import bundled_model_path, read_model_info
+
+from .conftest import ServeProcess
+
+
+def test_percentiles_by_hand():
+    values = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
+    p = percentiles(values)
+    assert p["p50"] == 55.0 and p["p95"] == pytest.approx(95.5) and p["p99"] == pytest.approx(99.1)
+    assert p["mean"] == 55.0 and p["std"] == pytest.approx(30.2765, rel=1e-4)
+    assert percentiles([]) == {"p50": None, "p95": None, "p99": None, "mean": None, "std": None}
+
+
+def test_knee_and_scaling_efficiency():
+    thr = {1: 60.0, 2: 100.0, 4: 130.0, 8: 135.0, 16: 134.0}
+    assert knee(list(thr.items())) == 4  # 4 → 8 gains under 10% per doubling
+    eff = scaling_efficiency(thr)
+    assert eff[1] == 1.0 and eff[2] == pytest.approx(100 / 120) and eff[8] == pytest.approx(135 / 480)
+    assert knee([(1, 10.0)]) is None
+    assert scaling_efficiency({2: 5.0}) == {2: None}
+
+
+def level(c, tps, e2e_p50=100.0, e2e_p95=200.0, ttft_p95=50.0):
+    return {
+        "concurrency": c,
+        "output_tokens_per_s": tps,
+        "e2e_ms": {"p50": e2e_p50, "p95": e2e_p95},
+        "ttft_ms": {"p95": ttft_p95},
+    }
+
+
+def test_recommendation_and_saturation():
+    levels = [level(1, 60, e2e_p95=900), level(4, 120, e2e_p95=1500), level(8, 130, e2e_p95=2600)]
+    assert recommend_parallel(levels, "e2e_p95", 2000) is None  # needs the flattened key
+    flat = [{**lv, "p95": lv["e2e_ms"]["p95"]} for lv in levels]
+    assert recommend_parallel(flat, "p95", 2000) == 4
+    assert recommend_parallel(flat, "p95", 100) is None
+    assert saturated([level(1, 60, ttft_p95=900)], 500).startswith("p95 TTFT 900 ms")
+    assert "over-saturated" in saturated([level(4, 120, e2e_p50=100), level(8, 100, e2e_p50=300)], None)
+    assert saturated([level(4, 120), level(8, 125)], None) is None
+
+
+def test_capacity_arithmetic_for_the_bundled_model():
+    meta = read_model_info(bundled_model_path()).to_json()
+    status = {"kv_cells_total": 8192, "parallel": 8, "kv_buffer_bytes_reported": 180 * 2**20}
+    report = capacity_report(meta, status, memory_bytes=2**30)
+    assert report.bytes_per_token == 23_040  # 2 × 30 layers × 3 KV heads × 64 × 2 bytes
+    assert report.tokens_that_fit == 2**30 // 23_040 == 46_603
+    assert report.predicted_kv_buffer_bytes == report.reported_kv_buffer_bytes == 180 * 2**20
+    assert report.current == {"parallel": 8, "ctx_size": 8192, "context_per_session": 1024, "kv_bytes": 8192 * 23_040}
+    assert [r["context"] for r in report.table] == [512, 1024, 2048, 4096, 8192]  # not past the trained context
+    assert report.table[-1]["sessions"] == 2**30 // (8192 * 23_040) == 5
+    q8 = capacity_report(meta, None, memory_bytes=2**30, cache_type="q8_0")
+    assert q8.bytes_per_token == pytest.approx(23_040 * 34 / 64)
+    assert sessions_table(1000.0, 10_000, contexts=(5, 10)) == [
+        {"context": 5, "bytes_per_session": 5000.0, "sessions": 2},
+        {"context": 10, "bytes_per_session": 10000.0, "sessions": 1},
+    ]
+
+
+def test_profile_round_trip_and_compare(tmp_path):
+    levels = [
+        {
+            "concurrency": 1,
+            "requests": 4,
+            "errors": 0,
+            "seconds": 2.0,
+            "requests_per_s": 2.0,
+            "output_tokens": 100,
+            "output_tokens_per_s": 50.0,
+            "ttft_ms": {"p50": 10.0},
+            "e2e_ms": {"p50": 90.0, "p95": 100.0, "std": 3.0},
+        },
+        {
+            "concurrency": 2,
+            "requests": 4,
+            "errors": 0,
+            "seconds": 1.5,
+            "requests_per_s": 2.7,
+            "output_tokens": 100,
+            "output_tokens_per_s": 66.7,
+            "ttft_ms": {"p50": 12.0},
+            "e2e_ms": {"p50": 95.0, "p95": 120.0, "std": 5.0},
+        },
+    ]
+    summary = summarize_levels(levels, {"ctx_size": 4096}, {"trained_context": 8192}, latency_target_ms=110)
+    assert summary["single_stream_tokens_per_s"] == 50.0 and summary["peak_concurrency"] == 2
+    assert summary["usable_context_ratio"] == 0.5 and summary["recommended_parallel"] == 1
+    profile = Profile(
+        machine={"cpu": "x"},
+        server={},
+        model={"id": "m"},
+        engine={"ctx_size": 4096},
+        config={},
+        levels=levels,
+        summary=summary,
+        name="a",
+    )
+    path = profile.save_json(tmp_path / "p.json")
+    assert Profile.load(path) == profile
+    frame = compare([profile, Profile.load(path)])
+    assert len(frame) == 4 and "e2e_ms_p95" in frame.columns
+    profile.save_csv(tmp_path / "p.csv")
+    html = profile.save_html(tmp_path / "p.html").read_text()
+    assert "plotly" in html and "Output tokens" in html and "Sessions that fit" in html
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    serve = ServeProcess(tmp_path_factory.mktemp("cal-serve"), args=("--parallel", "4", "--ctx-size", "4096"))
+    yield serve
+    serve.stop()
+
+
+@pytest.mark.model
+def test_real_short_sweep_with_confirmed_probe(server, tmp_path):
+    from magnitude_jupyter.calibrate.run import calibrate
+
+    client = Client(server.url, server.token)
+    seen = []
+    config = SweepConfig(concurrency=(1, 2), requests_per_level=3, max_tokens=8, warmup_requests=1)
+    profile = calibrate(client, config, on_level=seen.append)
+    assert [lv["concurrency"] for lv in profile.levels] == [1, 2] and seen == profile.levels
+    for lv in profile.levels:
+        assert lv["requests"] == 3 and lv["errors"] == 0 and lv["output_tokens"] == 24
+        assert lv["ttft_ms"]["p50"] > 0 and lv["tpot_ms"]["p50"] > 0 and lv["queue_ms"]["p50"] is not None
+        assert lv["kv_usage_max"] is not None and lv["rss_bytes_max"] > 0
+    cap = profile.capacity
+    assert cap["bytes_per_token"] == 23_040 and cap["predicted_kv_buffer_bytes"] == cap["reported_kv_buffer_bytes"]
+    assert cap["probe"]["confirmed"], cap["probe"]
+    assert profile.model["sha256"] and profile.engine == {
+        "parallel": 4,
+        "ctx_size": 4096,
+        "kv_bytes_per_token": 23040.0,
+    }
+    assert Profile.load(profile.save_json(tmp_path / "real.json")).levels == json.loads(json.dumps(profile.levels))
+
+
+@pytest.mark.model
+def test_widget_updates_traces_and_honours_stop(server):
+    from magnitude_jupyter.calibrate.widget import CalibrationWidget
+
+    client = Client(server.url, server.token)
+    widget = CalibrationWidget(
+        client, SweepConfig(concurrency=(1, 2), requests_per_level=2, max_tokens=6, warmup_requests=0), probe=False
+    )
+    profile = widget.run()
+    assert widget.error is None and len(profile.levels) == 2
+    assert list(widget.throughput.data[0].x) == [1, 2]
+    assert list(widget.throughput.data[0].y) == [lv["output_tokens_per_s"] for lv in profile.levels]
+    assert len(widget.latency.data[1].y) == 2 and widget.progress.value == 2
+    assert widget.start_button.disabled is False and widget.stop_button.disabled is True
+
+    widget.concurrency.value = "1,2,4,8"
+    widget.requests.value = 3
+    widget.start()
+    deadline = time.monotonic() + 120
+    while not widget.levels and time.monotonic() < deadline:
+        time.sleep(0.05)
+    widget.stop()
+    stopped = widget.wait(120)
+    assert stopped.stopped_because == "stopped"
+    assert 1 <= len(stopped.levels) < 4
+    assert widget.stop_button.disabled is True
+
+
+@pytest.mark.model
+def test_cli_calibrate_prints_a_table_and_writes_files(server, tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "magnitude_jupyter.cli",
+            "calibrate",
+            "--url",
+            server.url,
+            "--token",
+            server.token,
+            "--concurrency",
+            "1,2",
+            "--requests",
+            "2",
+            "--max-tokens",
+            "6",
+            "--no-probe",
+            "--json",
+            str(tmp_path / "p.json"),
+            "--html",
+            str(tmp_path / "p.html"),
+            "--csv",
+            str(tmp_path / "p.csv"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ.copy(),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "out tok/s" in done.stdout and "scaling efficiency" in done.stdout
+    assert Profile.load(tmp_path / "p.json").levels[0]["concurrency"] == 1
+    assert (tmp_path / "p.csv").read_text().startswith("concurrency")
+    bad = subprocess.run(
+        [sys.executable, "-m", "magnitude_jupyter.cli", "calibrate", "--concurrency", "a,b"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode != 0 and "concurrency levels must be integers" in bad.stderr
