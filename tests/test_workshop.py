@@ -1,0 +1,35 @@
+"""Every workshop notebook runs top to bottom in a real kernel against a real server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from .conftest import ServeProcess
+
+pytestmark = pytest.mark.model
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    serve = ServeProcess(tmp_path_factory.mktemp("workshop"), args=("--parallel", "8", "--ctx-size", "8192"))
+    yield serve
+    serve.stop()
+
+
+def test_there_are_six_workshop_notebooks():
+    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05", "06"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_top_to_bottom(path, server, monkeypatch, tmp_path):
+    monkeypatch.setenv("MAGNITUDE_URL", server.url)
+    monkeypatch.setenv("MAGNITUDE_TOKEN", server.token)
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    errors = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs if o.output_type == "error"]
+    assert not errors
