@@ -126,6 +126,7 @@ class Engine:
         self._stop = False
         self._step_listeners: list[Callable[[], None]] = []
         self._sha256: str | None = None
+        self._recent: deque[dict[str, Any]] = deque(maxlen=20)  # finished requests, for /status
         self._started_at = time.monotonic()
         self.started_at_wall = time.time()
 
@@ -331,6 +332,23 @@ class Engine:
             reserved = sched.budget.used if sched else 0
             filled = sum(r.num_computed_tokens for r in sched.running) if sched else 0
             total = sched.ctx_size if sched else es.ctx_size
+            now = time.monotonic()
+            live = [
+                *(sched.running if sched else []),
+                *(r for q in (sched.waiting.values() if sched else []) for r in q),
+            ]
+            requests = [
+                {
+                    "id": r.request_id,
+                    "status": r.status.name.lower(),
+                    "priority": r.priority.name.lower(),
+                    "prompt_tokens": len(r.prompt_tokens),
+                    "completion_tokens": len(r.output_tokens),
+                    "age_s": round(now - r.arrival_time, 2),
+                }
+                for r in live
+            ]
+            recent = list(self._recent)
         info = self.model_info
         return {
             "model": self.model_id,
@@ -349,7 +367,10 @@ class Engine:
             "kv_buffer_bytes_reported": getattr(self.runner, "kv_buffer_bytes", None),
             "rss_bytes": _rss_bytes(),
             "recent_tokens_per_s": round(self.metrics.recent_tokens_per_s(), 2),
+            "generated_tokens_total": self.metrics.generation_tokens_total,
             "uptime_s": round(time.monotonic() - self._started_at, 1),
+            "requests": requests,
+            "recent": recent,
         }
 
     # -- the step loop (engine thread only) ------------------------------------------------------
@@ -501,6 +522,18 @@ class Engine:
                 error=error,
             )
         self.metrics.record_finished(request)
+        timings = request.timings()
+        self._recent.appendleft(
+            {
+                "id": request.request_id,
+                "finish_reason": reason.value,
+                "priority": request.priority.name.lower(),
+                "prompt_tokens": len(request.prompt_tokens),
+                "completion_tokens": len(request.output_tokens),
+                "ttft_ms": round(timings.ttft_ms, 1) if timings.ttft_ms is not None else None,
+                "total_ms": round(timings.total_ms, 1) if timings.total_ms is not None else None,
+            }
+        )
         return seq_id
 
     def _apply_cancels(self) -> tuple[list[int], bool]:

@@ -1,0 +1,57 @@
+import {
+  formatMs,
+  formatRate,
+  kvPercent,
+  pushHistory,
+  sparklinePoints,
+  statusLine
+} from '../format';
+
+const ready = {
+  model: 'smollm2-135m',
+  state: 'ready',
+  parallel: 8,
+  running: 2,
+  waiting: 1,
+  kv_cells_reserved: 2048,
+  kv_cells_used: 300,
+  kv_cells_total: 8192,
+  recent_tokens_per_s: 57.25
+};
+
+describe('format', () => {
+  it('computes the KV share, clamped and safe on an empty cache', () => {
+    expect(kvPercent(ready)).toBe(25);
+    expect(kvPercent({ kv_cells_reserved: 5, kv_cells_total: 0 })).toBe(0);
+    expect(kvPercent({ kv_cells_reserved: 20, kv_cells_total: 10 })).toBe(100);
+  });
+
+  it('formats rates and durations', () => {
+    expect(formatRate(57.25)).toBe('57.3 tok/s');
+    expect(formatRate(123.4)).toBe('123 tok/s');
+    expect(formatRate(NaN)).toBe('0 tok/s');
+    expect(formatMs(250.4)).toBe('250 ms');
+    expect(formatMs(2500)).toBe('2.5 s');
+    expect(formatMs(null)).toBe('—');
+  });
+
+  it('writes the status bar line for each state', () => {
+    expect(statusLine(ready)).toBe('57.3 tok/s · KV 25%');
+    expect(statusLine({ ...ready, state: 'loading' })).toBe('Magnitude: loading');
+    expect(statusLine(null)).toBe('Magnitude: offline');
+  });
+
+  it('keeps a rolling history', () => {
+    let h: number[] = [];
+    for (let i = 0; i < 5; i++) {
+      h = pushHistory(h, i, 3);
+    }
+    expect(h).toEqual([2, 3, 4]);
+  });
+
+  it('draws a sparkline scaled to its box', () => {
+    expect(sparklinePoints([], 100, 20)).toBe('');
+    expect(sparklinePoints([0, 5, 10], 100, 20)).toBe('0.0,20.0 50.0,10.0 100.0,0.0');
+    expect(sparklinePoints([3], 100, 20)).toBe('0.0,0.0');
+  });
+});

@@ -1,0 +1,88 @@
+/**
+ * Pure helpers for the panel: numbers to text, a tok/s history to a sparkline.
+ * Kept free of DOM and JupyterLab imports so jest tests them directly.
+ */
+
+export interface RequestSummary {
+  id: string;
+  status?: string;
+  priority?: string;
+  prompt_tokens: number;
+  completion_tokens: number;
+  age_s?: number;
+  finish_reason?: string;
+  ttft_ms?: number | null;
+  total_ms?: number | null;
+}
+
+export interface EngineStatus {
+  model: string;
+  state: string;
+  parallel: number;
+  running: number;
+  waiting: number;
+  kv_cells_reserved: number;
+  kv_cells_used: number;
+  kv_cells_total: number;
+  recent_tokens_per_s: number;
+  requests?: RequestSummary[];
+  recent?: RequestSummary[];
+}
+
+/** Share of the KV cache reserved by running requests, 0..100. */
+export function kvPercent(status: Pick<EngineStatus, 'kv_cells_reserved' | 'kv_cells_total'>): number {
+  if (!status.kv_cells_total) {
+    return 0;
+  }
+  const pct = (100 * status.kv_cells_reserved) / status.kv_cells_total;
+  return Math.max(0, Math.min(100, pct));
+}
+
+export function formatRate(tokensPerSecond: number): string {
+  if (!Number.isFinite(tokensPerSecond) || tokensPerSecond <= 0) {
+    return '0 tok/s';
+  }
+  return tokensPerSecond >= 100
+    ? `${Math.round(tokensPerSecond)} tok/s`
+    : `${tokensPerSecond.toFixed(1)} tok/s`;
+}
+
+export function formatMs(ms: number | null | undefined): string {
+  if (ms === null || ms === undefined || !Number.isFinite(ms)) {
+    return '—';
+  }
+  return ms >= 1000 ? `${(ms / 1000).toFixed(1)} s` : `${Math.round(ms)} ms`;
+}
+
+/** The status bar's one line. */
+export function statusLine(status: EngineStatus | null): string {
+  if (!status) {
+    return 'Magnitude: offline';
+  }
+  if (status.state !== 'ready') {
+    return `Magnitude: ${status.state}`;
+  }
+  return `${formatRate(status.recent_tokens_per_s)} · KV ${Math.round(kvPercent(status))}%`;
+}
+
+/** Keep the last `size` values (a rolling window for the sparkline). */
+export function pushHistory(history: number[], value: number, size = 60): number[] {
+  const next = [...history, Number.isFinite(value) ? value : 0];
+  return next.length > size ? next.slice(next.length - size) : next;
+}
+
+/** SVG polyline points for a sparkline of `values` in a width × height box (y grows downwards). */
+export function sparklinePoints(values: number[], width: number, height: number): string {
+  if (values.length === 0) {
+    return '';
+  }
+  const max = Math.max(...values, 1e-9);
+  const step = values.length > 1 ? width / (values.length - 1) : 0;
+  return values
+    .map((v, i) => {
+      const x = i * step;
+      const y = height - (Math.max(0, v) / max) * height;
+      return `${x.toFixed(1)},${y.toFixed(1)}`;
+    })
+    .join(' ');
+}

@@ -1,0 +1,78 @@
+import {
+  ILabShell,
+  ILayoutRestorer,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { LabIcon } from '@jupyterlab/ui-components';
+
+import { EngineStatus, pushHistory, statusLine } from './format';
+import { MagnitudePanel, MagnitudeStatusItem } from './panel';
+
+const POLL_MS = 1000;
+const CALIBRATION_NOTEBOOK = 'notebooks/03_calibration.ipynb';
+
+const icon = new LabIcon({
+  name: 'magnitude-jupyter:icon',
+  svgstr:
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24"><path class="jp-icon3" fill="#616161" ' +
+    'd="M3 20h2V10H3v10zm4 0h2V4H7v16zm4 0h2v-7h-2v7zm4 0h2V8h-2v12zm4 0h2v-4h-2v4z"/></svg>'
+});
+
+/** GET/DELETE one of the extension's routes under `{base_url}magnitude/`, with Jupyter's auth. */
+export async function requestAPI<T>(endPoint: string, init: RequestInit = {}): Promise<T> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(settings.baseUrl, 'magnitude', endPoint);
+  const response = await ServerConnection.makeRequest(url, init, settings);
+  const text = await response.text();
+  const data = text ? JSON.parse(text) : null;
+  if (!response.ok) {
+    throw new ServerConnection.ResponseError(response, data?.error?.message ?? response.statusText);
+  }
+  return data as T;
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'magnitude-jupyter:plugin',
+  description: 'The Magnitude sidebar and status bar item: the local engine, live.',
+  autoStart: true,
+  requires: [ILabShell],
+  optional: [ILayoutRestorer, IStatusBar],
+  activate: (
+    app: JupyterFrontEnd,
+    shell: ILabShell,
+    restorer: ILayoutRestorer | null,
+    statusBar: IStatusBar | null
+  ) => {
+    const panel = new MagnitudePanel({
+      openCalibration: () => void app.commands.execute('docmanager:open', { path: CALIBRATION_NOTEBOOK }),
+      cancel: id => void requestAPI(`v1/streams/${encodeURIComponent(id)}`, { method: 'DELETE' })
+    });
+    panel.title.icon = icon;
+    shell.add(panel, 'left', { rank: 900 });
+    restorer?.add(panel, 'magnitude-panel');
+
+    const item = new MagnitudeStatusItem();
+    statusBar?.registerStatusItem('magnitude-jupyter:status', { item, align: 'left', rank: 100 });
+
+    let history: number[] = [];
+    const poll = async () => {
+      try {
+        const status = await requestAPI<EngineStatus>('status');
+        history = pushHistory(history, status.recent_tokens_per_s);
+        panel.render(status, history);
+        item.setText(statusLine(status));
+      } catch (reason) {
+        panel.render(null, history, String((reason as Error).message ?? reason));
+        item.setText(statusLine(null));
+      }
+    };
+    void poll();
+    window.setInterval(() => void poll(), POLL_MS);
+  }
+};
+
+export default plugin;

@@ -1,0 +1,139 @@
+/**
+ * The "Magnitude" sidebar: model, state, slots, queue, KV usage, a tok/s sparkline, the requests
+ * running now and the last ones finished. It only draws what the poller hands it.
+ */
+import { Widget } from '@lumino/widgets';
+
+import {
+  EngineStatus,
+  RequestSummary,
+  formatMs,
+  formatRate,
+  kvPercent,
+  sparklinePoints
+} from './format';
+
+const SPARK_W = 220;
+const SPARK_H = 40;
+
+function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls: string, text = ''): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  node.className = cls;
+  node.textContent = text;
+  return node;
+}
+
+export interface PanelActions {
+  openCalibration(): void;
+  cancel(id: string): void;
+}
+
+export class MagnitudePanel extends Widget {
+  private readonly fields: Record<string, HTMLElement> = {};
+  private readonly kvFill: HTMLElement;
+  private readonly spark: SVGPolylineElement;
+  private readonly running: HTMLElement;
+  private readonly recent: HTMLElement;
+
+  constructor(private readonly actions: PanelActions) {
+    super();
+    this.id = 'magnitude-panel';
+    this.addClass('mg-panel');
+    this.title.caption = 'Magnitude: the local engine';
+
+    const header = el('h2', 'mg-title', 'Magnitude');
+    this.node.appendChild(header);
+    const grid = el('dl', 'mg-grid');
+    for (const [key, label] of [
+      ['model', 'model'],
+      ['state', 'state'],
+      ['slots', 'slots in use'],
+      ['waiting', 'waiting'],
+      ['rate', 'tokens/s'],
+      ['tokens', 'tokens generated']
+    ]) {
+      grid.appendChild(el('dt', 'mg-label', label));
+      const value = el('dd', `mg-value mg-${key}`, '—');
+      grid.appendChild(value);
+      this.fields[key] = value;
+    }
+    this.node.appendChild(grid);
+
+    this.node.appendChild(el('div', 'mg-label', 'KV cache'));
+    const bar = el('div', 'mg-kv-bar');
+    this.kvFill = el('div', 'mg-kv-fill');
+    bar.appendChild(this.kvFill);
+    this.fields.kv = el('div', 'mg-kv-text', '—');
+    this.node.appendChild(bar);
+    this.node.appendChild(this.fields.kv);
+
+    const svg = document.createElementNS('http://www.w3.org/2000/svg', 'svg');
+    svg.setAttribute('class', 'mg-sparkline');
+    svg.setAttribute('width', String(SPARK_W));
+    svg.setAttribute('height', String(SPARK_H));
+    this.spark = document.createElementNS('http://www.w3.org/2000/svg', 'polyline');
+    svg.appendChild(this.spark);
+    this.node.appendChild(svg);
+
+    const calibrate = el('button', 'jp-Button mg-open-calibration', 'Open the calibration notebook');
+    calibrate.onclick = () => this.actions.openCalibration();
+    this.node.appendChild(calibrate);
+
+    this.node.appendChild(el('h3', 'mg-subtitle', 'Running'));
+    this.running = el('ul', 'mg-running');
+    this.node.appendChild(this.running);
+    this.node.appendChild(el('h3', 'mg-subtitle', 'Recent'));
+    this.recent = el('ul', 'mg-recent');
+    this.node.appendChild(this.recent);
+  }
+
+  render(status: EngineStatus | null, history: number[], error?: string): void {
+    if (!status) {
+      this.fields.state.textContent = error ? `offline: ${error}` : 'offline';
+      return;
+    }
+    this.fields.model.textContent = status.model;
+    this.fields.state.textContent = status.state;
+    this.fields.slots.textContent = `${status.running} / ${status.parallel}`;
+    this.fields.waiting.textContent = String(status.waiting);
+    this.fields.rate.textContent = formatRate(status.recent_tokens_per_s);
+    this.fields.tokens.textContent = String((status as any).generated_tokens_total ?? 0);
+    const pct = kvPercent(status);
+    this.kvFill.style.width = `${pct.toFixed(1)}%`;
+    this.fields.kv.textContent = `${status.kv_cells_reserved} / ${status.kv_cells_total} cells (${Math.round(pct)}%)`;
+    this.spark.setAttribute('points', sparklinePoints(history, SPARK_W, SPARK_H));
+    this.renderList(this.running, status.requests ?? [], true);
+    this.renderList(this.recent, status.recent ?? [], false);
+  }
+
+  private renderList(list: HTMLElement, items: RequestSummary[], cancellable: boolean): void {
+    list.replaceChildren(
+      ...items.slice(0, 10).map(item => {
+        const row = el('li', 'mg-request');
+        const text = cancellable
+          ? `${item.status} · ${item.priority} · ${item.completion_tokens} tokens`
+          : `${item.finish_reason} · TTFT ${formatMs(item.ttft_ms)} · ${item.completion_tokens} tokens`;
+        row.appendChild(el('span', 'mg-request-text', text));
+        if (cancellable) {
+          const cancel = el('button', 'jp-Button mg-cancel', 'cancel');
+          cancel.onclick = () => this.actions.cancel(item.id);
+          row.appendChild(cancel);
+        }
+        return row;
+      })
+    );
+  }
+}
+
+/** The status bar item: tok/s and KV %. */
+export class MagnitudeStatusItem extends Widget {
+  constructor() {
+    super();
+    this.addClass('mg-statusbar');
+    this.node.textContent = 'Magnitude';
+  }
+
+  setText(line: string): void {
+    this.node.textContent = line;
+  }
+}

@@ -1,0 +1,129 @@
+"""JupyterLab with the Magnitude panel in a real browser (Debian chromium + playwright-core)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import nbformat
+import pytest
+
+from .conftest import free_port
+
+pytestmark = pytest.mark.model
+ROOT = Path(__file__).resolve().parent.parent
+UI_TESTS = ROOT / "ui-tests"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+
+
+def require_browser() -> None:
+    missing = []
+    if not Path(CHROMIUM).exists():
+        missing.append(f"{CHROMIUM} (apt-get install chromium)")
+    if not shutil.which("npm"):
+        missing.append("npm")
+    if missing:
+        if os.environ.get("MAGNITUDE_REQUIRE_BROWSER"):
+            pytest.fail(f"the browser test needs {', '.join(missing)}")
+        pytest.skip(f"the browser test needs {', '.join(missing)}")
+    if not (UI_TESTS / "node_modules" / "playwright-core").exists():
+        subprocess.run(["npm", "install", "--no-audit", "--no-fund"], cwd=UI_TESTS, check=True, timeout=300)
+
+
+@pytest.fixture
+def lab(tmp_path):
+    require_browser()
+    root = tmp_path / "root"
+    root.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [
+        nbformat.v4.new_code_cell("%load_ext magnitude_jupyter"),
+        nbformat.v4.new_code_cell("%%magnitude --max-tokens 48\nWrite a short poem about lighthouses."),
+    ]
+    nbformat.write(nb, root / "demo.ipynb")
+    port, token = free_port(), "lab-test-token"
+    env = {
+        **os.environ,
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
+        "MAGNITUDE_CONFIG": str(tmp_path / "none.yaml"),
+        "MAGNITUDE_RUNTIME_DIR": str(tmp_path / "magnitude-runtime"),
+    }
+    for var in ("MAGNITUDE_URL", "MAGNITUDE_TOKEN"):
+        env.pop(var, None)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            f"--port={port}",
+            "--ServerApp.ip=127.0.0.1",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={root}",
+            "--ServerApp.allow_root=True",
+            "--MagnitudeApp.parallel=4",
+            "--MagnitudeApp.ctx_size=4096",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(url + "magnitude/health", headers={"Authorization": f"token {token}"}).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"jupyter lab did not start: {proc.stdout.read() if proc.stdout else ''}")
+        time.sleep(0.3)
+    yield {"url": url, "token": token, "env": env}
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def test_labextension_is_installed_and_enabled():
+    listing = subprocess.run(
+        [sys.executable, "-m", "jupyterlab.labextensions", "list"], capture_output=True, text=True, timeout=60
+    )
+    line = next((ln for ln in (listing.stdout + listing.stderr).splitlines() if "magnitude-jupyter" in ln), "")
+    assert "enabled" in line and "OK" in line, listing.stdout + listing.stderr
+
+
+def test_panel_and_streaming_cell_in_a_real_browser(lab):
+    shots = ROOT / "docs"
+    shots.mkdir(exist_ok=True)
+    done = subprocess.run(
+        ["node", "panel.test.mjs"],
+        cwd=UI_TESTS,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={
+            **lab["env"],
+            "LAB_URL": lab["url"],
+            "LAB_TOKEN": lab["token"],
+            "SCREENSHOT_DIR": str(shots),
+            "CHROMIUM": CHROMIUM,
+        },
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["ok"] and "tok/s" in result["status"]
+    assert (shots / "jupyterlab-magnitude.png").stat().st_size > 10_000

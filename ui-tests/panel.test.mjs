@@ -1,0 +1,75 @@
+// JupyterLab in headless Debian chromium: open the Magnitude panel, run a %%magnitude cell, see the
+// streamed answer in the output and the panel's counters move. Saves screenshots for the README.
+import assert from 'node:assert/strict';
+import path from 'node:path';
+import { chromium } from 'playwright-core';
+
+const labUrl = process.env.LAB_URL; // ends with '/'
+const token = process.env.LAB_TOKEN;
+const shots = process.env.SCREENSHOT_DIR;
+const TIMEOUT = Number(process.env.UI_TIMEOUT_MS ?? 180_000);
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
+         '--disable-component-update', '--disable-sync', '--disable-dev-shm-usage']
+});
+try {
+  const page = await browser.newPage({ viewport: { width: 1440, height: 900 } });
+  page.setDefaultTimeout(TIMEOUT);
+  await page.goto(`${labUrl}lab/tree/demo.ipynb?token=${token}`);
+  await page.waitForSelector('.jp-Notebook .jp-Cell');
+
+  // The panel: its tab is in the left sidebar.
+  await page.locator('.jp-SideBar [data-id="magnitude-panel"]').click();
+  const panel = page.locator('#magnitude-panel');
+  await panel.waitFor({ state: 'visible' });
+  await page.waitForFunction(() => document.querySelector('#magnitude-panel .mg-state')?.textContent === 'ready');
+  const tokensBefore = Number(await panel.locator('.mg-tokens').textContent());
+  assert.equal(await panel.locator('.mg-model').textContent(), 'smollm2-135m');
+
+  // Wait for the kernel, then run every cell from the Run menu.
+  await page.waitForFunction(() => /\|\s*Idle/.test(document.querySelector('.jp-StatusBar-Widget')?.textContent ?? ''));
+  await page.locator('.lm-MenuBar-itemLabel', { hasText: /^Run$/ }).click();
+  await page.locator('.lm-Menu-itemLabel', { hasText: /^Run All Cells$/ }).click();
+
+  // The answer streams into the second cell's output.
+  const output = page.locator('.jp-Cell').nth(1).locator('.jp-OutputArea-output');
+  await page.waitForFunction(
+    () => (document.querySelectorAll('.jp-Cell')[1]?.querySelector('.jp-OutputArea-output')?.textContent ?? '').length > 20
+  );
+  await page.waitForFunction(
+    () => /\[\d+\]/.test(document.querySelectorAll('.jp-Cell')[1]?.querySelector('.jp-InputPrompt')?.textContent ?? '')
+  );
+  const answer = (await output.first().textContent()) ?? '';
+  assert.ok(answer.trim().length > 20, `streamed answer: ${answer}`);
+
+  // The panel's counters moved: tokens generated went up, a finished request is listed.
+  await page.waitForFunction(
+    before => Number(document.querySelector('#magnitude-panel .mg-tokens')?.textContent) > before,
+    tokensBefore
+  );
+  await panel.locator('.mg-recent .mg-request').first().waitFor();
+  const recent = await panel.locator('.mg-recent .mg-request').first().textContent();
+  assert.match(recent ?? '', /TTFT .* tokens/);
+  const status = await page.locator('.mg-statusbar').textContent();
+  assert.match(status ?? '', /tok\/s · KV \d+%/);
+
+  if (shots) {
+    // Decline JupyterLab's "news" question so that it does not cover the screenshot.
+    await page.locator('.jp-toast-button', { hasText: /^No$/ }).click({ timeout: 2000 }).catch(() => {});
+    await page.screenshot({ path: path.join(shots, 'jupyterlab-magnitude.png') });
+    await panel.screenshot({ path: path.join(shots, 'magnitude-panel.png') });
+  }
+  console.log(JSON.stringify({ ok: true, tokensBefore, answer: answer.slice(0, 80), recent, status }));
+} catch (error) {
+  // Leave a picture of what the browser showed when it failed.
+  const [context] = browser.contexts();
+  const [page] = context ? context.pages() : [];
+  if (page && shots) {
+    await page.screenshot({ path: path.join(shots, 'failure.png') }).catch(() => {});
+  }
+  throw error;
+} finally {
+  await browser.close();
+}
