@@ -223,3 +223,18 @@ def test_cli_calibrate_prints_a_table_and_writes_files(server, tmp_path):
         timeout=60,
     )
     assert bad.returncode != 0 and "concurrency levels must be integers" in bad.stderr
+
+
+@pytest.mark.model
+def test_open_loop_poisson_level(server):
+    from magnitude_jupyter.calibrate.sweep import run_sweep
+
+    client = Client(server.url, server.token)
+    config = SweepConfig(mode="open", rates=(4.0,), requests_per_level=4, max_tokens=6, warmup_requests=0)
+    levels, reason = run_sweep(client, config)
+    assert reason is None and len(levels) == 1
+    (lv,) = levels
+    assert lv["arrival_rate"] == 4.0 and lv["concurrency"] is None
+    assert lv["requests"] == 4 and lv["errors"] == 0 and lv["output_tokens"] == 24
+    with pytest.raises(ValueError, match="arrival rates"):
+        run_sweep(client, SweepConfig(mode="open"))
