@@ -214,3 +214,25 @@ def test_reproducible_requests_never_share_cells():
     s.add_request(r)
     out = s.schedule()
     assert r.cached_tokens == 0 and not out.kv_ops
+
+
+def test_a_finishing_request_leaves_its_prompt_in_the_slot():
+    s = Scheduler(ctx_size=1000, max_running=4, n_batch=64, max_waiting=10, min_prefix_tokens=8)
+    shared = list(range(200, 240))
+    first = make_request("first", 4, 4)
+    first.prompt_tokens = [*shared, 1]
+    s.add_request(first)
+    s.schedule()
+    first.num_computed_tokens, first.output_tokens = len(first.prompt_tokens), [7]
+    seq = first.seq_id
+    assert s.finish(first, FinishReason.STOP) == seq
+    ops = s.take_pending_kv_ops()
+    assert [type(op).__name__ for op in ops] == ["ClearSequence", "PrefixCopy"]
+    assert (ops[1].src_seq, ops[1].dst_seq, ops[1].length) == (seq, s.prefix_slot.seq_id, 41)
+    assert s.budget.reserved == {"<prefix slot>": 41} and s.take_pending_kv_ops() == []
+    # the next request with the same start copies it from the slot instead of computing it
+    second = make_request("second", 4, 4)
+    second.prompt_tokens = [*shared, 2]
+    s.add_request(second)
+    s.schedule()
+    assert second.cached_tokens == 40

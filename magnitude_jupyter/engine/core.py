@@ -29,7 +29,7 @@ from ..kvmath import kv_bytes_per_token
 from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
 from .chat import render_chat
 from .metrics import EngineMetrics
-from .prefix import PrefixCopy
+from .prefix import KVOp, PrefixCopy
 from .request import FinishReason, Priority, Request, SamplingParams
 from .scheduler import DecodeItem, ScheduledChunk, Scheduler, SchedulerOutput
 from .streams import StreamEvent, StreamRegistry
@@ -419,8 +419,7 @@ class Engine:
                 if self._stop:
                     break
                 # Cleared under the lock, so that status() never counts cells a cancel has given back.
-                for seq_id in to_end:
-                    runner.end_sequence(seq_id)
+                self._end_sequences(runner, to_end)
                 out = scheduler.schedule(now)
                 if out.empty and not cancelled:
                     self._lock.wait(timeout=0.25)
@@ -430,11 +429,7 @@ class Engine:
                 continue
             for request in out.admitted:
                 runner.start_sequence(request.seq_id, request.params, request.prompt_tokens)
-            for op in out.kv_ops:
-                if isinstance(op, PrefixCopy):
-                    runner.copy_prefix(op.src_seq, op.dst_seq, op.length)
-                else:
-                    runner.end_sequence(op.seq_id)
+            self._apply_kv_ops(runner, out.kv_ops)
             try:
                 sampled = self._execute(runner, out)
             except Exception as exc:
@@ -443,9 +438,23 @@ class Engine:
                 self._notify_step()
                 continue
             with self._lock:
-                for seq_id in self._update(out, sampled):
-                    runner.end_sequence(seq_id)
+                self._end_sequences(runner, self._update(out, sampled))
             self._notify_step()
+
+    @staticmethod
+    def _apply_kv_ops(runner: Runner, ops: list[KVOp]) -> None:
+        for op in ops:
+            if isinstance(op, PrefixCopy):
+                runner.copy_prefix(op.src_seq, op.dst_seq, op.length)
+            else:
+                runner.end_sequence(op.seq_id)
+
+    def _end_sequences(self, runner: Runner, seq_ids: list[int]) -> None:
+        """Clear finished sequences, after the scheduler has kept what it wants of them (the prefix slot)."""
+        assert self.scheduler is not None
+        self._apply_kv_ops(runner, self.scheduler.take_pending_kv_ops())
+        for seq_id in seq_ids:
+            runner.end_sequence(seq_id)
 
     def _execute(self, runner: Runner, out: SchedulerOutput) -> list[int | None]:
         """Decode the plan: the batched chunks in one call, each reproducible chunk in its own."""
@@ -561,9 +570,7 @@ class Engine:
         assert self.runner is not None
         with self._lock:
             ended = [self._finish(c.request, FinishReason.ERROR, error=error) for c in self._chunks(out)]
-        for seq_id in ended:
-            if seq_id is not None:
-                self.runner.end_sequence(seq_id)
+            self._end_sequences(self.runner, [seq_id for seq_id in ended if seq_id is not None])
 
     def _abort_all(self, error: str) -> None:
         with self._lock:

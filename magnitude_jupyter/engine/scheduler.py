@@ -94,6 +94,7 @@ class Scheduler:
         # The sequence id after the request slots holds a retained prefix (see prefix.py).
         self.prefix_slot: PrefixSlot | None = PrefixSlot(max_running) if prefix_reuse else None
         self.min_prefix_tokens = min_prefix_tokens
+        self.pending_kv_ops: list[KVOp] = []  # from finish(): to apply before the finished sequences are cleared
 
     # -- admission ----------------------------------------------------------------------
 
@@ -184,6 +185,28 @@ class Scheduler:
             slot.tokens = request.prompt_tokens[:best_len]
             out.kv_ops += [ClearSequence(slot.seq_id), PrefixCopy(best_src, slot.seq_id, best_len)]
 
+    def _keep_prompt_in_slot(self, request: Request, seq_id: int) -> None:
+        """A finishing request leaves its prompt in the prefix slot, so the next request that starts the
+        same way (the same chat template, system prompt or batch template) does not compute it again."""
+        slot = self.prefix_slot
+        n = min(request.num_computed_tokens, len(request.prompt_tokens))
+        if slot is None or request.params.reproducible or n < self.min_prefix_tokens:
+            return
+        if slot.length >= n and slot.tokens[:n] == request.prompt_tokens[:n]:
+            return  # already held
+        held = self.budget.release(SLOT_KEY)
+        if not self.budget.fits(n):
+            if held:
+                self.budget.reserve(SLOT_KEY, held)
+            return
+        self.budget.reserve(SLOT_KEY, n)
+        slot.tokens = request.prompt_tokens[:n]
+        self.pending_kv_ops += [ClearSequence(slot.seq_id), PrefixCopy(seq_id, slot.seq_id, n)]
+
+    def take_pending_kv_ops(self) -> list[KVOp]:
+        ops, self.pending_kv_ops = self.pending_kv_ops, []
+        return ops
+
     # -- one step -------------------------------------------------------------------------
 
     def schedule(self, now: float | None = None) -> SchedulerOutput:
@@ -243,6 +266,7 @@ class Scheduler:
             self.running.remove(request)
             self.budget.release(request.request_id)
             if seq_id is not None:
+                self._keep_prompt_in_slot(request, seq_id)
                 self.free_seq_ids.append(seq_id)
                 self.free_seq_ids.sort()
         request.status = reason.status
