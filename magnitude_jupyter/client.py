@@ -149,29 +149,6 @@ class Client:
             pass
         return result
 
-    def complete_chat(self, messages: list[dict[str, Any]], **body: Any) -> StreamResult:
-        """One chat completion without streaming: one response, no per-token traffic (batch rows)."""
-        payload = {**body, "messages": messages, "stream": False}
-        try:
-            response = self.http.post(self.api_base + "/v1/chat/completions", json=payload)
-        except httpx.TransportError as exc:
-            raise ClientError(f"connection to {self.api_base} failed: {exc}") from None
-        if response.status_code >= 400:
-            raise _error_from(response)
-        data = response.json()
-        choice = (data.get("choices") or [{}])[0]
-        extra = data.get("magnitude") or {}
-        return StreamResult(
-            id=data.get("id"),
-            text=(choice.get("message") or {}).get("content") or choice.get("text") or "",
-            finish_reason=choice.get("finish_reason"),
-            engine_finish_reason=extra.get("finish_reason"),
-            usage=data.get("usage"),
-            timings=data.get("timings"),
-            model=data.get("model"),
-            raw_final=data,
-        )
-
     def stream_chat(
         self, messages: list[dict[str, Any]], result: StreamResult | None = None, max_resumes: int = 5, **body: Any
     ) -> Iterator[str]:
