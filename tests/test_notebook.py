@@ -142,3 +142,21 @@ def test_bad_input_gives_one_clear_line(connected, tmp_path, monkeypatch):
     assert "--temperature" in errors[2]
     assert "{undefined_name}" in errors[3]
     assert "cannot reach" in errors[4]
+
+
+def test_kernel_interrupt_cancels_the_generation_on_the_server(connected, tmp_path):
+    nb = run_notebook(
+        [
+            "%load_ext magnitude_jupyter",
+            "import threading, _thread\nthreading.Timer(2.0, _thread.interrupt_main).start()",
+            "%%magnitude --max-tokens 2000\nCount from 1 to 1000, separated by commas.",
+            "import time\nfrom magnitude_jupyter.client import discover\nclient = discover()\n"
+            "time.sleep(0.5)\nstatus = client.status()\n"
+            "print(status['running'], status['recent'][0]['finish_reason'])",
+        ],
+        tmp_path,
+        allow_errors=True,
+    )
+    (error,) = [o for o in nb.cells[2].outputs if o.output_type == "error"]
+    assert error.ename == "KeyboardInterrupt"
+    assert text_outputs(nb.cells[3]).split() == ["0", "cancelled"]
