@@ -93,6 +93,7 @@ def cell_parser() -> _Parser:
     p.add_argument("-o", "--output", default=None)
     p.add_argument("--no-stream", action="store_true")
     p.add_argument("--no-reproducible", action="store_true")
+    p.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens (for measuring)")
     p.add_argument("--df", default=None, help="score this DataFrame, the cell being the row template")
     for name in ("--output-column", "--concurrency", "--retry", "--timeout", "--on-overflow", "--checkpoint"):
         p.add_argument(name, default=None)
@@ -232,6 +233,8 @@ class MagnitudeMagics(Magics):
         ours = self._is_ours(client)
         if ours:
             body["reproducible"] = not args.no_reproducible
+            if args.ignore_eos:
+                body["ignore_eos"] = True
             body["priority"] = "interactive"
 
         result = StreamResult()
