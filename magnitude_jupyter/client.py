@@ -241,7 +241,6 @@ def _alive(pid: int) -> bool:
 def _try(api_base: str, token: str | None, source: str) -> Client | None:
     client = Client(api_base, token, source=source)
     try:
-        client.http.get(client.api_base + "/health", timeout=2)  # any answer: it is there
         response = client.http.get(client.api_base + "/health", timeout=2)
         if response.status_code in (200, 503):
             return client

@@ -130,6 +130,7 @@ class MagnitudeMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self._client: Client | None = None
+        self._facts: tuple[Client, bool, list[dict[str, Any]]] | None = None
         self.model: str | None = None
 
     # -- the server ---------------------------------------------------------------------------
@@ -143,11 +144,20 @@ class MagnitudeMagics(Magics):
                 raise MagnitudeError(str(exc)) from None
         return self._client
 
-    def _is_ours(self, client: Client) -> bool:
+    def _server_facts(self, client: Client) -> tuple[bool, list[dict[str, Any]]]:
+        """(is it our engine, its models), asked once per server rather than on every cell."""
+        if self._facts is not None and self._facts[0] is client:
+            return self._facts[1], self._facts[2]
         try:
-            return "kv_cells_total" in client.status()
+            ours = "kv_cells_total" in client.status()
         except ClientError:
-            return False
+            ours = False
+        try:
+            models = client.models()
+        except ClientError:
+            return ours, []  # not remembered: the next cell asks again
+        self._facts = (client, ours, models)
+        return ours, models
 
     # -- entry point ------------------------------------------------------------------------------
 
@@ -230,7 +240,7 @@ class MagnitudeMagics(Magics):
         ):
             if value is not None:
                 body[key] = value
-        ours = self._is_ours(client)
+        ours, models = self._server_facts(client)
         if ours:
             body["reproducible"] = not args.no_reproducible
             if args.ignore_eos:
@@ -249,7 +259,7 @@ class MagnitudeMagics(Magics):
         except ClientError as exc:
             raise MagnitudeError(str(exc)) from None
 
-        metadata = {"magnitude": self._provenance(client, body, result, ours)}
+        metadata = {"magnitude": self._provenance(client, body, result, ours, models)}
         answer: Any = result.text
         if args.format == "markdown":
             bundle = {"text/markdown": result.text, "text/plain": result.text}
@@ -272,14 +282,11 @@ class MagnitudeMagics(Magics):
             self.shell.user_ns[args.output] = answer
         return None
 
-    def _provenance(self, client: Client, body: dict[str, Any], result: StreamResult, ours: bool) -> dict[str, Any]:
+    def _provenance(
+        self, client: Client, body: dict[str, Any], result: StreamResult, ours: bool, models: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         """How this answer was made, saved with the notebook."""
-        model_meta: dict[str, Any] = {}
-        try:
-            models = client.models()
-            model_meta = next((m for m in models if m["id"] == result.model), models[0] if models else {})
-        except ClientError:
-            pass
+        model_meta = next((m for m in models if m["id"] == result.model), models[0] if models else {})
         meta = model_meta.get("meta") or {}
         return {
             "server": client.api_base,

@@ -52,7 +52,6 @@ class GenerationRequest:
     prompt: str | None = None
     stream: bool = False
     include_usage: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_json_body(body: bytes) -> dict[str, Any]:
