@@ -20,8 +20,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import table
-from batch_throughput import TOKEN, Server
+from _common import TOKEN, MagnitudeServer, table
 
 from magnitude_jupyter.calibrate.sweep import SweepConfig, run_closed_level
 
@@ -61,7 +60,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
     config = SweepConfig(requests_per_level=args.requests, max_tokens=args.max_tokens)
-    server = Server("", parallel=8)
+    server = MagnitudeServer(parallel=8)
     rows = []
     worst = 0.0
     try:

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,11 +28,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PROMPTS, table
+from _common import PROMPTS, TOKEN, MagnitudeServer, free_port, stop_process, table
 
 from magnitude_jupyter.models import bundled_model_path
-
-TOKEN = "bench-token"
 
 
 @dataclass
@@ -51,60 +48,20 @@ class Level:
         return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))] * 1000
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(kind: str, model: Path, port: int, threads: int, parallel: int) -> subprocess.Popen:
-    if kind == "magnitude":
-        cmd = [
-            sys.executable,
-            "-m",
-            "magnitude_jupyter.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--token",
-            TOKEN,
-            "--parallel",
-            str(parallel),
-            "--ctx-size",
-            "8192",
-            "--threads",
-            str(threads),
-        ]
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "llama_cpp.server",
-            "--model",
-            str(model),
-            "--port",
-            str(port),
-            "--n_threads",
-            str(threads),
-            "--n_threads_batch",
-            str(threads),
-            "--n_ctx",
-            "2048",
-            "--interrupt_requests",
-            "False",
-            "--verbose",
-            "False",
-        ]
+def start_llama_cpp_server(model: Path, port: int, threads: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--port", str(port)]
+    cmd += ["--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", "2048"]
+    cmd += ["--interrupt_requests", "False", "--verbose", "False"]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-async def wait_up(url: str, proc: subprocess.Popen, ready_path: str) -> None:
+async def wait_up(url: str, proc: subprocess.Popen) -> None:
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
         for _ in range(600):
             if proc.poll() is not None:
                 raise RuntimeError(f"server exited with {proc.returncode}")
             try:
-                r = await http.get(url + ready_path, timeout=2)
+                r = await http.get(url + "/v1/models", timeout=2)
                 if r.status_code == 200:
                     return
             except httpx.TransportError:
@@ -163,20 +120,21 @@ async def run_level(url: str, concurrency: int, requests: int, max_tokens: int) 
 
 
 async def measure(kind: str, args: argparse.Namespace, levels: list[int]) -> dict[int, Level]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = start_server(kind, bundled_model_path(), port, args.threads, max(levels))
+    if kind == "magnitude":
+        server = MagnitudeServer(parallel=max(levels), threads=args.threads)  # returns once the model is loaded
+        url, stop = server.url, server.close
+    else:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = start_llama_cpp_server(bundled_model_path(), port, args.threads)
+        stop = functools.partial(stop_process, proc)
     try:
-        # magnitude answers at once and loads in the background: /health says when it is ready
-        await wait_up(url, proc, "/health" if kind == "magnitude" else "/v1/models")
+        if kind != "magnitude":
+            await wait_up(url, proc)
         await run_level(url, 1, 1, 8)  # warm-up
         return {c: await run_level(url, c, args.requests, args.max_tokens) for c in levels}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop()
 
 
 def main() -> None:

@@ -48,10 +48,10 @@ def level(c, tps, e2e_p50=100.0, e2e_p95=200.0, ttft_p95=50.0):
 
 def test_recommendation_and_saturation():
     levels = [level(1, 60, e2e_p95=900), level(4, 120, e2e_p95=1500), level(8, 130, e2e_p95=2600)]
-    assert recommend_parallel(levels, "e2e_p95", 2000) is None  # needs the flattened key
-    flat = [{**lv, "p95": lv["e2e_ms"]["p95"]} for lv in levels]
-    assert recommend_parallel(flat, "p95", 2000) == 4
-    assert recommend_parallel(flat, "p95", 100) is None
+    assert recommend_parallel(levels, 2000) == 4  # p95 end-to-end by default
+    assert recommend_parallel(levels, 100) is None
+    assert recommend_parallel(levels, 60, latency_ms=lambda lv: lv["ttft_ms"]["p95"]) == 8
+    assert recommend_parallel([{"concurrency": 1, "output_tokens_per_s": 50}], 2000) is None  # no latency figure
     assert saturated([level(1, 60, ttft_p95=900)], 500).startswith("p95 TTFT 900 ms")
     assert "over-saturated" in saturated([level(4, 120, e2e_p50=100), level(8, 100, e2e_p50=300)], None)
     assert saturated([level(4, 120), level(8, 125)], None) is None

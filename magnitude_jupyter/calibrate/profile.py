@@ -52,11 +52,7 @@ def summarize_levels(
     at_knee = next((lv for lv in closed if lv["concurrency"] == knee_c), None)
     trained = model.get("trained_context")
     ctx = engine.get("ctx_size")
-    for lv in closed:  # p95 end-to-end, flattened for recommend_parallel
-        lv["_e2e_p95"] = (lv.get("e2e_ms") or {}).get("p95")
-    recommended = recommend_parallel(closed, "_e2e_p95", latency_target_ms) if latency_target_ms else None
-    for lv in closed:
-        lv.pop("_e2e_p95", None)
+    recommended = recommend_parallel(closed, latency_target_ms) if latency_target_ms else None
     return {
         "single_stream_tokens_per_s": thr.get(1),
         "peak_tokens_per_s": peak["output_tokens_per_s"] if peak else None,

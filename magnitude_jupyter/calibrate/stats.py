@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -55,9 +55,17 @@ def knee(points: Sequence[tuple[float, float]], min_gain: float = 0.10) -> float
     return best
 
 
-def recommend_parallel(levels: Sequence[dict[str, Any]], latency_key: str, target_ms: float) -> int | None:
-    """The highest-throughput concurrency whose latency figure stays within the target."""
-    ok = [lv for lv in levels if lv.get(latency_key) is not None and lv[latency_key] <= target_ms]
+def e2e_p95_ms(level: dict[str, Any]) -> float | None:
+    return (level.get("e2e_ms") or {}).get("p95")
+
+
+def recommend_parallel(
+    levels: Sequence[dict[str, Any]],
+    target_ms: float,
+    latency_ms: Callable[[dict[str, Any]], float | None] = e2e_p95_ms,
+) -> int | None:
+    """The highest-throughput concurrency whose latency figure (p95 end-to-end by default) stays within the target."""
+    ok = [lv for lv in levels if (ms := latency_ms(lv)) is not None and ms <= target_ms]
     if not ok:
         return None
     return int(max(ok, key=lambda lv: (lv["output_tokens_per_s"], -lv["concurrency"]))["concurrency"])
