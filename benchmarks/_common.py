@@ -61,7 +61,14 @@ def stop_process(proc: subprocess.Popen) -> None:
 class MagnitudeServer:
     """`magnitude serve` with its own config file and runtime folder; returns once the model is loaded."""
 
-    def __init__(self, config: str = "", parallel: int = 8, threads: int | None = None, ctx_size: int = 8192) -> None:
+    def __init__(
+        self,
+        config: str = "",
+        parallel: int = 8,
+        threads: int | None = None,
+        ctx_size: int = 8192,
+        model: str | Path | None = None,
+    ) -> None:
         self._tmp = tempfile.TemporaryDirectory()
         config_path = Path(self._tmp.name) / "config.yaml"
         config_path.write_text(config)
@@ -76,6 +83,8 @@ class MagnitudeServer:
         cmd += ["--parallel", str(parallel), "--ctx-size", str(ctx_size)]
         if threads is not None:
             cmd += ["--threads", str(threads)]
+        if model is not None:
+            cmd += ["--model", str(model)]
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.client = Client(self.url, TOKEN)
         deadline = time.monotonic() + 120

@@ -27,12 +27,25 @@ def _human_bytes(n: float) -> str:
     return f"{n} B"
 
 
+def _batched_matmul_line(details: dict[str, Any]) -> str:
+    share, types = details["unbatched_weight_share_x86"], details["unbatched_weight_types_x86"]
+    if not share:
+        return "yes, on x86 CPUs: concurrency shares the arithmetic"
+    return (
+        f"not for {share:.0%} of the weights ({', '.join(types)}) on x86 CPUs: "
+        "concurrency shares their memory traffic, not their arithmetic"
+    )
+
+
 def _model_details(entry: Any) -> dict[str, Any]:
     from .kvmath import kv_bytes_per_token
 
     info = read_model_info(entry.path)
     details = info.to_json()
     details["kv_bytes_per_token_f16"] = kv_bytes_per_token(info, "f16")
+    share, types = info.unbatched_weights()
+    details["unbatched_weight_share_x86"] = round(share, 4)
+    details["unbatched_weight_types_x86"] = types
     return details
 
 
@@ -83,6 +96,8 @@ def list_cmd(as_json: bool, show_details: bool) -> None:
                     f"{d['sliding_window']} on {d['sliding_window_layers']} layers" if d["sliding_window"] else "none",
                 ),
                 ("chat template", "yes" if d["has_chat_template"] else "no"),
+                ("weight types", ", ".join(f"{t} {n:,}" for t, n in d["weight_types"].items())),
+                ("batched matmul", _batched_matmul_line(d)),
                 (
                     "KV cache (f16)",
                     f"{d['kv_bytes_per_token_f16']:,.0f} bytes/token, "

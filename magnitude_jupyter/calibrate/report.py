@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..models import unbatched_weights
 from .profile import Profile
 
 
@@ -62,6 +63,13 @@ def format_profile(profile: Profile) -> str:
     )
     eff = ", ".join(f"{c}: {_fmt(e, '.2f')}" for c, e in s["scaling_efficiency"].items())
     lines.append(f"scaling efficiency thr(c)/(c·thr(1)): {eff}")
+    share, types = unbatched_weights(profile.model.get("weight_types") or {})
+    if share >= 0.5:
+        lines.append(
+            f"{share:.0%} of the weights are {', '.join(types)}, which llama.cpp multiplies one row at a time on "
+            "x86 CPUs: concurrency shares their memory traffic, not their arithmetic; a Q4_0, Q4_K or Q8_0 file "
+            "of the same model scales further"
+        )
     cap = profile.capacity
     if cap:
         lines.append(

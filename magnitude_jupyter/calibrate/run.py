@@ -26,6 +26,7 @@ def server_facts(client: Client) -> tuple[dict[str, Any], dict[str, Any], dict[s
         "architecture": meta.get("architecture"),
         "trained_context": meta.get("trained_context"),
         "file_size": meta.get("file_size"),
+        "weight_types": meta.get("weight_types"),
     }
     try:
         status = client.status()
