@@ -185,14 +185,20 @@ def test_prefix_is_copied_from_a_running_request_and_kept_in_the_slot():
     # prefill continues after the copied cells
     chunk = next(c for c in out.batched if c.request is second)
     assert chunk.start_pos == 40 and chunk.tokens == [3, 4, 5]
-    # once both are gone, the slot still serves the prefix
+    # the 40 shared cells are counted once, though three sequences hold them
+    second.num_computed_tokens = len(second.prompt_tokens)
+    assert s.kv_cells_held() == 42 + 3
+    # once both are gone, the slot still serves the prefix, and holds its cells alone
     s.finish(first, FinishReason.STOP)
     s.finish(second, FinishReason.STOP)
+    assert s.kv_cells_held() == s.prefix_slot.length == len(second.prompt_tokens)  # the last one to finish
     third = make_request("third", 4, 4)
     third.prompt_tokens = [*shared, 9]
     s.add_request(third)
     out = s.schedule()
     assert [(c.src_seq, c.length) for c in out.kv_ops if isinstance(c, PrefixCopy)] == [(s.prefix_slot.seq_id, 40)]
+    third.num_computed_tokens = len(third.prompt_tokens)
+    assert s.kv_cells_held() == len(second.prompt_tokens) + 1
 
 
 def test_slot_is_evicted_when_a_request_needs_its_cells():

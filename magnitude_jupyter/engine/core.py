@@ -330,7 +330,7 @@ class Engine:
             running = len(sched.running) if sched else 0
             waiting = sched.num_waiting if sched else 0
             reserved = sched.budget.used if sched else 0
-            filled = sum(r.num_computed_tokens for r in sched.running) if sched else 0
+            filled = sched.kv_cells_held() if sched else 0
             total = sched.ctx_size if sched else es.ctx_size
             now = time.monotonic()
             live = [

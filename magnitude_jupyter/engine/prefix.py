@@ -45,6 +45,9 @@ class PrefixSlot:
 
     seq_id: int
     tokens: list[int] = field(default_factory=list)
+    # The running request whose cells the slot shares (it copied them from it), or None: then the
+    # slot's cells are its own, as after that request ended.
+    shares_with: str | None = None
 
     @property
     def length(self) -> int:

@@ -154,7 +154,7 @@ class Scheduler:
         if slot is None or not slot.tokens or not self.budget.fits(cells - slot.length):
             return False
         self.budget.release(SLOT_KEY)
-        slot.tokens = []
+        slot.tokens, slot.shares_with = [], None
         out.kv_ops.append(ClearSequence(slot.seq_id))
         return True
 
@@ -164,7 +164,7 @@ class Scheduler:
         if slot is None or request.params.reproducible:
             return
         limit = len(request.prompt_tokens) - 1  # the last prompt token is always computed: it gives the logits
-        best_len, best_src = 0, None
+        best_len, best_src, best_request = 0, None, None
         if slot.tokens:
             best_len, best_src = common_prefix_len(slot.tokens, request.prompt_tokens, limit), slot.seq_id
         for other in self.running:
@@ -172,17 +172,18 @@ class Scheduler:
                 continue
             n = common_prefix_len(other.prompt_tokens, request.prompt_tokens, min(limit, other.num_computed_tokens))
             if n > best_len:
-                best_len, best_src = n, other.seq_id
+                best_len, best_src, best_request = n, other.seq_id, other
         if best_src is None or best_len < self.min_prefix_tokens:
             return
         out.kv_ops.append(PrefixCopy(best_src, request.seq_id, best_len))  # type: ignore[arg-type]
         request.num_computed_tokens = best_len
         request.cached_tokens = best_len
-        if best_src != slot.seq_id and best_len > slot.length and self.budget.fits(best_len - slot.length):
+        if best_request is not None and best_len > slot.length and self.budget.fits(best_len - slot.length):
             # Keep this prefix beyond the life of the requests that share it now.
             self.budget.release(SLOT_KEY)
             self.budget.reserve(SLOT_KEY, best_len)
             slot.tokens = request.prompt_tokens[:best_len]
+            slot.shares_with = best_request.request_id
             out.kv_ops += [ClearSequence(slot.seq_id), PrefixCopy(best_src, slot.seq_id, best_len)]
 
     def _keep_prompt_in_slot(self, request: Request, seq_id: int) -> None:
@@ -201,7 +202,19 @@ class Scheduler:
             return
         self.budget.reserve(SLOT_KEY, n)
         slot.tokens = request.prompt_tokens[:n]
+        slot.shares_with = None  # the request ends now: the cells stay with the slot alone
         self.pending_kv_ops += [ClearSequence(slot.seq_id), PrefixCopy(seq_id, slot.seq_id, n)]
+
+    def kv_cells_held(self) -> int:
+        """KV cells holding tokens, a prefix shared through `llama_memory_seq_cp` counted once: each
+        running request's own cells, and the prefix slot's, or, while the slot shares the cells of a
+        running request, the cells that request itself shares (from an earlier slot)."""
+        own = sum(r.num_computed_tokens - r.cached_tokens for r in self.running)
+        slot = self.prefix_slot
+        if slot is None or not slot.tokens:
+            return own
+        source = next((r for r in self.running if r.request_id == slot.shares_with), None)
+        return own + (source.cached_tokens if source is not None else slot.length)
 
     def take_pending_kv_ops(self) -> list[KVOp]:
         ops, self.pending_kv_ops = self.pending_kv_ops, []
