@@ -240,6 +240,8 @@ class MagnitudeMagics(Magics):
         ):
             if value is not None:
                 body[key] = value
+        if args.format == "json":  # the server's grammar keeps the answer parseable JSON
+            body["response_format"] = {"type": "json_object"}
         ours, models = self._server_facts(client)
         if ours:
             body["reproducible"] = not args.no_reproducible

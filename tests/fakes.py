@@ -40,6 +40,9 @@ class FakeRunner:
     def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: list[int]) -> None:
         self.next_token[seq_id] = prompt_tokens[-1] + 1
 
+    def check_grammar(self, grammar: str) -> bool:
+        return "root" in grammar
+
     def end_sequence(self, seq_id: int) -> None:
         self.cells.pop(seq_id, None)
         self.next_token.pop(seq_id, None)

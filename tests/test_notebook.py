@@ -35,9 +35,14 @@ def test_prompt_streams_interpolates_and_stores(connected, tmp_path):
             "print(repr(line)); print(_magnitude == line)",
             "%%magnitude -f json --max-tokens 48\nReply with only this JSON object and nothing else: "
             '{{"city": "Paris"}}',
+            "print(type(_magnitude).__name__, sorted(_magnitude))",
         ],
         tmp_path,
     )
+    # -f json asks the server for a JSON object (a grammar holds the answer to it) and parses it
+    assert text_outputs(nb.cells[6]).split()[0] == "dict"
+    (json_display,) = [o for o in nb.cells[5].outputs if o.output_type == "display_data"]
+    assert json_display.metadata["magnitude"]["sampling"]["response_format"] == {"type": "json_object"}
     magic = nb.cells[2]
     (display,) = [o for o in magic.outputs if o.output_type == "display_data"]
     meta = display.metadata["magnitude"]

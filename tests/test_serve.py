@@ -84,6 +84,46 @@ def test_openai_client_sync_and_streaming(client):
     assert completion.choices[0].text and completion.object == "text_completion"
 
 
+def test_structured_answers_follow_the_schema_or_grammar(client, server):
+    schema = {
+        "type": "object",
+        "properties": {"sentiment": {"type": "string", "enum": ["positive", "negative"]}, "stars": {"type": "integer"}},
+        "required": ["sentiment", "stars"],
+    }
+    ask = "Review: 'The kettle broke after two days.' Give sentiment and stars as JSON."
+    review = [{"role": "user", "content": ask}]
+    answer = client.chat.completions.create(
+        model="smollm2-135m",
+        messages=review,
+        max_tokens=48,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "review", "schema": schema}},
+    )
+    data = json.loads(answer.choices[0].message.content)
+    assert data["sentiment"] in ("positive", "negative") and isinstance(data["stars"], int)
+    assert answer.choices[0].finish_reason == "stop"  # the grammar ends the answer, not max_tokens
+
+    loose = client.chat.completions.create(
+        model="smollm2-135m", messages=review, max_tokens=64, temperature=0, response_format={"type": "json_object"}
+    )
+    assert loose.choices[0].message.content.lstrip().startswith("{")
+    if loose.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(loose.choices[0].message.content), dict)
+
+    # llama.cpp's own `grammar` field, sampled (not greedy) and streamed
+    stream = client.chat.completions.create(
+        model="smollm2-135m",
+        messages=[{"role": "user", "content": "Is water wet?"}],
+        max_tokens=8,
+        temperature=0.9,
+        seed=7,
+        stream=True,
+        extra_body={"grammar": 'root ::= "yes" | "no"'},
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text in ("yes", "no")
+
+
 def sse_events(lines):
     """Parse SSE lines into (id, data) pairs."""
     event_id, data = None, None
@@ -208,6 +248,20 @@ BAD_INPUTS = [
     ("unknown model", {"model": "gpt-9", "messages": MESSAGES}, 404, "model"),
     ("prompt longer than the context", {"messages": [{"role": "user", "content": "word " * 5000}]}, 400, "messages"),
     ("oversized body", {"messages": [{"role": "user", "content": "x" * (2 << 20)}]}, 413, None),
+    ("unknown response_format", {"messages": MESSAGES, "response_format": {"type": "yaml"}}, 400, "response_format"),
+    (
+        "json_schema without a schema",
+        {"messages": MESSAGES, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+        400,
+        "response_format",
+    ),
+    ("grammar that does not parse", {"messages": MESSAGES, "grammar": "root ::= ("}, 400, "grammar"),
+    (
+        "grammar and response_format",
+        {"messages": MESSAGES, "grammar": 'root ::= "a"', "response_format": {"type": "json_object"}},
+        400,
+        "grammar",
+    ),
 ]
 
 

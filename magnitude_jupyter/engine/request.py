@@ -75,6 +75,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     reproducible: bool = False
     ignore_eos: bool = False
+    grammar: str | None = None  # GBNF the answer must follow (JSON answers: see grammar.py)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field (the server reports it as the `param`)."""
@@ -109,6 +110,8 @@ class SamplingParams:
             raise bad("stop", "must be a list of non-empty strings")
         if len(self.stop) > 16:
             raise bad("stop", "at most 16 stop strings")
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
+            raise bad("grammar", "must be a non-empty GBNF grammar")
 
     @property
     def greedy(self) -> bool:

@@ -138,15 +138,22 @@ class LlamaRunner:
         """Build the sequence's sampler; the prompt primes the repetition penalty."""
         self._free_sampler(seq_id)
         penalize = params.repeat_penalty != 1.0 and params.repeat_last_n != 0
-        if params.greedy and not penalize:
+        if params.greedy and not penalize and params.grammar is None:
             self._samplers[seq_id] = None  # plain argmax over the logits row: no sampler state needed
             return
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         if penalize:
             last_n = self.n_ctx if params.repeat_last_n == -1 else params.repeat_last_n
-            llama_cpp.llama_sampler_chain_add(
-                chain, llama_cpp.llama_sampler_init_penalties(self.n_vocab, last_n, params.repeat_penalty, 0.0, 0.0)
-            )
+            penalties = llama_cpp.llama_sampler_init_penalties(self.n_vocab, last_n, params.repeat_penalty, 0.0, 0.0)
+            for token in prompt_tokens:  # the penalty sampler alone: a grammar must not see the prompt
+                llama_cpp.llama_sampler_accept(penalties, token)
+            llama_cpp.llama_sampler_chain_add(chain, penalties)
+        if params.grammar is not None:
+            grammar = self._grammar_sampler(params.grammar)
+            if grammar is None:
+                llama_cpp.llama_sampler_free(chain)
+                raise RunnerError("llama.cpp could not parse the grammar")
+            llama_cpp.llama_sampler_chain_add(chain, grammar)
         if params.greedy:
             llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
         else:
@@ -159,10 +166,19 @@ class LlamaRunner:
             llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(params.temperature))
             seed = params.seed if params.seed is not None else random.getrandbits(32)
             llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-        if penalize:
-            for token in prompt_tokens:
-                llama_cpp.llama_sampler_accept(chain, token)
         self._samplers[seq_id] = chain
+
+    def _grammar_sampler(self, grammar: str) -> ctypes.c_void_p | None:
+        sampler = llama_cpp.llama_sampler_init_grammar(self.vocab, grammar.encode("utf-8"), b"root")
+        return sampler or None
+
+    def check_grammar(self, grammar: str) -> bool:
+        """Whether llama.cpp parses this GBNF grammar (with a `root` rule)."""
+        sampler = self._grammar_sampler(grammar)
+        if sampler is None:
+            return False
+        llama_cpp.llama_sampler_free(sampler)
+        return True
 
     def end_sequence(self, seq_id: int) -> None:
         """Give the sequence's KV cells back at once, and drop its sampler."""

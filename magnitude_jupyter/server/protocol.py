@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine import Priority, SamplingParams
+from ..engine.grammar import GrammarError, json_grammar
 from ..engine.streams import StreamEvent
 
 
@@ -106,6 +107,34 @@ def _stop(data: dict[str, Any]) -> list[str]:
     return stop
 
 
+def _grammar(data: dict[str, Any]) -> str | None:
+    """The GBNF grammar `response_format` asks for (or llama.cpp's own `grammar` field gives), if any."""
+    response_format, grammar = data.get("response_format"), data.get("grammar")
+    if grammar is not None:
+        if response_format is not None:
+            raise bad_param("grammar", "give 'grammar' or 'response_format', not both")
+        if not isinstance(grammar, str) or not grammar.strip():
+            raise bad_param("grammar", "'grammar' must be a GBNF grammar with a 'root' rule")
+        return grammar
+    if response_format is None:
+        return None
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_grammar()
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise bad_param("response_format", "response_format.json_schema.schema must be a JSON Schema object")
+        try:
+            return json_grammar(schema)
+        except GrammarError as exc:
+            raise bad_param("response_format", str(exc)) from None
+    raise bad_param("response_format", "response_format.type must be 'text', 'json_object' or 'json_schema'")
+
+
 def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
     """Validate a /v1/chat/completions or /v1/completions body."""
     model = data.get("model")
@@ -164,11 +193,7 @@ def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
         raise bad_param("stream_options", "'stream_options' must be an object")
     include_usage = _boolean(options or {}, "include_usage")
 
-    response_format = data.get("response_format")
-    if response_format is not None and (
-        not isinstance(response_format, dict) or response_format.get("type") not in ("text",)
-    ):
-        raise bad_param("response_format", "only response_format {'type': 'text'} is supported")
+    params.grammar = _grammar(data)
 
     return GenerationRequest(
         kind=kind,
