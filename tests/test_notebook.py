@@ -40,8 +40,8 @@ def test_prompt_streams_interpolates_and_stores(connected, tmp_path):
         tmp_path,
     )
     # -f json asks the server for a JSON object (a grammar holds the answer to it) and parses it
-    assert text_outputs(nb.cells[6]).split()[0] == "dict"
-    (json_display,) = [o for o in nb.cells[5].outputs if o.output_type == "display_data"]
+    assert text_outputs(nb.cells[5]).split()[0] == "dict"
+    (json_display,) = [o for o in nb.cells[4].outputs if o.output_type == "display_data"]
     assert json_display.metadata["magnitude"]["sampling"]["response_format"] == {"type": "json_object"}
     magic = nb.cells[2]
     (display,) = [o for o in magic.outputs if o.output_type == "display_data"]
