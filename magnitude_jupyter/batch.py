@@ -46,6 +46,23 @@ class BatchOptions:
     checkpoint: str | Path | None = None
     model: str | None = None
     progress: bool = True
+    json_object: bool = False  # each answer a JSON object (the server's grammar holds it to that), parsed
+    json_schema: dict[str, Any] | None = None  # answers follow this schema; its properties become columns
+
+    @property
+    def wants_json(self) -> bool:
+        return self.json_object or self.json_schema is not None
+
+    @property
+    def schema_columns(self) -> list[str]:
+        """The schema's top-level properties: one column each, filled from the parsed answers."""
+        properties = (self.json_schema or {}).get("properties")
+        return [str(name) for name in properties] if isinstance(properties, dict) else []
+
+    def response_format(self) -> dict[str, Any] | None:
+        if self.json_schema is not None:
+            return {"type": "json_schema", "json_schema": {"name": "row", "schema": self.json_schema}}
+        return {"type": "json_object"} if self.json_object else None
 
     def validate(self) -> None:
         if self.concurrency < 1:
@@ -58,6 +75,18 @@ class BatchOptions:
             raise BatchError(f"--on-overflow must be one of {', '.join(OVERFLOW_MODES)}, got {self.on_overflow!r}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise BatchError(f"--max-tokens must be at least 1, got {self.max_tokens}")
+        if self.json_schema is not None and not isinstance(self.json_schema, dict):
+            raise BatchError(f"--json-schema must be a JSON Schema object, got {type(self.json_schema).__name__}")
+
+    def check_columns(self, columns: list[str]) -> None:
+        """The output columns must not overwrite the input's or each other."""
+        produced = [self.output_column, *self.schema_columns, *RESULT_COLUMNS]
+        clash = sorted({c for c in produced if c in columns} | {c for c in produced if produced.count(c) > 1})
+        if clash:
+            raise BatchError(
+                f"the output column{'s' if len(clash) > 1 else ''} {', '.join(map(repr, clash))} would overwrite "
+                "an input column or another output; choose another --output-column or rename the schema's properties"
+            )
 
 
 def compile_template(template: str, columns: list[str]) -> jinja2.Template:
@@ -120,6 +149,21 @@ class _Checkpoint:
             fh.flush()
 
 
+def _parse_json_answer(record: dict[str, Any], opts: BatchOptions) -> dict[str, Any]:
+    """The answer as a parsed object, its schema's properties as columns; unparseable text is the row's error
+    (so a checkpointed rerun scores it again), kept as text in the answer column."""
+    text = record[opts.output_column]
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        cut = " (cut off at --max-tokens)" if record["finish_reason"] == "length" else ""
+        return {**record, "error": f"the answer is not valid JSON{cut}: {exc}"}
+    record[opts.output_column] = value
+    for column in opts.schema_columns:
+        record[column] = value.get(column) if isinstance(value, dict) else None
+    return record
+
+
 def _score_row(
     client: Client, prompt: str, opts: BatchOptions, stop: threading.Event, inflight: dict[int, str]
 ) -> dict[str, Any]:
@@ -131,6 +175,8 @@ def _score_row(
         body["max_tokens"] = opts.max_tokens
     if opts.model:
         body["model"] = opts.model
+    if opts.wants_json:
+        body["response_format"] = opts.response_format()
     start = time.monotonic()
     last_error = "not run"
     for attempt in range(opts.retry + 1):
@@ -145,7 +191,7 @@ def _score_row(
                 error = (result.raw_final.get("magnitude") or {}).get("error")
                 return {"error": f"{result.engine_finish_reason} by the server" + (f": {error}" if error else "")}
             usage = result.usage or {}
-            return {
+            record = {
                 opts.output_column: result.text,
                 "finish_reason": result.finish_reason,
                 "prompt_tokens": usage.get("prompt_tokens"),
@@ -153,6 +199,7 @@ def _score_row(
                 "latency_ms": round((time.monotonic() - start) * 1000, 1),
                 "error": None,
             }
+            return _parse_json_answer(record, opts) if opts.wants_json else record
         except ClientError as exc:
             last_error = str(exc)
             if exc.code == "context_length_exceeded":
@@ -187,6 +234,7 @@ def score_dataframe(df: pd.DataFrame, template: str, client: Client | None = Non
 
     opts = BatchOptions(template=template, **options)
     opts.validate()
+    opts.check_columns([str(c) for c in df.columns])
     prompts = render_prompts(df, template)
     base = client or discover()
     worker = Client(base.api_base, base.token, timeout=opts.timeout, source=base.source)
@@ -244,7 +292,7 @@ def score_dataframe(df: pd.DataFrame, template: str, client: Client | None = Non
         worker.close()
 
     out = df.copy()
-    columns = (opts.output_column, *RESULT_COLUMNS)
+    columns = (opts.output_column, *opts.schema_columns, *RESULT_COLUMNS)
     for column in columns:
         out[column] = pd.Series([results.get(i, {}).get(column) for i in df.index], index=df.index, dtype=object)
     never_run = [i for i in df.index if i not in results]

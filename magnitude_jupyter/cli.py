@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -199,6 +200,14 @@ def chat(
 @click.option("--on-overflow", type=click.Choice(["error", "truncate", "skip"]), default="error", show_default=True)
 @click.option("--checkpoint", default=None, help="JSONL file of finished rows; a rerun skips them.")
 @click.option("--fail-on-truncation", is_flag=True, help="Exit non-zero if any answer hit max tokens.")
+@click.option("--json", "json_object", is_flag=True, help="Each answer a JSON object, parsed.")
+@click.option(
+    "--json-schema",
+    "json_schema_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A JSON Schema file: answers follow it, its properties become columns.",
+)
 @click.option("--url", default=None)
 @click.option("--token", default=None, envvar="MAGNITUDE_TOKEN")
 def batch(
@@ -215,6 +224,8 @@ def batch(
     on_overflow: str,
     checkpoint: str | None,
     fail_on_truncation: bool,
+    json_object: bool,
+    json_schema_path: str | None,
     url: str | None,
     token: str | None,
 ) -> None:
@@ -227,6 +238,12 @@ def batch(
         df = pd.read_csv(input_path) if input_path.endswith(".csv") else pd.read_json(input_path, lines=True)
     except ValueError as exc:
         raise click.ClickException(f"cannot read {input_path}: {exc}") from exc
+    json_schema = None
+    if json_schema_path:
+        try:
+            json_schema = json.loads(Path(json_schema_path).read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise click.ClickException(f"{json_schema_path} is not JSON: {exc}") from exc
     client = _client(url, token)
     try:
         out = score_dataframe(
@@ -242,6 +259,8 @@ def batch(
             temperature=temperature,
             on_overflow=on_overflow,
             checkpoint=checkpoint,
+            json_object=json_object,
+            json_schema=json_schema,
         )
     except BatchError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -78,6 +78,8 @@ def _add_batch_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", default=None)
     parser.add_argument("--model", "-m", default=None)
     parser.add_argument("-o", "--output", default=None, help="variable for the result")
+    parser.add_argument("--json", action="store_true", help="each answer a JSON object, parsed")
+    parser.add_argument("--json-schema", default=None, help="a variable holding a JSON Schema (dict), or its JSON")
 
 
 def cell_parser() -> _Parser:
@@ -97,6 +99,8 @@ def cell_parser() -> _Parser:
     p.add_argument("--df", default=None, help="score this DataFrame, the cell being the row template")
     for name in ("--output-column", "--concurrency", "--retry", "--timeout", "--on-overflow", "--checkpoint"):
         p.add_argument(name, default=None)
+    p.add_argument("--json", action="store_true", help="with --df: each answer a JSON object")
+    p.add_argument("--json-schema", default=None, help="with --df: a variable holding a JSON Schema, or its JSON")
     return p
 
 
@@ -173,6 +177,8 @@ class MagnitudeMagics(Magics):
         args = cell_parser().parse_args(argv)
         if args.df:
             return self._cell_batch(args, cell)
+        if args.json or args.json_schema:
+            raise MagnitudeError("--json and --json-schema score a DataFrame (with --df); for one prompt use -f json")
         return self._prompt(args, cell)
 
     def _line(self, argv: list[str]) -> Any:
@@ -345,11 +351,23 @@ class MagnitudeMagics(Magics):
             "output",
             "max_tokens",
             "temperature",
+            "json_schema",
         ):
             value = getattr(args, name, None)
             if value is not None:
                 batch_argv += [f"--{name.replace('_', '-')}", str(value)]
+        if args.json:
+            batch_argv.append("--json")
         return self._batch(args.df, cell.strip(), parser.parse_args(batch_argv))
+
+    def _json_schema(self, ref: str) -> Any:
+        """`--json-schema`: the name of a notebook variable, else JSON text."""
+        if ref in self.shell.user_ns:
+            return self.shell.user_ns[ref]
+        try:
+            return json.loads(ref)
+        except ValueError:
+            raise MagnitudeError(f"--json-schema {ref!r} is neither a variable in the notebook nor JSON text") from None
 
     def _batch(self, df_name: str, template: str, args: argparse.Namespace) -> Any:
         import pandas as pd
@@ -370,6 +388,8 @@ class MagnitudeMagics(Magics):
             "on_overflow": args.on_overflow,
             "checkpoint": args.checkpoint,
             "model": args.model or self.model,
+            "json_object": bool(args.json),
+            "json_schema": self._json_schema(args.json_schema) if args.json_schema else None,
         }
         try:
             result = score_dataframe(df, template, client=self.client, **options)

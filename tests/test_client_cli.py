@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from magnitude_jupyter.batch import BatchError, backoff_seconds, compile_template
+from magnitude_jupyter.batch import BatchError, BatchOptions, backoff_seconds, compile_template
 from magnitude_jupyter.client import discover, iter_sse, serve_runtime_files
 
 from .conftest import ServeProcess
@@ -28,6 +28,22 @@ def test_template_checks_happen_before_any_request():
     with pytest.raises(BatchError, match="template error on line 1"):
         compile_template("{{ review ", ["review"])
     assert compile_template("A {{ review|upper }}", ["review"]).render(review="x") == "A X"
+
+
+def test_json_batch_options_and_column_clashes():
+    schema = {"type": "object", "properties": {"sentiment": {"type": "string"}, "stars": {"type": "integer"}}}
+    opts = BatchOptions(template="{{ review }}", json_schema=schema)
+    assert opts.wants_json and opts.schema_columns == ["sentiment", "stars"]
+    assert opts.response_format() == {"type": "json_schema", "json_schema": {"name": "row", "schema": schema}}
+    assert BatchOptions(template="x", json_object=True).response_format() == {"type": "json_object"}
+    assert BatchOptions(template="x").response_format() is None
+    opts.check_columns(["review"])
+    with pytest.raises(BatchError, match="'stars' would overwrite"):
+        opts.check_columns(["review", "stars"])
+    with pytest.raises(BatchError, match="'error'"):
+        BatchOptions(template="x", output_column="error").check_columns(["review"])
+    with pytest.raises(BatchError, match="--json-schema must be a JSON Schema object"):
+        BatchOptions(template="x", json_schema=["not", "a", "schema"]).validate()
 
 
 def test_sse_parser():
@@ -120,5 +136,26 @@ def test_cli_chat_and_batch(server, tmp_path):
         env=env,
     )
     assert done.returncode == 1 and "hit max tokens" in done.stderr
+    schema = tmp_path / "schema.json"
+    label_schema = {"type": "object", "properties": {"label": {"enum": ["a", "b"]}}, "required": ["label"]}
+    schema.write_text(json.dumps(label_schema))
+    done = magnitude(
+        "batch",
+        "--input",
+        str(rows),
+        "--output",
+        str(out),
+        "--template",
+        "Pick a or b for {{ review }}, as JSON.",
+        "--json-schema",
+        str(schema),
+        "--max-tokens",
+        "16",
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    scored = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["label"] for r in scored] == [r["answer"]["label"] for r in scored]
+    assert all(r["label"] in ("a", "b") and r["error"] is None for r in scored)
     done = magnitude("chat", "hi", "--url", "http://127.0.0.1:9")
     assert done.returncode != 0 and "cannot reach" in done.stderr

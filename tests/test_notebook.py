@@ -74,6 +74,29 @@ def test_dataframe_batch_keeps_order_and_reports_failed_rows(connected, tmp_path
     assert text_outputs(nb.cells[3]).split() == ["True", "49", "True", "True", "True"]
 
 
+def test_dataframe_batch_with_a_json_schema_fills_columns(connected, tmp_path):
+    nb = run_notebook(
+        [
+            "%load_ext magnitude_jupyter",
+            "import pandas as pd\n"
+            "df = pd.DataFrame({'review': ['Loved it, works great.', 'Broke on day one.', 'Fine for the price.']})\n"
+            "schema = {'type': 'object', 'required': ['sentiment', 'stars'], 'properties': {\n"
+            "    'sentiment': {'type': 'string', 'enum': ['positive', 'negative']}, 'stars': {'type': 'integer'}}}",
+            "%%magnitude --df df --json-schema schema -o scored --max-tokens 32\n"
+            "Rate this review as JSON with sentiment and stars (1-5): {{ review }}",
+            "print(scored['sentiment'].isin(['positive', 'negative']).all(), scored['error'].isna().all(), "
+            "all(isinstance(s, int) for s in scored['stars']), type(scored['answer'].iloc[0]).__name__)",
+            "%magnitude batch df --template 'Say {{ review }}' --json-schema '{\"properties\": {\"review\": {}}}'",
+        ],
+        tmp_path,
+        allow_errors=True,
+    )
+    assert "3 of 3 rows scored" in text_outputs(nb.cells[2])
+    assert text_outputs(nb.cells[3]).split() == ["True", "True", "True", "dict"]
+    (error,) = [o for o in nb.cells[4].outputs if o.output_type == "error"]
+    assert len(error.traceback) == 1 and "'review' would overwrite" in error.traceback[0]
+
+
 def test_interrupt_keeps_finished_rows_and_checkpoint_finishes(connected, tmp_path):
     checkpoint = tmp_path / "rows.jsonl"
     nb = run_notebook(
@@ -132,6 +155,7 @@ def test_bad_input_gives_one_clear_line(connected, tmp_path, monkeypatch):
             "%%magnitude --temperature hot\nHello",
             "%%magnitude\nHello {undefined_name}",
             "%magnitude connect http://127.0.0.1:9",
+            "%%magnitude --json\nHello",
         ],
         tmp_path,
         allow_errors=True,
@@ -147,6 +171,7 @@ def test_bad_input_gives_one_clear_line(connected, tmp_path, monkeypatch):
     assert "--temperature" in errors[2]
     assert "{undefined_name}" in errors[3]
     assert "cannot reach" in errors[4]
+    assert "-f json" in errors[5]
 
 
 def test_kernel_interrupt_cancels_the_generation_on_the_server(connected, tmp_path):
