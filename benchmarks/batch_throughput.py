@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import MagnitudeServer, table
 
 from magnitude_jupyter.batch import render_prompts, score_dataframe
-from magnitude_jupyter.engine.chat import render_chat
+from magnitude_jupyter.engine.core import chat_prompt_tokens
 from magnitude_jupyter.engine.prefix import common_prefix_len
 from magnitude_jupyter.engine.runner import LlamaRunner
 from magnitude_jupyter.engine.scheduler import DecodeItem
@@ -108,12 +108,10 @@ def best_of(server: MagnitudeServer, df: pd.DataFrame, task: Task, repeats: int)
 def prompt_tokens(runner: LlamaRunner, model: Path, df: pd.DataFrame, template: str) -> list[list[int]]:
     """Each row's prompt as the engine tokenizes it: the row's text in the model's chat template."""
     chat_template = read_model_info(model).chat_template
-    out = []
-    for text in render_prompts(df, template).values():
-        rendered = render_chat([{"role": "user", "content": text}], chat_template, runner.bos_token, runner.eos_token)
-        add_bos = not (runner.bos_token and rendered.startswith(runner.bos_token))
-        out.append(runner.tokenize(rendered, add_special=add_bos))
-    return out
+    return [
+        chat_prompt_tokens(runner, [{"role": "user", "content": text}], chat_template)
+        for text in render_prompts(df, template).values()
+    ]
 
 
 def decode_ceiling(runner: LlamaRunner, prompts: list[list[int]], new_tokens: int, concurrency: int) -> float:

@@ -1,7 +1,7 @@
 """The inference engine: continuous batching on llama.cpp with a KV-budget scheduler.
 
-Nothing in this package imports web or notebook code; `runner.py` is the only module that
-imports `llama_cpp`.
+Nothing in this package imports web or notebook code; `runner.py` is the only module that calls
+into llama.cpp (`grammar.py` borrows llama-cpp-python's pure-Python GBNF tools).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
 from .chat import render_chat
 from .metrics import EngineMetrics
 from .prefix import KVOp, PrefixCopy
-from .request import FinishReason, Priority, Request, SamplingParams
+from .request import FinishReason, Priority, Request, SamplingParams, invalid_param
 from .scheduler import DecodeItem, ScheduledChunk, Scheduler, SchedulerOutput
 from .streams import StreamEvent, StreamRegistry
 from .text import TextAssembler
@@ -45,6 +45,13 @@ def _rss_bytes() -> int | None:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def chat_prompt_tokens(runner: Runner, messages: Any, chat_template: str | None) -> list[int]:
+    """Chat messages rendered through the model's template, as tokens."""
+    text = render_chat(messages, chat_template, runner.bos_token, runner.eos_token)
+    # The template writes the BOS token itself when the model wants one.
+    return runner.tokenize(text, add_special=not (runner.bos_token and text.startswith(runner.bos_token)))
 
 
 class EngineError(RuntimeError):
@@ -194,10 +201,6 @@ class Engine:
             raise EngineError(f"the engine is {self.state}, not ready")
         return self.runner, self.scheduler
 
-    def render_chat(self, messages: Any) -> str:
-        runner, _ = self._require_ready()
-        return render_chat(messages, self._chat_template, runner.bos_token, runner.eos_token)
-
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         runner, _ = self._require_ready()
         return runner.tokenize(text, add_special=add_special)
@@ -206,11 +209,7 @@ class Engine:
         """Tokens of a plain prompt, or of chat messages rendered through the model's template."""
         runner, _ = self._require_ready()
         if messages is not None:
-            text = self.render_chat(messages)
-            # The template writes the BOS token itself when the model wants one.
-            if runner.bos_token and text.startswith(runner.bos_token):
-                return runner.tokenize(text, add_special=False)
-            return runner.tokenize(text, add_special=True)
+            return chat_prompt_tokens(runner, messages, self._chat_template)
         if prompt is None:
             raise ValueError("give a prompt or messages")
         return runner.tokenize(prompt, add_special=True)
@@ -231,9 +230,7 @@ class Engine:
         params = replace(params or SamplingParams(), stop=list((params.stop if params else []) or []))
         params.validate()
         if params.grammar is not None and not runner.check_grammar(params.grammar):
-            err = ValueError("grammar: llama.cpp could not parse it (GBNF with a 'root' rule)")
-            err.param = "grammar"  # type: ignore[attr-defined]
-            raise err
+            raise invalid_param("grammar", "llama.cpp could not parse it (GBNF with a 'root' rule)")
         if not params.greedy and params.seed is None:
             params.seed = random.getrandbits(32)  # recorded, so a sampled answer can be reproduced
         tokens = list(prompt_tokens) if prompt_tokens is not None else self.prompt_tokens_for(prompt, messages)

@@ -60,6 +60,13 @@ class Priority(IntEnum):
         return cls(value)
 
 
+def invalid_param(name: str, why: str) -> ValueError:
+    """A ValueError that names the request field at fault (the server reports it as the `param`)."""
+    err = ValueError(f"{name}: {why}")
+    err.param = name  # type: ignore[attr-defined]
+    return err
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling. ``temperature == 0`` is greedy; ``max_tokens=None`` takes the engine default."""
@@ -79,11 +86,7 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field (the server reports it as the `param`)."""
-
-        def bad(name: str, why: str) -> ValueError:
-            err = ValueError(f"{name}: {why}")
-            err.param = name  # type: ignore[attr-defined]
-            return err
+        bad = invalid_param
 
         def number(name: str, lo: float, hi: float = math.inf) -> None:
             value = getattr(self, name)
