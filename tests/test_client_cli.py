@@ -100,59 +100,25 @@ def test_cli_chat_and_batch(server, tmp_path):
     rows = tmp_path / "in.jsonl"
     rows.write_text("".join(json.dumps({"review": f"review number {i}"}) + "\n" for i in range(6)))
     out = tmp_path / "out.jsonl"
-    done = magnitude(
-        "batch",
-        "--input",
-        str(rows),
-        "--output",
-        str(out),
-        "--template",
-        "Classify: {{ review }}",
-        "--max-tokens",
-        "4",
-        "--concurrency",
-        "3",
-        env=env,
-    )
+
+    def batch(template: str, *options: str):
+        return magnitude("batch", "--input", str(rows), "--output", str(out), "--template", template, *options, env=env)
+
+    done = batch("Classify: {{ review }}", "--max-tokens", "4", "--concurrency", "3")
     assert done.returncode == 0, done.stderr
     scored = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["review"] for r in scored] == [f"review number {i}" for i in range(6)]
     assert all(r["answer"] and r["error"] is None for r in scored)
     assert "6 of 6 rows scored" in done.stderr
 
-    done = magnitude("batch", "--input", str(rows), "--output", str(out), "--template", "{{ missing }}", env=env)
+    done = batch("{{ missing }}")
     assert done.returncode != 0 and "'missing'" in done.stderr
-    done = magnitude(
-        "batch",
-        "--input",
-        str(rows),
-        "--output",
-        str(out),
-        "--template",
-        "{{ review }}",
-        "--max-tokens",
-        "2",
-        "--fail-on-truncation",
-        env=env,
-    )
+    done = batch("{{ review }}", "--max-tokens", "2", "--fail-on-truncation")
     assert done.returncode == 1 and "hit max tokens" in done.stderr
     schema = tmp_path / "schema.json"
     label_schema = {"type": "object", "properties": {"label": {"enum": ["a", "b"]}}, "required": ["label"]}
     schema.write_text(json.dumps(label_schema))
-    done = magnitude(
-        "batch",
-        "--input",
-        str(rows),
-        "--output",
-        str(out),
-        "--template",
-        "Pick a or b for {{ review }}, as JSON.",
-        "--json-schema",
-        str(schema),
-        "--max-tokens",
-        "16",
-        env=env,
-    )
+    done = batch("Pick a or b for {{ review }}, as JSON.", "--json-schema", str(schema), "--max-tokens", "16")
     assert done.returncode == 0, done.stderr
     scored = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["label"] for r in scored] == [r["answer"]["label"] for r in scored]
