@@ -8,11 +8,14 @@ finishes and a rerun skips rows already scored. An interrupt returns the rows fi
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
+import math
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +28,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 RESULT_COLUMNS = ("finish_reason", "prompt_tokens", "completion_tokens", "latency_ms", "error")
+PROBABILITY_COLUMN = "probability"  # with logprobs: the answer's probability under the model
 OVERFLOW_MODES = ("error", "truncate", "skip")
 
 
@@ -32,22 +36,57 @@ class BatchError(ValueError):
     """The batch cannot start: bad template, missing columns, bad options."""
 
 
+@dataclass(frozen=True)
+class Flag:
+    """How one batch option is spelled on the command line and in the magics."""
+
+    name: str
+    help: str
+    type: type = str
+    short: str | None = None
+    choices: tuple[str, ...] | None = None
+
+
+def flag(name: str, help: str, type: type = str, **spelling: Any) -> dict[str, Flag]:
+    return {"flag": Flag(name, help, type, **spelling)}
+
+
 @dataclass
 class BatchOptions:
+    """Every batch option, declared once: `%%magnitude --df`, `%magnitude batch` and `magnitude batch`
+    are built from these fields (see `batch_flags`)."""
+
     template: str
-    system: str | None = None
-    output_column: str = "answer"
-    concurrency: int = 8
-    retry: int = 3
-    timeout: float = 120.0
-    max_tokens: int | None = 256
-    temperature: float = 0.0
-    on_overflow: str = "error"
-    checkpoint: str | Path | None = None
-    model: str | None = None
+    system: str | None = field(default=None, metadata=flag("--system", "System message for every row.", short="-s"))
+    output_column: str = field(default="answer", metadata=flag("--output-column", "Column for the answers."))
+    concurrency: int = field(default=8, metadata=flag("--concurrency", "Rows in flight at once.", int))
+    retry: int = field(default=3, metadata=flag("--retry", "Retries per row on timeouts, 429 and 5xx.", int))
+    timeout: float = field(default=120.0, metadata=flag("--timeout", "Seconds per request.", float))
+    max_tokens: int | None = field(default=256, metadata=flag("--max-tokens", "Most tokens per answer.", int))
+    temperature: float = field(
+        default=0.0, metadata=flag("--temperature", "Sampling temperature (0: greedy).", float, short="-t")
+    )
+    on_overflow: str = field(
+        default="error",
+        metadata=flag(
+            "--on-overflow", "A row longer than the context: error, truncate or skip.", choices=OVERFLOW_MODES
+        ),
+    )
+    checkpoint: str | Path | None = field(
+        default=None, metadata=flag("--checkpoint", "JSONL file of finished rows; a rerun of the same job reuses them.")
+    )
+    model: str | None = field(
+        default=None, metadata=flag("--model", "Model to ask for (default: the server's).", short="-m")
+    )
+    json_object: bool = field(default=False, metadata=flag("--json", "Each answer a JSON object, parsed.", bool))
+    # Each surface reads --json-schema its own way (a notebook variable, a file) and passes the dict.
+    json_schema: dict[str, Any] | None = field(
+        default=None, metadata=flag("--json-schema", "A JSON Schema: answers follow it, its properties become columns.")
+    )
+    logprobs: bool = field(
+        default=False, metadata=flag("--logprobs", "Add the answer's probability under the model.", bool)
+    )
     progress: bool = True
-    json_object: bool = False  # each answer a JSON object (the server's grammar holds it to that), parsed
-    json_schema: dict[str, Any] | None = None  # answers follow this schema; its properties become columns
 
     @property
     def wants_json(self) -> bool:
@@ -58,6 +97,12 @@ class BatchOptions:
         """The schema's top-level properties: one column each, filled from the parsed answers."""
         properties = (self.json_schema or {}).get("properties")
         return [str(name) for name in properties] if isinstance(properties, dict) else []
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns a batch adds to the input."""
+        extra = (PROBABILITY_COLUMN,) if self.logprobs else ()
+        return (self.output_column, *self.schema_columns, *extra, *RESULT_COLUMNS)
 
     def response_format(self) -> dict[str, Any] | None:
         if self.json_schema is not None:
@@ -80,13 +125,37 @@ class BatchOptions:
 
     def check_columns(self, columns: list[str]) -> None:
         """The output columns must not overwrite the input's or each other."""
-        produced = [self.output_column, *self.schema_columns, *RESULT_COLUMNS]
+        produced = list(self.columns)
         clash = sorted({c for c in produced if c in columns} | {c for c in produced if produced.count(c) > 1})
         if clash:
             raise BatchError(
                 f"the output column{'s' if len(clash) > 1 else ''} {', '.join(map(repr, clash))} would overwrite "
                 "an input column or another output; choose another --output-column or rename the schema's properties"
             )
+
+
+def batch_flags() -> list[tuple[str, Flag, Any]]:
+    """(field name, flag, default) of every batch option a person can set."""
+    return [(f.name, f.metadata["flag"], f.default) for f in fields(BatchOptions) if "flag" in f.metadata]
+
+
+def add_batch_arguments(parser: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> None:
+    """The batch options on an argparse parser (the magics); unset ones parse as None."""
+    for name, flag, default in batch_flags():
+        if name in skip:
+            continue
+        names = [flag.name, *([flag.short] if flag.short else [])]
+        if flag.type is bool:
+            parser.add_argument(*names, dest=name, action="store_true", default=None, help=flag.help)
+        else:
+            help_text = f"{flag.help} (default: {default})"
+            parser.add_argument(*names, dest=name, type=flag.type, choices=flag.choices, default=None, help=help_text)
+
+
+def given_options(values: Any) -> dict[str, Any]:
+    """The batch options set in parsed arguments (an argparse Namespace or a dict), by field name."""
+    values = values if isinstance(values, dict) else vars(values)
+    return {name: values[name] for name, _, _ in batch_flags() if values.get(name) is not None}
 
 
 def compile_template(template: str, columns: list[str]) -> jinja2.Template:
@@ -123,30 +192,78 @@ def backoff_seconds(attempt: int, retry_after: float | None = None, base: float 
     return min(cap, base * 2**attempt)
 
 
-class _Checkpoint:
+def request_for(prompt: str, opts: BatchOptions) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """(messages, request body) for one row."""
+    messages = ([{"role": "system", "content": opts.system}] if opts.system else []) + [
+        {"role": "user", "content": prompt}
+    ]
+    body: dict[str, Any] = {"temperature": opts.temperature, "priority": "batch"}
+    if opts.max_tokens is not None:
+        body["max_tokens"] = opts.max_tokens
+    if opts.model:
+        body["model"] = opts.model
+    if opts.wants_json:
+        body["response_format"] = opts.response_format()
+    if opts.logprobs:
+        body["logprobs"] = True
+    return messages, body
+
+
+def job_key(messages: list[dict[str, str]], body: dict[str, Any], opts: BatchOptions, model: str | None) -> str:
+    """What made a row's answer, hashed: the messages, every sampling setting, the model that
+    answers (the server's default when none is named) and the columns the answer lands in."""
+    made_of = {
+        "messages": messages,
+        "body": {k: v for k, v in body.items() if k != "priority"},
+        "model": model,
+        "columns": opts.columns,
+    }
+    return hashlib.sha256(json.dumps(made_of, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+class Checkpoint:
+    """Finished rows, one JSON line each, keyed by row index and by what made the answer (`job_key`).
+
+    A rerun reuses a record only where both match, so a checkpoint written by another template,
+    model, system prompt, sampling setting, schema or DataFrame is never mixed in; `unmatched`
+    counts the records it held that this job could not use.
+    """
+
     def __init__(self, path: str | Path | None) -> None:
         self.path = Path(path) if path else None
         self._lock = threading.Lock()
+        self.records: dict[tuple[str, str], dict[str, Any]] = {}
+        if self.path is not None and self.path.exists():
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # a line cut short by a crash: that row is simply scored again
+                if isinstance(record, dict) and record.get("error") is None:
+                    self.records[(str(record.get("row")), str(record.get("key")))] = record
 
-    def load(self) -> dict[str, dict[str, Any]]:
-        done: dict[str, dict[str, Any]] = {}
-        if self.path is None or not self.path.exists():
-            return done
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by a crash: that row is simply scored again
-            if record.get("error") is None:
-                done[record["key"]] = record
-        return done
+    def take(self, row: Any, key: str) -> dict[str, Any] | None:
+        """The saved result of this row of this job, if there is one (removed from `records`)."""
+        record = self.records.pop((str(row), key), None)
+        return None if record is None else {k: v for k, v in record.items() if k not in ("row", "key")}
 
-    def append(self, record: dict[str, Any]) -> None:
+    @property
+    def unmatched(self) -> int:
+        return len(self.records)
+
+    def append(self, row: Any, key: str, record: dict[str, Any]) -> None:
         if self.path is None:
             return
         with self._lock, self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record, default=str) + "\n")
+            fh.write(json.dumps({"row": str(row), "key": key, **record}, default=str) + "\n")
             fh.flush()
+
+
+def answer_probability(logprobs: list[dict[str, Any]]) -> float | None:
+    """The probability of the whole answer: the product of its tokens' probabilities."""
+    if not logprobs:
+        return None
+    return math.exp(sum(float(entry["logprob"]) for entry in logprobs))
 
 
 def _parse_json_answer(record: dict[str, Any], opts: BatchOptions) -> dict[str, Any]:
@@ -165,18 +282,14 @@ def _parse_json_answer(record: dict[str, Any], opts: BatchOptions) -> dict[str, 
 
 
 def _score_row(
-    client: Client, prompt: str, opts: BatchOptions, stop: threading.Event, inflight: dict[int, str]
+    client: Client,
+    messages: list[dict[str, str]],
+    body: dict[str, Any],
+    opts: BatchOptions,
+    stop: threading.Event,
+    inflight: dict[int, str],
 ) -> dict[str, Any]:
-    messages = ([{"role": "system", "content": opts.system}] if opts.system else []) + [
-        {"role": "user", "content": prompt}
-    ]
-    body: dict[str, Any] = {"temperature": opts.temperature, "priority": "batch"}
-    if opts.max_tokens is not None:
-        body["max_tokens"] = opts.max_tokens
-    if opts.model:
-        body["model"] = opts.model
-    if opts.wants_json:
-        body["response_format"] = opts.response_format()
+    messages = list(messages)
     start = time.monotonic()
     last_error = "not run"
     for attempt in range(opts.retry + 1):
@@ -199,6 +312,8 @@ def _score_row(
                 "latency_ms": round((time.monotonic() - start) * 1000, 1),
                 "error": None,
             }
+            if opts.logprobs:
+                record[PROBABILITY_COLUMN] = answer_probability(result.logprobs)
             return _parse_json_answer(record, opts) if opts.wants_json else record
         except ClientError as exc:
             last_error = str(exc)
@@ -238,14 +353,17 @@ def score_dataframe(df: pd.DataFrame, template: str, client: Client | None = Non
     prompts = render_prompts(df, template)
     base = client or discover()
     worker = Client(base.api_base, base.token, timeout=opts.timeout, source=base.source)
-    checkpoint = _Checkpoint(opts.checkpoint)
-    done = checkpoint.load()
+    checkpoint = Checkpoint(opts.checkpoint)
+    model = opts.model or (served_model(worker) if checkpoint.path is not None else None)
+    requests = {index: request_for(prompts[index], opts) for index in df.index}
+    keys = {index: job_key(*requests[index], opts, model) for index in df.index}
 
     results: dict[Any, dict[str, Any]] = {}
     for index in df.index:
-        record = done.get(str(index))
+        record = checkpoint.take(index, keys[index])
         if record is not None:
-            results[index] = {k: v for k, v in record.items() if k != "key"}
+            results[index] = record
+    reused = len(results)
     todo = [index for index in df.index if index not in results]
 
     stop = threading.Event()
@@ -253,7 +371,7 @@ def score_dataframe(df: pd.DataFrame, template: str, client: Client | None = Non
     errors = 0
     bar = tqdm(total=len(df), initial=len(results), desc="magnitude batch", unit="row", disable=not opts.progress)
     pool = ThreadPoolExecutor(max_workers=opts.concurrency, thread_name_prefix="magnitude-batch")
-    futures: dict[Future, Any] = {pool.submit(_score_row, worker, prompts[i], opts, stop, inflight): i for i in todo}
+    futures: dict[Future, Any] = {pool.submit(_score_row, worker, *requests[i], opts, stop, inflight): i for i in todo}
     interrupted = False
 
     def collect(future: Future) -> None:
@@ -266,7 +384,7 @@ def score_dataframe(df: pd.DataFrame, template: str, client: Client | None = Non
         if record.get("error"):
             errors += 1
         else:
-            checkpoint.append({"key": str(index), **record})
+            checkpoint.append(index, keys[index], record)
         bar.update(1)
         bar.set_postfix(errors=errors, refresh=False)
 
@@ -292,11 +410,45 @@ def score_dataframe(df: pd.DataFrame, template: str, client: Client | None = Non
         worker.close()
 
     out = df.copy()
-    columns = (opts.output_column, *opts.schema_columns, *RESULT_COLUMNS)
-    for column in columns:
+    for column in opts.columns:
         out[column] = pd.Series([results.get(i, {}).get(column) for i in df.index], index=df.index, dtype=object)
     never_run = [i for i in df.index if i not in results]
     for index in never_run:
         out.at[index, "error"] = "not run (interrupted)"
-    out.attrs["magnitude"] = {"interrupted": interrupted, "errors": errors, "skipped_from_checkpoint": len(done)}
+    out.attrs["magnitude"] = {
+        "interrupted": interrupted,
+        "errors": errors,
+        "skipped_from_checkpoint": reused,
+        "checkpoint_unmatched": checkpoint.unmatched,
+    }
     return out
+
+
+def served_model(client: Client) -> str | None:
+    """The model a server answers with when none is named (for checkpoint keys)."""
+    try:
+        models = client.models()
+    except ClientError:
+        return None
+    return str(models[0]["id"]) if models else None
+
+
+def summary_line(result: pd.DataFrame, checkpoint: str | Path | None = None) -> str:
+    """One line for a person: rows scored, failed, reused, and checkpoint records of another job."""
+    info = result.attrs.get("magnitude", {})
+    done = int(result["error"].isna().sum())
+    note = f"{done} of {len(result)} rows scored"
+    if info.get("errors"):
+        note += f", {info['errors']} failed (see the 'error' column)"
+    if info.get("skipped_from_checkpoint"):
+        note += f", {info['skipped_from_checkpoint']} reused from the checkpoint"
+    if info.get("checkpoint_unmatched"):
+        note += (
+            f"; the checkpoint {checkpoint} also holds {info['checkpoint_unmatched']} rows of a different job "
+            "(another template, model, DataFrame or setting): they were not reused"
+        )
+    if info.get("interrupted"):
+        note += "; interrupted: the finished rows are kept" + (
+            ", rerun with the same checkpoint to finish" if checkpoint else ""
+        )
+    return note

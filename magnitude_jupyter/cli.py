@@ -174,6 +174,21 @@ def chat(
         )
 
 
+def batch_options(command: Any) -> Any:
+    """The batch options (declared once, in `batch.BatchOptions`) as click options."""
+    from .batch import batch_flags
+
+    for name, flag, default in reversed(batch_flags()):
+        names = [flag.name, *([flag.short] if flag.short else [])]
+        if flag.type is bool:
+            command = click.option(*names, name, is_flag=True, default=None, help=flag.help)(command)
+        else:
+            kind = click.Choice(flag.choices) if flag.choices else flag.type
+            help_text = f"{flag.help}  [default: {default}]" if default is not None else flag.help
+            command = click.option(*names, name, type=kind, default=None, help=help_text)(command)
+    return command
+
+
 @main.command()
 @click.option(
     "--input",
@@ -190,87 +205,49 @@ def chat(
     help="Where to write the scored rows (.jsonl).",
 )
 @click.option("--template", required=True, help="Jinja2 template over the columns, e.g. 'Classify: {{ review }}'.")
-@click.option("--system", default=None)
-@click.option("--output-column", default="answer", show_default=True)
-@click.option("--concurrency", type=int, default=8, show_default=True)
-@click.option("--retry", type=int, default=3, show_default=True)
-@click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds per request.")
-@click.option("--max-tokens", type=int, default=256, show_default=True)
-@click.option("--temperature", type=float, default=0.0, show_default=True)
-@click.option("--on-overflow", type=click.Choice(["error", "truncate", "skip"]), default="error", show_default=True)
-@click.option("--checkpoint", default=None, help="JSONL file of finished rows; a rerun skips them.")
+@batch_options
 @click.option("--fail-on-truncation", is_flag=True, help="Exit non-zero if any answer hit max tokens.")
-@click.option("--json", "json_object", is_flag=True, help="Each answer a JSON object, parsed.")
-@click.option(
-    "--json-schema",
-    "json_schema_path",
-    type=click.Path(exists=True, dir_okay=False),
-    default=None,
-    help="A JSON Schema file: answers follow it, its properties become columns.",
-)
 @click.option("--url", default=None)
 @click.option("--token", default=None, envvar="MAGNITUDE_TOKEN")
 def batch(
     input_path: str,
     output_path: str,
     template: str,
-    system: str | None,
-    output_column: str,
-    concurrency: int,
-    retry: int,
-    timeout: float,
-    max_tokens: int,
-    temperature: float,
-    on_overflow: str,
-    checkpoint: str | None,
     fail_on_truncation: bool,
-    json_object: bool,
-    json_schema_path: str | None,
     url: str | None,
     token: str | None,
+    **values: Any,
 ) -> None:
-    """Score a JSONL or CSV file row by row with a template (the notebook's batch, from the shell)."""
+    """Score a JSONL or CSV file row by row with a template (the notebook's batch, from the shell).
+
+    --json-schema names a JSON Schema file.
+    """
     import pandas as pd
 
-    from .batch import BatchError, score_dataframe
+    from .batch import BatchError, given_options, score_dataframe, summary_line
 
     try:
         df = pd.read_csv(input_path) if input_path.endswith(".csv") else pd.read_json(input_path, lines=True)
     except ValueError as exc:
         raise click.ClickException(f"cannot read {input_path}: {exc}") from exc
-    json_schema = None
-    if json_schema_path:
+    options = given_options(values)
+    if "json_schema" in options:
+        schema_path = Path(options["json_schema"])
         try:
-            json_schema = json.loads(Path(json_schema_path).read_text(encoding="utf-8"))
+            options["json_schema"] = json.loads(schema_path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise click.ClickException(f"cannot read the schema file {schema_path}: {exc.strerror}") from exc
         except ValueError as exc:
-            raise click.ClickException(f"{json_schema_path} is not JSON: {exc}") from exc
+            raise click.ClickException(f"{schema_path} is not JSON: {exc}") from exc
     client = _client(url, token)
     try:
-        out = score_dataframe(
-            df,
-            template,
-            client=client,
-            system=system,
-            output_column=output_column,
-            concurrency=concurrency,
-            retry=retry,
-            timeout=timeout,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            on_overflow=on_overflow,
-            checkpoint=checkpoint,
-            json_object=json_object,
-            json_schema=json_schema,
-        )
+        out = score_dataframe(df, template, client=client, **options)
     except BatchError as exc:
         raise click.ClickException(str(exc)) from exc
     out.to_json(output_path, orient="records", lines=True, force_ascii=False)
     failed = int(out["error"].notna().sum())
     truncated = int((out["finish_reason"] == "length").sum())
-    click.echo(
-        f"{len(out) - failed} of {len(out)} rows scored, {failed} failed, {truncated} hit max tokens -> {output_path}",
-        err=True,
-    )
+    click.echo(f"{summary_line(out, options.get('checkpoint'))}; {truncated} hit max tokens -> {output_path}", err=True)
     if failed or (fail_on_truncation and truncated):
         sys.exit(1)
 
@@ -367,8 +344,7 @@ def calibrate(
     """Sweep concurrency against a server and print throughput, latency and capacity."""
     from .calibrate.report import format_profile
     from .calibrate.run import calibrate as run_calibration
-    from .calibrate.sweep import DEFAULT_PROMPT, SweepConfig
-    from .calibrate.widget import parse_levels
+    from .calibrate.sweep import DEFAULT_PROMPT, SweepConfig, parse_levels
     from .client import ClientError
 
     try:

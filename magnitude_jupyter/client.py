@@ -13,15 +13,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
+
+from .runtime import LocalServer, ServerStartError, jupyter_servers, runtime_dir, serve_runtime_files
 
 RESUMABLE_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.ReadTimeout, httpx.ConnectError)
 
@@ -53,6 +52,7 @@ class StreamResult:
     model: str | None = None
     resumed: int = 0  # how many times the stream was re-attached after a broken connection
     raw_final: dict[str, Any] = field(default_factory=dict)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # per token, when the request asked
 
 
 def _error_from(response: httpx.Response) -> ClientError:
@@ -149,57 +149,77 @@ class Client:
             pass
         return result
 
+    def open_chat_stream(self, messages: list[dict[str, Any]], **body: Any) -> httpx.Response:
+        """Start a streamed chat completion and return once the server answered, its body unread: the
+        status, and (from our server) the completion id in `X-Completion-Id` before any token."""
+        payload = {**body, "messages": messages, "stream": True}
+        try:
+            request = self.http.build_request("POST", self.api_base + "/v1/chat/completions", json=payload)
+            return self.http.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise ClientError(f"cannot reach {self.api_base}: {exc}") from None
+
     def stream_chat(
         self, messages: list[dict[str, Any]], result: StreamResult | None = None, max_resumes: int = 5, **body: Any
     ) -> Iterator[str]:
         """Yield text pieces of a streamed chat completion; `result` is filled in as it goes.
 
-        A broken connection is resumed from the last event id seen (`Last-Event-ID`); a
-        KeyboardInterrupt cancels the generation on the server and propagates.
+        A broken connection is resumed from the last event id seen (`Last-Event-ID`); leaving early
+        (an interrupt, an error, closing the iterator) cancels the generation on the server.
         """
         result = result if result is not None else StreamResult()
         payload = {**body, "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
-        last_id = 0
+        return self._attach(
+            result, lambda: self.http.stream("POST", self.api_base + "/v1/chat/completions", json=payload), max_resumes
+        )
+
+    def follow(
+        self, completion_id: str, after: int = 0, result: StreamResult | None = None, max_resumes: int = 5
+    ) -> Iterator[str]:
+        """Yield the text of a generation already running on the server, from after event `after`."""
+        result = result if result is not None else StreamResult()
+        result.id = completion_id
+        return self._attach(result, None, max_resumes, after)
+
+    def _reattach(self, completion_id: str, last_id: int) -> Any:
+        return self.http.stream(
+            "GET", f"{self.api_base}/v1/streams/{completion_id}", headers={"Last-Event-ID": str(last_id)}
+        )
+
+    def _attach(self, result: StreamResult, open_first: Any, max_resumes: int, last_id: int = 0) -> Iterator[str]:
+        """Read a stream to its end: open it (the POST, or a re-attach), read, and after a broken
+        connection re-attach from the last event seen. Whatever ends it early, the generation is
+        cancelled on the server, so nothing generates on for nobody."""
+        connect = open_first
         try:
-            with self.http.stream("POST", self.api_base + "/v1/chat/completions", json=payload) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise _error_from(response)
-                result.id = response.headers.get("X-Completion-Id")  # ours sends it before any token
-                for event_id, piece in self._read(response, result):
-                    last_id = event_id or last_id
-                    if piece:
-                        yield piece
-        except RESUMABLE_ERRORS as exc:
-            if result.id is None:
-                raise ClientError(f"cannot reach {self.api_base}: {exc}") from None
-            yield from self._resume(result, last_id, max_resumes)
-        except (KeyboardInterrupt, GeneratorExit):
+            while True:
+                try:
+                    opened = connect() if connect is not None else self._reattach(str(result.id), last_id)
+                    with opened as response:
+                        if response.status_code >= 400:
+                            response.read()
+                            raise _error_from(response)
+                        result.id = result.id or response.headers.get("X-Completion-Id")  # ours sends it first
+                        for event_id, piece in self._read(response, result):
+                            last_id = event_id or last_id
+                            if piece:
+                                yield piece
+                    if result.finish_reason is not None:
+                        return
+                except RESUMABLE_ERRORS as exc:
+                    if result.id is None:
+                        raise ClientError(f"cannot reach {self.api_base}: {exc}") from None
+                except httpx.TransportError as exc:
+                    raise ClientError(f"connection to {self.api_base} failed: {exc}") from None
+                connect = None
+                if result.resumed >= max_resumes:
+                    raise ClientError(f"the stream {result.id} broke {result.resumed} times; giving up")
+                result.resumed += 1
+                time.sleep(min(0.2 * 2**result.resumed, 5.0))
+        except BaseException:
             if result.id is not None and result.finish_reason is None:
                 self.cancel(result.id)
             raise
-        except httpx.TransportError as exc:
-            raise ClientError(f"connection to {self.api_base} failed: {exc}") from None
-
-    def _resume(self, result: StreamResult, last_id: int, max_resumes: int) -> Iterator[str]:
-        while result.finish_reason is None:
-            if result.resumed >= max_resumes:
-                raise ClientError(f"the stream {result.id} broke {result.resumed} times; giving up")
-            result.resumed += 1
-            time.sleep(min(0.2 * 2**result.resumed, 5.0))
-            try:
-                with self.http.stream(
-                    "GET", f"{self.api_base}/v1/streams/{result.id}", headers={"Last-Event-ID": str(last_id)}
-                ) as response:
-                    if response.status_code >= 400:
-                        response.read()
-                        raise _error_from(response)
-                    for event_id, piece in self._read(response, result):
-                        last_id = event_id or last_id
-                        if piece:
-                            yield piece
-            except RESUMABLE_ERRORS:
-                continue
 
     def _read(self, response: httpx.Response, result: StreamResult) -> Iterator[tuple[int | None, str]]:
         for event_id, data in iter_sse(response.iter_lines()):
@@ -217,6 +237,7 @@ class Client:
             piece = ""
             for choice in chunk.get("choices") or []:
                 piece += (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                result.logprobs += (choice.get("logprobs") or {}).get("content") or []
                 if choice.get("finish_reason"):
                     result.finish_reason = choice["finish_reason"]
                     result.engine_finish_reason = (chunk.get("magnitude") or {}).get("finish_reason")
@@ -226,16 +247,6 @@ class Client:
 
 
 # -- finding a server -----------------------------------------------------------------------------
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _try(api_base: str, token: str | None, source: str) -> Client | None:
@@ -250,53 +261,16 @@ def _try(api_base: str, token: str | None, source: str) -> Client | None:
     return None
 
 
-def jupyter_servers() -> list[dict[str, Any]]:
-    from jupyter_core.paths import jupyter_runtime_dir
-
-    servers = []
-    for path in sorted(Path(jupyter_runtime_dir()).glob("jpserver-*.json"), key=os.path.getmtime, reverse=True):
-        with contextlib.suppress(OSError, ValueError):
-            info = json.loads(path.read_text())
-            if _alive(int(info.get("pid", 0))):
-                servers.append(info)
-    return servers
-
-
-def serve_runtime_files() -> list[dict[str, Any]]:
-    from .server.standalone import runtime_dir
-
-    found = []
-    for path in sorted(runtime_dir().glob("serve-*.json"), key=os.path.getmtime, reverse=True):
-        with contextlib.suppress(OSError, ValueError):
-            info = json.loads(path.read_text())
-            if _alive(int(info.get("pid", 0))):
-                found.append(info)
-    return found
-
-
 def start_background_server(timeout: float = 120.0) -> Client:
     """Start `magnitude serve` detached from this process, so that it outlives the kernel and is reused."""
-    from .server.standalone import runtime_dir
-
     folder = runtime_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    log = open(folder / "serve.log", "ab")  # noqa: SIM115 (the child keeps it)
-    subprocess.Popen(
-        [sys.executable, "-m", "magnitude_jupyter.cli", "serve", "--port", "0"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for info in serve_runtime_files():
-            client = _try(info["url"], info.get("token"), "magnitude serve (started)")
-            if client is not None:
-                client.wait_ready(timeout=max(1.0, deadline - time.monotonic()))
-                return client
-        time.sleep(0.3)
-    raise ClientError(f"magnitude serve did not start within {timeout:.0f} s; see {folder / 'serve.log'}")
+    with open(folder / "serve.log", "ab") as log:  # the child keeps its own copy of the descriptor
+        try:
+            server = LocalServer(detached=True, log=log, timeout=timeout)
+        except ServerStartError as exc:
+            raise ClientError(f"{exc}; see {folder / 'serve.log'}") from None
+    return Client(server.url, server.token, source="magnitude serve (started)")
 
 
 def discover(start: bool = True) -> Client:

@@ -17,7 +17,14 @@ from typing import Any
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
-from .batch import BatchError, score_dataframe
+from .batch import (
+    BatchError,
+    add_batch_arguments,
+    batch_flags,
+    given_options,
+    score_dataframe,
+    summary_line,
+)
 from .client import Client, ClientError, StreamResult, discover
 
 LAST_ANSWER = "_magnitude"
@@ -66,20 +73,8 @@ def parse_json_answer(text: str) -> Any:
     raise MagnitudeError(f"the answer is not valid JSON (kept as text in {LAST_ANSWER}): {text[:80]!r}")
 
 
-def _add_batch_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--system", "-s", default=None)
-    parser.add_argument("--output-column", default="answer")
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--retry", type=int, default=3)
-    parser.add_argument("--timeout", type=float, default=120.0)
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--temperature", "-t", type=float, default=0.0)
-    parser.add_argument("--on-overflow", choices=("error", "truncate", "skip"), default="error")
-    parser.add_argument("--checkpoint", default=None)
-    parser.add_argument("--model", "-m", default=None)
-    parser.add_argument("-o", "--output", default=None, help="variable for the result")
-    parser.add_argument("--json", action="store_true", help="each answer a JSON object, parsed")
-    parser.add_argument("--json-schema", default=None, help="a variable holding a JSON Schema (dict), or its JSON")
+# Options a single prompt shares with a batch: declared here for both, with the same types.
+SHARED_WITH_BATCH = frozenset({"model", "system", "temperature", "max_tokens"})
 
 
 def cell_parser() -> _Parser:
@@ -97,10 +92,7 @@ def cell_parser() -> _Parser:
     p.add_argument("--no-reproducible", action="store_true")
     p.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens (for measuring)")
     p.add_argument("--df", default=None, help="score this DataFrame, the cell being the row template")
-    for name in ("--output-column", "--concurrency", "--retry", "--timeout", "--on-overflow", "--checkpoint"):
-        p.add_argument(name, default=None)
-    p.add_argument("--json", action="store_true", help="with --df: each answer a JSON object")
-    p.add_argument("--json-schema", default=None, help="with --df: a variable holding a JSON Schema, or its JSON")
+    add_batch_arguments(p, skip=SHARED_WITH_BATCH)
     return p
 
 
@@ -125,7 +117,8 @@ def line_parser() -> _Parser:
     batch = sub.add_parser("batch")
     batch.add_argument("df")
     batch.add_argument("--template", required=True)
-    _add_batch_options(batch)
+    batch.add_argument("-o", "--output", default=None, help="variable for the result")
+    add_batch_arguments(batch)
     return p
 
 
@@ -176,9 +169,12 @@ class MagnitudeMagics(Magics):
             return self._line(argv)
         args = cell_parser().parse_args(argv)
         if args.df:
-            return self._cell_batch(args, cell)
-        if args.json or args.json_schema:
-            raise MagnitudeError("--json and --json-schema score a DataFrame (with --df); for one prompt use -f json")
+            return self._batch(args.df, cell.strip(), args)
+        batch_only = sorted(given_options(args).keys() - SHARED_WITH_BATCH)
+        if batch_only:
+            names = {name: flag.name for name, flag, _ in batch_flags()}
+            flags = ", ".join(names[name] for name in batch_only)
+            raise MagnitudeError(f"{flags} score a DataFrame (with --df); for one prompt use -f json for JSON")
         return self._prompt(args, cell)
 
     def _line(self, argv: list[str]) -> Any:
@@ -314,8 +310,8 @@ class MagnitudeMagics(Magics):
     # -- calibration ------------------------------------------------------------------------------
 
     def _calibrate(self, args: argparse.Namespace) -> Any:
-        from .calibrate.sweep import SweepConfig
-        from .calibrate.widget import CalibrationWidget, parse_levels
+        from .calibrate.sweep import SweepConfig, parse_levels
+        from .calibrate.widget import CalibrationWidget
 
         try:
             config = SweepConfig(
@@ -335,31 +331,6 @@ class MagnitudeMagics(Magics):
 
     # -- DataFrame batches ------------------------------------------------------------------------
 
-    def _cell_batch(self, args: argparse.Namespace, cell: str) -> Any:
-        parser = _Parser(prog="%%magnitude --df", add_help=False)
-        _add_batch_options(parser)
-        batch_argv = []
-        for name in (
-            "system",
-            "output_column",
-            "concurrency",
-            "retry",
-            "timeout",
-            "on_overflow",
-            "checkpoint",
-            "model",
-            "output",
-            "max_tokens",
-            "temperature",
-            "json_schema",
-        ):
-            value = getattr(args, name, None)
-            if value is not None:
-                batch_argv += [f"--{name.replace('_', '-')}", str(value)]
-        if args.json:
-            batch_argv.append("--json")
-        return self._batch(args.df, cell.strip(), parser.parse_args(batch_argv))
-
     def _json_schema(self, ref: str) -> Any:
         """`--json-schema`: the name of a notebook variable, else JSON text."""
         if ref in self.shell.user_ns:
@@ -377,34 +348,15 @@ class MagnitudeMagics(Magics):
             raise MagnitudeError(f"no DataFrame named {df_name!r} in the notebook")
         if not isinstance(df, pd.DataFrame):
             raise MagnitudeError(f"{df_name!r} is a {type(df).__name__}, not a pandas DataFrame")
-        options = {
-            "system": args.system,
-            "output_column": args.output_column,
-            "concurrency": int(args.concurrency),
-            "retry": int(args.retry),
-            "timeout": float(args.timeout),
-            "max_tokens": int(args.max_tokens) if args.max_tokens is not None else None,
-            "temperature": float(args.temperature),
-            "on_overflow": args.on_overflow,
-            "checkpoint": args.checkpoint,
-            "model": args.model or self.model,
-            "json_object": bool(args.json),
-            "json_schema": self._json_schema(args.json_schema) if args.json_schema else None,
-        }
+        options = given_options(args)
+        options.setdefault("model", self.model)
+        if args.json_schema is not None:
+            options["json_schema"] = self._json_schema(args.json_schema)
         try:
             result = score_dataframe(df, template, client=self.client, **options)
         except BatchError as exc:
             raise MagnitudeError(str(exc)) from None
-        info = result.attrs.get("magnitude", {})
-        done = int(result["error"].isna().sum())
-        note = f"magnitude: {done} of {len(result)} rows scored"
-        if info.get("errors"):
-            note += f", {info['errors']} failed (see the 'error' column)"
-        if info.get("interrupted"):
-            note += "; interrupted: the finished rows are kept" + (
-                ", rerun with the same --checkpoint to finish" if options["checkpoint"] else ""
-            )
-        print(note)
+        print("magnitude: " + summary_line(result, options.get("checkpoint")))
         self.shell.user_ns[LAST_ANSWER] = result
         if args.output:
             self.shell.user_ns[args.output] = result

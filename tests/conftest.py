@@ -1,19 +1,14 @@
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import httpx
 import pytest
 
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine
 from magnitude_jupyter.models import bundled_model_path
+from magnitude_jupyter.runtime import LocalServer
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
@@ -40,45 +35,92 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class ServeProcess:
-    """`magnitude serve` as a real child process on a free port, with its own config and runtime folder."""
+SERVE_TOKEN = "test-token-123"
 
-    def __init__(self, tmp: Path, config: str = "", args: tuple[str, ...] = (), token: str = "test-token-123"):
-        self.tmp = tmp
+
+@pytest.fixture(scope="session")
+def serve():
+    """One `magnitude serve` child process for every test that needs a real server, with its own config
+    and runtime folder: 16 slots, 8 waiting at most, finished streams kept 3 s (the 410 test)."""
+    server = LocalServer(
+        ("--parallel", "16", "--ctx-size", "8192"),
+        token=SERVE_TOKEN,
+        config="engine:\n  max_waiting: 8\n  retention_seconds: 3\n",
+    )
+    yield server
+    server.stop()
+    assert not server.left_runtime_file, "the runtime file is removed on shutdown"
+
+
+@pytest.fixture
+def server(serve):
+    return serve
+
+
+class InProcessServer:
+    """The real HTTP API of `magnitude serve` (the same tornado app) in this process, on a thread of its
+    own, in front of the shared real engine: with a token, and a second app with auth off."""
+
+    def __init__(self, engine: Engine, token: str = "inproc-token") -> None:
+        import asyncio
+        import threading
+
+        import tornado.httpserver
+        import tornado.netutil
+
+        from magnitude_jupyter.server.standalone import make_app
+
+        self.engine = engine
         self.token = token
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.runtime = tmp / "runtime"
-        (tmp / "config.yaml").write_text(config)
-        env = {**os.environ, "MAGNITUDE_CONFIG": str(tmp / "config.yaml"), "MAGNITUDE_RUNTIME_DIR": str(self.runtime)}
-        env.pop("MAGNITUDE_TOKEN", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "magnitude_jupyter.cli", "serve", "--port", str(self.port), "--token", token, *args],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self._wait_ready()
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
 
-    def _wait_ready(self, timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                r = httpx.get(f"{self.url}/health", headers={"Authorization": f"Bearer {self.token}"}, timeout=2)
-                if r.status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.proc.kill()
-                output = self.proc.stdout.read() if self.proc.stdout else ""
-                raise AssertionError(f"magnitude serve did not start: {output}")
-            time.sleep(0.2)
+        async def start() -> None:
+            self.servers = []
+            self.urls = []
+            for app_token in (token, None):
+                server = tornado.httpserver.HTTPServer(make_app(engine, app_token), max_body_size=4 << 20)
+                sockets = tornado.netutil.bind_sockets(0, address="127.0.0.1")
+                server.add_sockets(sockets)
+                self.servers.append(server)
+                self.urls.append(f"http://127.0.0.1:{sockets[0].getsockname()[1]}")
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(start())
+            self.loop_thread = threading.current_thread()
+            ready.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, name="inproc-tornado", daemon=True)
+        self.thread.start()
+        ready.wait(30)
+        self.url, self.open_url = self.urls
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        for server in self.servers:
+            self.loop.call_soon_threadsafe(server.stop)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def inproc(engine):
+    server = InProcessServer(engine)
+    yield server
+    server.stop()
+
+
+def wait_for(condition, timeout: float = 30.0, interval: float = 0.05, what: str = "the condition"):
+    """Poll until `condition()` is truthy (returning it); fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not hold within {timeout} s")
+        time.sleep(interval)

@@ -6,6 +6,7 @@ import time
 
 from magnitude_jupyter.engine.request import SamplingParams
 from magnitude_jupyter.engine.scheduler import DecodeItem
+from magnitude_jupyter.engine.streams import TokenLogprob
 
 EOG = 0
 
@@ -69,6 +70,9 @@ class FakeRunner:
         token = self.next_token[seq_id]
         self.next_token[seq_id] = token + 1
         return token
+
+    def token_logprobs(self, row: int, token: int, top_n: int) -> TokenLogprob:
+        return TokenLogprob(self.token_to_piece(token), 0.0, ((self.token_to_piece(token), 0.0),) * min(top_n, 1))
 
     def close(self) -> None:
         self.closed = True

@@ -17,8 +17,6 @@ from magnitude_jupyter.calibrate.sweep import SweepConfig
 from magnitude_jupyter.client import Client
 from magnitude_jupyter.models import bundled_model_path, read_model_info
 
-from .conftest import ServeProcess
-
 
 def test_percentiles_by_hand():
     values = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
@@ -120,13 +118,6 @@ def test_profile_round_trip_and_compare(tmp_path):
     profile.save_csv(tmp_path / "p.csv")
     html = profile.save_html(tmp_path / "p.html").read_text()
     assert "plotly" in html and "Output tokens" in html and "Sessions that fit" in html
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    serve = ServeProcess(tmp_path_factory.mktemp("cal-serve"), args=("--parallel", "4", "--ctx-size", "4096"))
-    yield serve
-    serve.stop()
 
 
 @pytest.mark.model

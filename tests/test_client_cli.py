@@ -8,12 +8,12 @@ import signal
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 from magnitude_jupyter.batch import BatchError, BatchOptions, backoff_seconds, compile_template
-from magnitude_jupyter.client import discover, iter_sse, serve_runtime_files
-
-from .conftest import ServeProcess
+from magnitude_jupyter.client import discover, iter_sse
+from magnitude_jupyter.runtime import serve_runtime_files
 
 
 def test_backoff_is_exponential_capped_and_honours_retry_after():
@@ -72,13 +72,6 @@ def test_discover_starts_one_background_server_and_reuses_it(tmp_path, monkeypat
             client.close()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    serve = ServeProcess(tmp_path_factory.mktemp("cli-serve"), args=("--parallel", "4", "--ctx-size", "4096"))
-    yield serve
-    serve.stop()
-
-
 def magnitude(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "magnitude_jupyter.cli", *args],
@@ -123,5 +116,42 @@ def test_cli_chat_and_batch(server, tmp_path):
     scored = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["label"] for r in scored] == [r["answer"]["label"] for r in scored]
     assert all(r["label"] in ("a", "b") and r["error"] is None for r in scored)
+    done = batch("Classify: {{ review }}", "--max-tokens", "3", "--logprobs")
+    assert done.returncode == 0, done.stderr
+    assert all(0 < json.loads(line)["probability"] <= 1 for line in out.read_text().splitlines())
     done = magnitude("chat", "hi", "--url", "http://127.0.0.1:9")
     assert done.returncode != 0 and "cannot reach" in done.stderr
+
+
+@pytest.mark.model
+def test_a_checkpoint_is_reused_only_by_the_same_job(server, tmp_path):
+    env = {"MAGNITUDE_URL": server.url, "MAGNITUDE_TOKEN": server.token}
+    rows = tmp_path / "in.jsonl"
+    rows.write_text("".join(json.dumps({"review": f"review number {i}"}) + "\n" for i in range(6)))
+    checkpoint = tmp_path / "ck.jsonl"
+
+    def generated() -> int:
+        return httpx.get(server.url + "/status", headers={"Authorization": f"Bearer {server.token}"}).json()[
+            "generated_tokens_total"
+        ]
+
+    def batch(template: str, *options: str):
+        out = tmp_path / "out.jsonl"
+        before = generated()
+        done = magnitude(
+            "batch", "--input", str(rows), "--output", str(out), "--template", template,
+            "--checkpoint", str(checkpoint), "--max-tokens", "4", *options, env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stderr, generated() - before
+
+    said, tokens = batch("Classify: {{ review }}")
+    assert "6 of 6 rows scored" in said and tokens >= 6
+    said, tokens = batch("Classify: {{ review }}")
+    assert "6 reused from the checkpoint" in said and tokens == 0
+    for changed in (("Summarize: {{ review }}",), ("Classify: {{ review }}", "--system", "Be terse."),
+                    ("Classify: {{ review }}", "--temperature", "0.5"), ("Classify: {{ review }}", "--max-tokens", "5"),
+                    ("Classify: {{ review }}", "--output-column", "label")):  # fmt: skip
+        said, tokens = batch(*changed)
+        assert "reused from the checkpoint" not in said and tokens >= 6, (changed, said)
+        assert "rows of a different job" in said and "not reused" in said

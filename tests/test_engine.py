@@ -31,11 +31,11 @@ def greedy(max_tokens: int, **kw) -> SamplingParams:
 def wait_idle(engine, timeout=60.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        status = engine.status()
-        if status["running"] == 0 and status["waiting"] == 0:
-            return status
+        stats = engine.stats().scheduler
+        if stats.running == 0 and stats.waiting == 0:
+            return stats
         time.sleep(0.02)
-    raise AssertionError(f"engine still busy: {engine.status()}")
+    raise AssertionError(f"engine still busy: {engine.stats().scheduler}")
 
 
 def busy_batch(engine, n=8, max_tokens=96):
@@ -52,7 +52,7 @@ def test_reproducible_request_is_identical_under_load(engine):
     wait_idle(engine)
 
     batch = busy_batch(engine)
-    while engine.status()["running"] < 8:  # make sure the batch really runs beside it
+    while engine.stats().scheduler.running < 8:  # make sure the batch really runs beside it
         time.sleep(0.01)
     loaded = engine.generate(messages=messages, params=params)
     assert any(not r.is_finished for r in batch), "the batch should still be running beside it"
@@ -79,15 +79,12 @@ def test_cancel_mid_generation_gives_kv_back(engine):
         next(events)
     seq_id = request.seq_id
     assert seq_id is not None and engine.runner.sequence_length(seq_id) > 0
-    assert engine.status()["kv_cells_reserved"] >= len(request.prompt_tokens) + 400
+    assert engine.stats().scheduler.kv_cells_reserved >= len(request.prompt_tokens) + 400
     assert engine.cancel(request.request_id)
     rest = list(events)
     assert rest[-1].finish_reason == "cancelled"
     status = wait_idle(engine)
-    assert (
-        status["kv_cells_reserved"] == status["prefix_slot_tokens"]
-        and status["kv_cells_used"] == status["prefix_slot_tokens"]
-    )
+    assert status.kv_cells_reserved == status.prefix_slot_tokens and status.kv_cells_used == status.prefix_slot_tokens
     assert engine.runner.sequence_length(seq_id) == 0
     assert rest[-1].usage["completion_tokens"] == len(request.output_tokens) >= 5
 
@@ -186,4 +183,4 @@ def test_rows_with_a_shared_prefix_reuse_its_cells(engine):
         assert result.text.strip()
     list(engine.stream(first.request_id))
     status = wait_idle(engine)
-    assert status["prefix_slot_tokens"] >= 32 and status["kv_cells_reserved"] == status["prefix_slot_tokens"]
+    assert status.prefix_slot_tokens >= 32 and status.kv_cells_reserved == status.prefix_slot_tokens

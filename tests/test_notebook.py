@@ -6,17 +6,10 @@ import json
 
 import pytest
 
-from .conftest import ServeProcess
-from .notebook_helpers import DroppingProxy, run_notebook, text_outputs
+from .notebook_helpers import run_notebook, text_outputs
+from .proxy import DroppingProxy
 
 pytestmark = pytest.mark.model
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    serve = ServeProcess(tmp_path_factory.mktemp("nb-serve"), args=("--parallel", "8", "--ctx-size", "4096"))
-    yield serve
-    serve.stop()
 
 
 @pytest.fixture
@@ -119,8 +112,8 @@ def test_interrupt_keeps_finished_rows_and_checkpoint_finishes(connected, tmp_pa
     assert interrupted == "True" and 0 < int(first_done) < 40
     assert "interrupted" in text_outputs(nb.cells[2])
     assert text_outputs(nb.cells[5]).split() == ["40", "True"]
-    keys = [json.loads(line)["key"] for line in checkpoint.read_text().splitlines()]
-    assert sorted(keys, key=int) == [str(i) for i in range(40)]  # every row once: none scored twice
+    rows = [json.loads(line)["row"] for line in checkpoint.read_text().splitlines()]
+    assert sorted(rows, key=int) == [str(i) for i in range(40)]  # every row once: none scored twice
 
 
 def test_dropped_connection_resumes_with_identical_text(server, monkeypatch, tmp_path):

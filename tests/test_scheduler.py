@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from magnitude_jupyter.config import Settings
@@ -101,7 +103,7 @@ def test_reproducible_requests_are_scheduled_alone_with_fixed_chunks():
 
 
 def fake_engine(**overrides) -> Engine:
-    runner = FakeRunner(n_ctx=overrides.pop("n_ctx", 256))
+    runner = FakeRunner(n_ctx=overrides.pop("n_ctx", 256), step_seconds=overrides.pop("step_seconds", 0.002))
     settings = Settings()
     engine = Engine(
         settings=settings, runner_factory=lambda es: runner, parallel=4, ctx_size=256, n_batch=16, **overrides
@@ -139,18 +141,24 @@ def test_engine_stop_string_and_cancel_frees_kv():
         assert engine.cancel(request.request_id)
         events = list(stream)
         assert events[-1].finish_reason == "cancelled"
-        status = engine.status()
-        assert status["kv_cells_reserved"] == 0 and status["running"] == 0
+        stats = engine.stats().scheduler
+        assert stats.kv_cells_reserved == 0 and stats.running == 0
         assert engine.fake.cells == {}
 
 
 def test_abandoned_request_is_cancelled_after_grace():
-    with fake_engine(grace_seconds=0.3) as engine:
+    # 200 tokens at 20 ms a step take 4 s: far longer than the grace period
+    with fake_engine(grace_seconds=0.3, step_seconds=0.02) as engine:
         request = engine.submit("1", params=SamplingParams(max_tokens=200, temperature=0))
-        # nobody reads it
-        events = list(engine.stream(request.request_id, timeout=5))
+        deadline = time.monotonic() + 30
+        while not request.is_finished and time.monotonic() < deadline:
+            time.sleep(0.05)  # watch the request, without reading its stream
+        assert request.finish_reason == FinishReason.CANCELLED, request.finish_reason
+        assert "grace period" in (request.error or "")
+        assert len(request.output_tokens) < 200
         # re-attaching after it was cancelled still replays everything up to the cancel
-        assert events[-1].finish_reason in ("cancelled", "length")
+        events = list(engine.stream(request.request_id, timeout=5))
+        assert events[-1].finish_reason == "cancelled" and len(events) == len(request.output_tokens) + 1
 
 
 def test_shutdown_cancels_running_and_closes_runner():

@@ -4,36 +4,24 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import httpx
 import openai
 import pytest
 
-from .conftest import ServeProcess
+from magnitude_jupyter.client import iter_sse
+
+from .conftest import SERVE_TOKEN as TOKEN
+from .conftest import wait_for
 
 pytestmark = pytest.mark.model
 
-TOKEN = "test-token-123"
 MESSAGES = [{"role": "user", "content": "Tell me a story about a lighthouse."}]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    serve = ServeProcess(
-        tmp_path_factory.mktemp("serve"),
-        config="engine:\n  max_waiting: 8\n  retention_seconds: 3\n",
-        args=("--parallel", "16", "--ctx-size", "4096"),
-        token=TOKEN,
-    )
-    yield {"url": serve.url, "proc": serve.proc, "runtime": serve.runtime, "port": serve.port}
-    serve.stop()
-    assert not (serve.runtime / f"serve-{serve.port}.json").exists(), "the runtime file is removed on shutdown"
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture
 def client(server):
-    return openai.OpenAI(base_url=server["url"] + "/v1", api_key=TOKEN, max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=TOKEN, max_retries=0, timeout=120)
 
 
 def auth() -> dict[str, str]:
@@ -41,13 +29,13 @@ def auth() -> dict[str, str]:
 
 
 def test_token_file_and_auth(server):
-    info = json.loads((server["runtime"] / f"serve-{server['port']}.json").read_text())
-    assert info["token"] == TOKEN and info["url"] == server["url"]
-    assert oct((server["runtime"] / f"serve-{server['port']}.json").stat().st_mode)[-3:] == "600"
+    info = json.loads(server.runtime_file.read_text())
+    assert info["token"] == TOKEN and info["url"] == server.url
+    assert oct(server.runtime_file.stat().st_mode)[-3:] == "600"
     for path in ("/health", "/v1/models", "/status", "/metrics", "/magnitude/health"):
-        r = httpx.get(server["url"] + path)
+        r = httpx.get(server.url + path)
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
-    bad = openai.OpenAI(base_url=server["url"] + "/v1", api_key="wrong", max_retries=0)
+    bad = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
 
@@ -125,16 +113,7 @@ def test_structured_answers_follow_the_schema_or_grammar(client, server):
 
 
 def sse_events(lines):
-    """Parse SSE lines into (id, data) pairs."""
-    event_id, data = None, None
-    for line in lines:
-        if line.startswith("id: "):
-            event_id = int(line[4:])
-        elif line.startswith("data: "):
-            data = line[6:]
-        elif line == "" and data is not None:
-            yield event_id, data
-            event_id, data = None, None
+    return iter_sse(iter(lines))
 
 
 def text_of(events) -> str:
@@ -155,7 +134,7 @@ def test_resume_after_disconnect_equals_uninterrupted_run(server):
         "reproducible": True,
         "stream": True,
     }
-    url = server["url"] + "/v1/chat/completions"
+    url = server.url + "/v1/chat/completions"
     with httpx.stream("POST", url, json=body, headers=auth(), timeout=60) as r:
         whole = list(sse_events(r.iter_lines()))
     expected = text_of(whole)
@@ -170,7 +149,7 @@ def test_resume_after_disconnect_equals_uninterrupted_run(server):
     last_id = first[-1][0]
     with httpx.stream(
         "GET",
-        f"{server['url']}/v1/streams/{completion_id}",
+        f"{server.url}/v1/streams/{completion_id}",
         headers={**auth(), "Last-Event-ID": str(last_id)},
         timeout=60,
     ) as r:
@@ -179,12 +158,12 @@ def test_resume_after_disconnect_equals_uninterrupted_run(server):
     assert rest[-1][1] == "[DONE]" and rest[0][0] == last_id + 1
     assert text_of(first) + text_of(rest) == expected
     # ?starting_after works the same, and from 0 replays everything
-    r = httpx.get(f"{server['url']}/v1/streams/{completion_id}", params={"starting_after": 0}, headers=auth())
+    r = httpx.get(f"{server.url}/v1/streams/{completion_id}", params={"starting_after": 0}, headers=auth())
     assert text_of(sse_events(r.text.splitlines())) == expected
 
 
 def test_stream_cancel_unknown_and_gone(server):
-    url = server["url"]
+    url = server.url
     r = httpx.get(f"{url}/v1/streams/cmpl-nope", headers=auth())
     assert r.status_code == 404 and r.json()["error"]["code"] == "stream_not_found"
     body = {"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": True, "stream": True}
@@ -196,8 +175,12 @@ def test_stream_cancel_unknown_and_gone(server):
     r = httpx.get(f"{url}/v1/streams/{cid}", headers=auth(), timeout=30)
     last = [json.loads(d) for _, d in sse_events(r.text.splitlines()) if d != "[DONE]"][-1]
     assert last["magnitude"]["finish_reason"] == "cancelled"
-    time.sleep(4.5)  # retention_seconds is 3 in this server's config
-    r = httpx.get(f"{url}/v1/streams/{cid}", headers=auth())
+
+    def dropped() -> httpx.Response | None:
+        r = httpx.get(f"{url}/v1/streams/{cid}", headers=auth())
+        return r if r.status_code != 200 else None
+
+    r = wait_for(dropped, timeout=30, what="the stream to expire")  # retention_seconds is 3 in this server's config
     assert r.status_code == 410 and r.json()["error"]["code"] == "stream_gone"
 
 
@@ -229,55 +212,35 @@ def test_sixteen_concurrent_streaming_clients(client, server):
     assert len(results) == 16
     for i, (text, usage) in results.items():
         assert usage.completion_tokens == 8 + i and text
-    status = httpx.get(server["url"] + "/status", headers=auth()).json()
+    status = httpx.get(server.url + "/status", headers=auth()).json()
     assert status["running"] == 0 and status["kv_cells_reserved"] == status["prefix_slot_tokens"]
 
 
+# The validation itself is unit-tested in test_protocol.py; these go through the whole server.
 BAD_INPUTS = [
     ("malformed JSON", b"{not json", 400, None),
-    ("body not an object", b"[1, 2]", 400, None),
-    ("messages wrong type", {"messages": "hi"}, 400, "messages"),
-    ("empty messages", {"messages": []}, 400, "messages"),
-    ("bad role", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages"),
-    ("content wrong type", {"messages": [{"role": "user", "content": 5}]}, 400, "messages"),
     ("temperature wrong type", {"messages": MESSAGES, "temperature": "hot"}, 400, "temperature"),
-    ("max_tokens as string", {"messages": MESSAGES, "max_tokens": "10"}, 400, "max_tokens"),
-    ("negative max_tokens", {"messages": MESSAGES, "max_tokens": -5}, 400, "max_tokens"),
-    ("huge max_tokens", {"messages": MESSAGES, "max_tokens": 10**9}, 400, "messages"),
-    ("n > 1", {"messages": MESSAGES, "n": 3}, 400, "n"),
     ("unknown model", {"model": "gpt-9", "messages": MESSAGES}, 404, "model"),
-    ("prompt longer than the context", {"messages": [{"role": "user", "content": "word " * 5000}]}, 400, "messages"),
+    ("prompt longer than the context", {"messages": [{"role": "user", "content": "word " * 9000}]}, 400, "messages"),
     ("oversized body", {"messages": [{"role": "user", "content": "x" * (2 << 20)}]}, 413, None),
-    ("unknown response_format", {"messages": MESSAGES, "response_format": {"type": "yaml"}}, 400, "response_format"),
-    (
-        "json_schema without a schema",
-        {"messages": MESSAGES, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
-        400,
-        "response_format",
-    ),
     ("grammar that does not parse", {"messages": MESSAGES, "grammar": "root ::= ("}, 400, "grammar"),
-    (
-        "grammar and response_format",
-        {"messages": MESSAGES, "grammar": 'root ::= "a"', "response_format": {"type": "json_object"}},
-        400,
-        "grammar",
-    ),
+    ("tools", {"messages": MESSAGES, "tools": [{"type": "function"}]}, 400, "tools"),
 ]
 
 
 @pytest.mark.parametrize(("name", "body", "status", "param"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_inputs_get_openai_errors_and_the_server_keeps_serving(server, name, body, status, param):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    r = httpx.post(server["url"] + "/v1/chat/completions", content=content, headers=auth(), timeout=30)
+    r = httpx.post(server.url + "/v1/chat/completions", content=content, headers=auth(), timeout=30)
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     assert error["param"] == param
-    assert httpx.get(server["url"] + "/health", headers=auth()).status_code == 200
+    assert httpx.get(server.url + "/health", headers=auth()).status_code == 200
 
 
 def test_full_queue_answers_429_with_retry_after(server):
-    url = server["url"] + "/v1/completions"
+    url = server.url + "/v1/completions"
     body = {"prompt": "Once upon a time", "max_tokens": 150, "ignore_eos": True, "stream": True}
     opened, statuses = [], []
     with httpx.Client(timeout=60, headers=auth()) as http:
@@ -296,5 +259,5 @@ def test_full_queue_answers_429_with_retry_after(server):
             for response in opened:
                 response.close()
                 # queued requests have no token yet: the id comes in a header
-                http.delete(f"{server['url']}/v1/streams/{response.headers['X-Completion-Id']}")
+                http.delete(f"{server.url}/v1/streams/{response.headers['X-Completion-Id']}")
     assert statuses[-1] == 429 and statuses.count(200) == 16 + 8

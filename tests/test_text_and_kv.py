@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from magnitude_jupyter.engine.kv import KVBudget
+from magnitude_jupyter.engine.budget import KVBudget
 from magnitude_jupyter.engine.text import TextAssembler
 from magnitude_jupyter.kvmath import kv_bytes_per_token, kv_cache_bytes, tokens_that_fit
 from magnitude_jupyter.models import bundled_model_path, read_model_info

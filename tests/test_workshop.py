@@ -8,17 +8,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from .conftest import ServeProcess
-
 pytestmark = pytest.mark.model
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    serve = ServeProcess(tmp_path_factory.mktemp("workshop"), args=("--parallel", "8", "--ctx-size", "8192"))
-    yield serve
-    serve.stop()
 
 
 def test_there_are_six_workshop_notebooks():

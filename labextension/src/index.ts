@@ -8,12 +8,13 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
+import { Poll } from '@lumino/polling';
 
 import { EngineStatus, pushHistory, statusLine } from './format';
 import { MagnitudePanel, MagnitudeStatusItem } from './panel';
 
 const POLL_MS = 1000;
-const CALIBRATION_NOTEBOOK = 'notebooks/03_calibration.ipynb';
+const CALIBRATION_NOTEBOOK = '03_calibration.ipynb';
 
 const icon = new LabIcon({
   name: 'magnitude-jupyter:icon',
@@ -48,7 +49,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
     statusBar: IStatusBar | null
   ) => {
     const panel = new MagnitudePanel({
-      openCalibration: () => void app.commands.execute('docmanager:open', { path: CALIBRATION_NOTEBOOK }),
+      openCalibration: async () => {
+        // The server copies the workshop notebook (shipped in the package) into the Jupyter root once.
+        const { path } = await requestAPI<{ path: string }>(`workshop/${CALIBRATION_NOTEBOOK}`, { method: 'POST' });
+        await app.commands.execute('docmanager:open', { path });
+      },
       cancel: id => void requestAPI(`v1/streams/${encodeURIComponent(id)}`, { method: 'DELETE' })
     });
     panel.title.icon = icon;
@@ -59,19 +64,25 @@ const plugin: JupyterFrontEndPlugin<void> = {
     statusBar?.registerStatusItem('magnitude-jupyter:status', { item, align: 'left', rank: 100 });
 
     let history: number[] = [];
-    const poll = async () => {
-      try {
-        const status = await requestAPI<EngineStatus>('status');
-        history = pushHistory(history, status.recent_tokens_per_s);
-        panel.render(status, history);
-        item.setText(statusLine(status));
-      } catch (reason) {
-        panel.render(null, history, String((reason as Error).message ?? reason));
-        item.setText(statusLine(null));
-      }
-    };
-    void poll();
-    window.setInterval(() => void poll(), POLL_MS);
+    // JupyterLab's own poller: it backs off while the server fails and slows down while the page is hidden.
+    const poll = new Poll({
+      factory: async () => {
+        try {
+          const status = await requestAPI<EngineStatus>('status');
+          history = pushHistory(history, status.recent_tokens_per_s);
+          panel.render(status, history);
+          item.setText(statusLine(status));
+        } catch (reason) {
+          panel.render(null, history, String((reason as Error).message ?? reason));
+          item.setText(statusLine(null));
+          throw reason; // a rejection makes the Poll back off
+        }
+      },
+      frequency: { interval: POLL_MS, backoff: true, max: 30 * POLL_MS },
+      name: 'magnitude-jupyter:status',
+      standby: 'when-hidden'
+    });
+    void poll.start();
   }
 };
 

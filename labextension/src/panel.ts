@@ -24,7 +24,7 @@ function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls: string, text = '
 }
 
 export interface PanelActions {
-  openCalibration(): void;
+  openCalibration(): Promise<void>;
   cancel(id: string): void;
 }
 
@@ -76,7 +76,7 @@ export class MagnitudePanel extends Widget {
     this.node.appendChild(svg);
 
     const calibrate = el('button', 'jp-Button mg-open-calibration', 'Open the calibration notebook');
-    calibrate.onclick = () => this.actions.openCalibration();
+    calibrate.onclick = () => void this.actions.openCalibration();
     this.node.appendChild(calibrate);
 
     this.node.appendChild(el('h3', 'mg-subtitle', 'Running'));

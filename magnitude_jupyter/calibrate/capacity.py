@@ -105,16 +105,8 @@ def capacity_report(
 
 
 def _open(client: Client, prompt: str, max_tokens: int) -> httpx.Response:
-    body = {
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "priority": "batch",
-    }
-    request = client.http.build_request("POST", client.api_base + "/v1/chat/completions", json=body)
-    return client.http.send(request, stream=True)
+    messages = [{"role": "user", "content": prompt}]
+    return client.open_chat_stream(messages, max_tokens=max_tokens, temperature=0, ignore_eos=True, priority="batch")
 
 
 def probe(

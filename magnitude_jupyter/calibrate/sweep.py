@@ -20,6 +20,16 @@ from .stats import percentiles, saturated
 DEFAULT_PROMPT = "Write a detailed story about a lighthouse keeper who finds a message in a bottle."
 
 
+def parse_levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise ValueError(f"concurrency levels must be integers separated by commas, got {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise ValueError("give at least one concurrency level, each 1 or more")
+    return levels
+
+
 @dataclass
 class SweepConfig:
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)

@@ -16,17 +16,7 @@ from ..client import Client, discover
 from .figures import capacity_figure, capacity_traces, latency_figure, latency_traces, throughput_traces
 from .profile import Profile
 from .run import calibrate
-from .sweep import DEFAULT_PROMPT, SweepConfig
-
-
-def parse_levels(text: str) -> tuple[int, ...]:
-    try:
-        levels = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise ValueError(f"concurrency levels must be integers separated by commas, got {text!r}") from None
-    if not levels or min(levels) < 1:
-        raise ValueError("give at least one concurrency level, each 1 or more")
-    return levels
+from .sweep import DEFAULT_PROMPT, SweepConfig, parse_levels
 
 
 class CalibrationWidget:

@@ -48,7 +48,7 @@ def _content_text(content: Any, index: int) -> str:
     raise ChatFormatError(f"messages[{index}].content must be a string, got {type(content).__name__}")
 
 
-def normalize_messages(messages: Any) -> list[dict[str, str]]:
+def normalize_messages(messages: Any) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise ChatFormatError("messages must be a non-empty list of {role, content} objects")
     out = []
@@ -58,9 +58,12 @@ def normalize_messages(messages: Any) -> list[dict[str, str]]:
         role = message.get("role")
         if role not in ROLES:
             raise ChatFormatError(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}, got {role!r}")
-        out.append(
-            {"role": "system" if role == "developer" else role, "content": _content_text(message.get("content"), i)}
-        )
+        content = message.get("content")
+        if content is None and role == "assistant" and message.get("tool_calls"):
+            content = ""  # OpenAI's shape for an assistant turn that only called tools
+        out.append({"role": "system" if role == "developer" else role, "content": _content_text(content, i)})
+        if message.get("tool_calls") is not None:
+            out[-1]["tool_calls"] = message["tool_calls"]  # for chat templates that render them
     return out
 
 

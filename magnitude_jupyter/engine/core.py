@@ -6,15 +6,17 @@
                                         │
     stream(id, after=N) ◀── TokenStream ┘
 
-Submitters, cancellers and readers never touch llama.cpp: they take the engine lock for a
-moment (the scheduler's queues), and the loop thread does every llama.cpp call. Cancels are
-queued and applied between steps, never mid-step.
+Submitters, cancellers and readers never touch the llama.cpp context: the loop thread makes every
+decode, sampler and KV-cache call. `submit` does read the model's vocabulary (tokenizing, checking
+a grammar), which is immutable once loaded and safe from any thread, as llama.cpp's own server
+tokenizes on its HTTP threads; it is CPU work all the same, so async hosts call it from a worker
+thread, never from their event loop. Submitters take the engine lock only for a moment (the
+scheduler's queues). Cancels are queued and applied between steps, never mid-step.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
@@ -31,20 +33,12 @@ from .chat import render_chat
 from .metrics import EngineMetrics
 from .prefix import KVOp, PrefixCopy
 from .request import FinishReason, Priority, Request, SamplingParams, invalid_param
-from .scheduler import DecodeItem, ScheduledChunk, Scheduler, SchedulerOutput
-from .streams import StreamEvent, StreamRegistry
+from .scheduler import DecodeItem, ScheduledChunk, Scheduler, SchedulerOutput, SchedulerStats
+from .stats import EngineStats, FinishedRequest, LiveRequest, rss_bytes
+from .streams import StreamEvent, StreamRegistry, TokenLogprob
 from .text import TextAssembler
 
 log = logging.getLogger(__name__)
-
-
-def _rss_bytes() -> int | None:
-    """This process's resident memory (Linux), for calibration's memory samples."""
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def chat_prompt_tokens(runner: Runner, messages: Any, chat_template: str | None) -> list[int]:
@@ -76,7 +70,16 @@ class Runner(Protocol):
     def sequence_length(self, seq_id: int) -> int: ...
     def decode(self, items: list[DecodeItem]) -> list[int | None]: ...
     def sample(self, seq_id: int, row: int) -> int: ...
+    def token_logprobs(self, row: int, token: int, top_n: int) -> TokenLogprob: ...
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """A token sampled for one sequence this step, with its log probability when the request asked."""
+
+    token: int
+    logprob: TokenLogprob | None = None
 
 
 @dataclass
@@ -134,7 +137,7 @@ class Engine:
         self._stop = False
         self._step_listeners: list[Callable[[], None]] = []
         self._sha256: str | None = None
-        self._recent: deque[dict[str, Any]] = deque(maxlen=20)  # finished requests, for /status
+        self._recent: deque[FinishedRequest] = deque(maxlen=20)
         self._started_at = time.monotonic()
         self.started_at_wall = time.time()
 
@@ -259,13 +262,13 @@ class Engine:
             self._lock.notify_all()
         return request
 
-    def cancel(self, request_id: str) -> bool:
+    def cancel(self, request_id: str, why: str | None = None) -> bool:
         """Cancel a queued or running request; its KV cells are freed before the next step."""
         with self._lock:
             request = self._requests.get(request_id)
             if request is None or request.is_finished:
                 return False
-            self._cancels.append((request_id, FinishReason.CANCELLED, None))
+            self._cancels.append((request_id, FinishReason.CANCELLED, why))
             self._lock.notify_all()
             return True
 
@@ -325,55 +328,37 @@ class Engine:
             error=final.error,
         )
 
-    def status(self) -> dict[str, Any]:
+    def stats(self) -> EngineStats:
+        """A consistent snapshot of the engine, for /status, /metrics and calibration."""
         es = self.engine_settings
         with self._lock:
             sched = self.scheduler
-            running = len(sched.running) if sched else 0
-            waiting = sched.num_waiting if sched else 0
-            reserved = sched.budget.used if sched else 0
-            filled = sched.kv_cells_held() if sched else 0
-            total = sched.ctx_size if sched else es.ctx_size
             now = time.monotonic()
-            live = [
-                *(sched.running if sched else []),
-                *(r for q in (sched.waiting.values() if sched else []) for r in q),
-            ]
-            requests = [
-                {
-                    "id": r.request_id,
-                    "status": r.status.name.lower(),
-                    "priority": r.priority.name.lower(),
-                    "prompt_tokens": len(r.prompt_tokens),
-                    "completion_tokens": len(r.output_tokens),
-                    "age_s": round(now - r.arrival_time, 2),
-                }
-                for r in live
-            ]
-            recent = list(self._recent)
+            if sched is not None:
+                scheduler = sched.make_stats()
+                live_requests = [*sched.running, *(r for q in sched.waiting.values() for r in q)]
+            else:
+                scheduler = SchedulerStats(0, 0, es.ctx_size, 0, 0, 0)
+                live_requests = []
+            live = tuple(LiveRequest.of(r, now) for r in live_requests)
+            recent = tuple(self._recent)
         info = self.model_info
-        return {
-            "model": self.model_id,
-            "state": self.state,
-            "error": self.load_error,
-            "parallel": es.parallel,
-            "ctx_size": total,
-            "trained_context": info.trained_context if info else None,
-            "running": running,
-            "waiting": waiting,
-            "kv_cells_reserved": reserved,
-            "kv_cells_used": filled,
-            "kv_cells_total": total,
-            "prefix_slot_tokens": sched.prefix_slot.length if sched and sched.prefix_slot else 0,
-            "kv_bytes_per_token": kv_bytes_per_token(info) if info else None,
-            "kv_buffer_bytes_reported": getattr(self.runner, "kv_buffer_bytes", None),
-            "rss_bytes": _rss_bytes(),
-            "recent_tokens_per_s": round(self.metrics.recent_tokens_per_s(), 2),
-            "generated_tokens_total": self.metrics.generation_tokens_total,
-            "uptime_s": round(time.monotonic() - self._started_at, 1),
-            "requests": requests,
-            "recent": recent,
-        }
+        return EngineStats(
+            model=self.model_id,
+            state=self.state,
+            error=self.load_error,
+            parallel=es.parallel,
+            trained_context=info.trained_context if info else None,
+            scheduler=scheduler,
+            kv_bytes_per_token=kv_bytes_per_token(info) if info else None,
+            kv_buffer_bytes_reported=getattr(self.runner, "kv_buffer_bytes", None),
+            rss_bytes=rss_bytes(),
+            recent_tokens_per_s=round(self.metrics.recent_tokens_per_s(), 2),
+            generated_tokens_total=self.metrics.generation_tokens_total,
+            uptime_s=round(now - self._started_at, 1),
+            live=live,
+            recent=recent,
+        )
 
     # -- the step loop (engine thread only) ------------------------------------------------------
 
@@ -458,54 +443,64 @@ class Engine:
         for seq_id in seq_ids:
             runner.end_sequence(seq_id)
 
-    def _execute(self, runner: Runner, out: SchedulerOutput) -> list[int | None]:
+    def _execute(self, runner: Runner, out: SchedulerOutput) -> list[Sampled | None]:
         """Decode the plan: the batched chunks in one call, each reproducible chunk in its own."""
-        sampled: list[int | None] = []
+        sampled: list[Sampled | None] = []
         groups = ([out.batched] if out.batched else []) + [[chunk] for chunk in out.solo]
         for group in groups:
-            items = [DecodeItem(c.request.seq_id, c.tokens, c.start_pos, c.sample) for c in group]  # type: ignore[arg-type]
+            items = [DecodeItem(c.seq_id, c.tokens, c.start_pos, c.sample) for c in group]
             rows = runner.decode(items)
             for chunk, row in zip(group, rows, strict=True):
-                sampled.append(runner.sample(chunk.request.seq_id, row) if row is not None else None)  # type: ignore[arg-type]
+                if row is None:
+                    sampled.append(None)
+                    continue
+                token = runner.sample(chunk.seq_id, row)
+                params = chunk.request.params
+                # Read from this step's logits row before the next decode overwrites it.
+                logprob = runner.token_logprobs(row, token, params.top_logprobs) if params.logprobs else None
+                sampled.append(Sampled(token, logprob))
         return sampled
 
     def _chunks(self, out: SchedulerOutput) -> list[ScheduledChunk]:
         return out.batched + out.solo
 
-    def _update(self, out: SchedulerOutput, sampled: list[int | None]) -> list[int]:
+    def _update(self, out: SchedulerOutput, sampled: list[Sampled | None]) -> list[int]:
         assert self.scheduler is not None
         now = time.monotonic()
         ended: list[int] = []
         generated = 0
-        for chunk, token in zip(self._chunks(out), sampled, strict=True):
+        for chunk, sample in zip(self._chunks(out), sampled, strict=True):
             request = chunk.request
             if request.is_finished:
                 continue
-            self.scheduler.advance(chunk, token)
-            if token is None:
+            self.scheduler.advance(chunk, sample.token if sample is not None else None)
+            if sample is None:
                 continue
             generated += 1
-            seq_id = self._on_token(request, token, now)
+            seq_id = self._on_token(request, sample, now)
             if seq_id is not None:
                 ended.append(seq_id)
         self.metrics.record_step(generated, now)
         return ended
 
-    def _on_token(self, request: Request, token: int, now: float) -> int | None:
+    def _on_token(self, request: Request, sample: Sampled, now: float) -> int | None:
         """Turn one sampled token into stream events; returns a seq id to clear if the request ended."""
         assert self.runner is not None and request.text is not None and request.stream is not None
+        token = sample.token
         if request.first_token_time is None:
             request.first_token_time = now
         if self.runner.is_eog(token) and not request.params.ignore_eos:
             request.output_tokens.pop()  # the end-of-generation token is not part of the answer
             return self._finish(request, FinishReason.STOP, text=request.text.flush())
         delta = request.text.push(self.runner.token_to_piece(token))
+        logprobs = (sample.logprob,) if sample.logprob is not None else ()
         if request.text.stopped_by is not None:
-            return self._finish(request, FinishReason.STOP, text=delta, token_ids=(token,))
+            return self._finish(request, FinishReason.STOP, text=delta, token_ids=(token,), logprobs=logprobs)
         if len(request.output_tokens) >= request.max_tokens:
-            return self._finish(request, FinishReason.LENGTH, text=delta + request.text.flush(), token_ids=(token,))
+            text = delta + request.text.flush()
+            return self._finish(request, FinishReason.LENGTH, text=text, token_ids=(token,), logprobs=logprobs)
         request.output_text += delta
-        request.stream.append("token", text=delta, token_ids=(token,))
+        request.stream.append("token", text=delta, token_ids=(token,), logprobs=logprobs)
         return None
 
     def _finish(
@@ -515,6 +510,7 @@ class Engine:
         text: str = "",
         error: str | None = None,
         token_ids: tuple[int, ...] = (),
+        logprobs: tuple[TokenLogprob, ...] = (),
     ) -> int | None:
         """End a request: free its budget and sequence, write the final event. Lock held."""
         assert self.scheduler is not None
@@ -531,20 +527,10 @@ class Engine:
                 usage=request.usage(),
                 timings=request.timings().to_json(),
                 error=error,
+                logprobs=logprobs,
             )
         self.metrics.record_finished(request)
-        timings = request.timings()
-        self._recent.appendleft(
-            {
-                "id": request.request_id,
-                "finish_reason": reason.value,
-                "priority": request.priority.name.lower(),
-                "prompt_tokens": len(request.prompt_tokens),
-                "completion_tokens": len(request.output_tokens),
-                "ttft_ms": round(timings.ttft_ms, 1) if timings.ttft_ms is not None else None,
-                "total_ms": round(timings.total_ms, 1) if timings.total_ms is not None else None,
-            }
-        )
+        self._recent.appendleft(FinishedRequest.of(request))
         return seq_id
 
     def _apply_cancels(self) -> tuple[list[int], bool]:

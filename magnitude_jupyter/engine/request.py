@@ -67,6 +67,23 @@ def invalid_param(name: str, why: str) -> ValueError:
     return err
 
 
+# One set of limits for every surface (the HTTP API validates through `SamplingParams.validate`).
+NUMBER_LIMITS: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "min_p": (0.0, 1.0),
+    "repeat_penalty": (0.0, 10.0),
+    "frequency_penalty": (-2.0, 2.0),
+    "presence_penalty": (-2.0, 2.0),
+}
+MAX_STOP_STRINGS = 16
+MAX_TOP_LOGPROBS = 20
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling. ``temperature == 0`` is greedy; ``max_tokens=None`` takes the engine default."""
@@ -78,43 +95,50 @@ class SamplingParams:
     min_p: float = 0.05
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted once per earlier occurrence of the token
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once if the token occurred at all
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     reproducible: bool = False
     ignore_eos: bool = False
     grammar: str | None = None  # GBNF the answer must follow (JSON answers: see grammar.py)
+    logprobs: bool = False  # report each sampled token's log probability under the model
+    top_logprobs: int = 0  # ... and this many most likely alternatives at each position
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field (the server reports it as the `param`)."""
         bad = invalid_param
-
-        def number(name: str, lo: float, hi: float = math.inf) -> None:
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise bad("max_tokens", f"must be a positive integer, got {self.max_tokens!r}")
+        for name, (lo, hi) in NUMBER_LIMITS.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise bad(name, f"must be a number, got {value!r}")
             if not lo <= value <= hi:
-                raise bad(name, f"must be between {lo} and {hi}, got {value!r}")
-
-        if self.max_tokens is not None and (
-            isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1
-        ):
-            raise bad("max_tokens", f"must be a positive integer, got {self.max_tokens!r}")
-        number("temperature", 0.0, 100.0)
-        number("top_p", 0.0, 1.0)
-        number("min_p", 0.0, 1.0)
-        number("repeat_penalty", 0.0, 10.0)
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+                raise bad(name, f"must be between {lo:g} and {hi:g}, got {value!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
             raise bad("top_k", f"must be an integer >= 0, got {self.top_k!r}")
-        if isinstance(self.repeat_last_n, bool) or not isinstance(self.repeat_last_n, int) or self.repeat_last_n < -1:
+        if not _is_int(self.repeat_last_n) or self.repeat_last_n < -1:
             raise bad("repeat_last_n", f"must be an integer >= -1, got {self.repeat_last_n!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+        if self.seed is not None and not _is_int(self.seed):
             raise bad("seed", f"must be an integer, got {self.seed!r}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
-            raise bad("stop", "must be a list of non-empty strings")
-        if len(self.stop) > 16:
-            raise bad("stop", "at most 16 stop strings")
+            raise bad("stop", "must be a non-empty string or a list of non-empty strings")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise bad("stop", f"at most {MAX_STOP_STRINGS} stop strings")
+        for name in ("reproducible", "ignore_eos", "logprobs"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, f"must be true or false, got {getattr(self, name)!r}")
+        if not _is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise bad("top_logprobs", f"must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {self.top_logprobs!r}")
         if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
             raise bad("grammar", "must be a non-empty GBNF grammar")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any repetition penalty applies (they need a sampler that has seen the prompt)."""
+        repeat = self.repeat_penalty != 1.0 and self.repeat_last_n != 0
+        return repeat or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     @property
     def greedy(self) -> bool:
@@ -158,7 +182,6 @@ class Request:
     finished_time: float | None = None
     stream: TokenStream | None = None
     text: TextAssembler | None = None
-    meta: dict[str, Any] = field(default_factory=dict)  # for hosts (the server keeps the response shape here)
 
     @property
     def kv_cells(self) -> int:

@@ -18,6 +18,7 @@ import numpy as np
 
 from .request import SamplingParams
 from .scheduler import DecodeItem
+from .streams import TokenLogprob
 
 _backend_ready = False
 _KV_BUFFER_RE = re.compile(rb"KV buffer size\s*=\s*([\d.]+) MiB")
@@ -93,7 +94,6 @@ class LlamaRunner:
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.n_batch = n_batch
         self.n_seq_max = n_seq_max
-        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self.bos_token = self._special_text(llama_cpp.llama_vocab_bos(self.vocab))
         self.eos_token = self._special_text(llama_cpp.llama_vocab_eos(self.vocab))
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
@@ -137,14 +137,15 @@ class LlamaRunner:
     def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: Sequence[int]) -> None:
         """Build the sequence's sampler; the prompt primes the repetition penalty."""
         self._free_sampler(seq_id)
-        penalize = params.repeat_penalty != 1.0 and params.repeat_last_n != 0
-        if params.greedy and not penalize and params.grammar is None:
+        if params.greedy and not params.penalized and params.grammar is None:
             self._samplers[seq_id] = None  # plain argmax over the logits row: no sampler state needed
             return
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        if penalize:
+        if params.penalized:
             last_n = self.n_ctx if params.repeat_last_n == -1 else params.repeat_last_n
-            penalties = llama_cpp.llama_sampler_init_penalties(self.n_vocab, last_n, params.repeat_penalty, 0.0, 0.0)
+            penalties = llama_cpp.llama_sampler_init_penalties(
+                self.n_vocab, last_n, params.repeat_penalty, params.frequency_penalty, params.presence_penalty
+            )
             for token in prompt_tokens:  # the penalty sampler alone: a grammar must not see the prompt
                 llama_cpp.llama_sampler_accept(penalties, token)
             llama_cpp.llama_sampler_chain_add(chain, penalties)
@@ -241,6 +242,19 @@ class LlamaRunner:
         if not ptr:
             raise RunnerError(f"no logits for batch row {row}")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def token_logprobs(self, row: int, token: int, top_n: int) -> TokenLogprob:
+        """`token`'s log probability in a logits row (the model's own distribution, before any sampler
+        changes it), and the `top_n` most likely tokens there."""
+        logits = self._logits_view(row).astype(np.float64)
+        peak = logits.max()
+        log_norm = peak + np.log(np.exp(logits - peak).sum())
+        top: tuple[tuple[bytes, float], ...] = ()
+        if top_n > 0:
+            best = np.argpartition(logits, -top_n)[-top_n:]
+            best = best[np.argsort(logits[best])[::-1]]
+            top = tuple((self.token_to_piece(int(t)), float(logits[t] - log_norm)) for t in best)
+        return TokenLogprob(self.token_to_piece(token), float(logits[token] - log_norm), top)
 
     def logits(self, row: int) -> np.ndarray:
         """A copy of one logits row of the last decode (tests and calibration read these)."""

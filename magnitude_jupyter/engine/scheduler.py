@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .kv import KVBudget
+from .budget import KVBudget
 from .prefix import ClearSequence, KVOp, PrefixCopy, PrefixSlot, common_prefix_len
 from .request import FinishReason, Priority, Request, RequestStatus
 
@@ -54,6 +54,11 @@ class ScheduledChunk:
     start_pos: int
     sample: bool  # the last token's logits are wanted: the prompt is complete, or this is a decode step
 
+    @property
+    def seq_id(self) -> int:
+        assert self.request.seq_id is not None, "a scheduled request holds a sequence"
+        return self.request.seq_id
+
 
 @dataclass
 class SchedulerOutput:
@@ -66,9 +71,17 @@ class SchedulerOutput:
     def empty(self) -> bool:
         return not self.batched and not self.solo
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(c.tokens) for c in self.batched) + sum(len(c.tokens) for c in self.solo)
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """What the scheduler holds at one moment (after vLLM's `SchedulerStats`): hosts render it."""
+
+    running: int
+    waiting: int
+    kv_cells_total: int
+    kv_cells_reserved: int  # by running requests and the prefix slot: what admission counts
+    kv_cells_used: int  # holding tokens now, a prefix shared between sequences counted once
+    prefix_slot_tokens: int
 
 
 class Scheduler:
@@ -215,6 +228,16 @@ class Scheduler:
             return own
         source = next((r for r in self.running if r.request_id == slot.shares_with), None)
         return own + (source.cached_tokens if source is not None else slot.length)
+
+    def make_stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            running=len(self.running),
+            waiting=self.num_waiting,
+            kv_cells_total=self.ctx_size,
+            kv_cells_reserved=self.budget.used,
+            kv_cells_used=self.kv_cells_held(),
+            prefix_slot_tokens=self.prefix_slot.length if self.prefix_slot else 0,
+        )
 
     def take_pending_kv_ops(self) -> list[KVOp]:
         ops, self.pending_kv_ops = self.pending_kv_ops, []

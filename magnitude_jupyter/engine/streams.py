@@ -26,6 +26,15 @@ class StreamGoneError(LookupError):
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One sampled token's log probability under the model, and the most likely alternatives there."""
+
+    token: bytes  # the token's text, as bytes: a piece may be part of a UTF-8 character
+    logprob: float
+    top: tuple[tuple[bytes, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class StreamEvent:
     id: int
     type: str  # "token" | "done"
@@ -35,6 +44,7 @@ class StreamEvent:
     usage: dict[str, int] | None = None
     timings: dict[str, Any] | None = None
     error: str | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # for the tokens of this event, when the request asked
 
     @property
     def is_final(self) -> bool:
@@ -171,9 +181,6 @@ class StreamRegistry:
             if request_id in self._gone:
                 raise StreamGoneError(f"stream {request_id} has expired: its events are no longer held")
         raise UnknownStreamError(f"no stream with id {request_id!r}")
-
-    def __len__(self) -> int:
-        return len(self._streams)
 
     def abandoned(self, now: float, grace_seconds: float) -> list[str]:
         """Open streams that nobody has read for the whole grace period."""

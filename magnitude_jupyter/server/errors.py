@@ -8,11 +8,12 @@ from ..models import ModelNotFoundError
 from .protocol import ApiError
 
 
-def api_error_from(exc: Exception) -> ApiError:
+def api_error_from(exc: Exception, prompt_param: str = "messages") -> ApiError:
+    """`prompt_param` names the field that holds the prompt: `messages` for chat, `prompt` for completions."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, PromptTooLongError):
-        return ApiError(400, str(exc), param="messages", code="context_length_exceeded")
+        return ApiError(400, str(exc), param=prompt_param, code="context_length_exceeded")
     if isinstance(exc, OverloadedError):
         retry = max(1, round(exc.retry_after))
         return ApiError(429, str(exc), type="rate_limit_error", code="queue_full", headers={"Retry-After": str(retry)})

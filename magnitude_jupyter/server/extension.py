@@ -13,7 +13,9 @@ from traitlets import Float, Integer, Unicode
 
 from ..config import EngineSettings, load_settings
 from ..engine import Engine
-from .handlers import DEFAULT_MAX_BODY_BYTES, ENGINE_KEY, MAX_BODY_KEY, make_routes
+from ..workshop import COPY_FOLDER, workshop_notebook
+from .handlers import DEFAULT_MAX_BODY_BYTES, ENGINE_KEY, MAX_BODY_KEY, ApiMixin, make_routes
+from .protocol import ApiError
 
 AUTH_RESOURCE = "magnitude"
 
@@ -30,6 +32,28 @@ class JupyterAuthHandler(ExtensionHandlerMixin, JupyterHandler):
         action = "read" if self.request.method in ("GET", "HEAD", "OPTIONS") else "write"
         if not self.authorizer.is_authorized(self, self.current_user, action, AUTH_RESOURCE):
             raise web.HTTPError(403, f"not authorized to {action} {AUTH_RESOURCE}")
+
+
+class WorkshopHandler(ApiMixin, JupyterAuthHandler):
+    """POST: copy a workshop notebook from the package into `magnitude-workshop/` (once) and say where."""
+
+    async def post(self, name: str) -> None:
+        import nbformat
+        from jupyter_core.utils import ensure_async
+
+        try:
+            source = workshop_notebook(name)
+        except KeyError:
+            self.send_error_json(ApiError(404, f"no workshop notebook called {name!r}", code="not_found"))
+            return
+        contents = self.contents_manager
+        path = f"{COPY_FOLDER}/{name}"
+        if not await ensure_async(contents.dir_exists(COPY_FOLDER)):
+            await ensure_async(contents.save({"type": "directory"}, COPY_FOLDER))
+        if not await ensure_async(contents.file_exists(path)):  # never overwrite a learner's edits
+            notebook = nbformat.read(source, as_version=4)
+            await ensure_async(contents.save({"type": "notebook", "format": "json", "content": notebook}, path))
+        self.send_json({"path": path})
 
 
 class MagnitudeApp(ExtensionApp):
@@ -58,6 +82,7 @@ class MagnitudeApp(ExtensionApp):
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(make_routes(JupyterAuthHandler, "/magnitude/"))
+        self.handlers.append((r"/magnitude/workshop/([A-Za-z0-9_.\-]+)", WorkshopHandler))
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         # The model loads on the engine thread; the server answers /health with 503 until it is ready.

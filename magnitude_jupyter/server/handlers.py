@@ -2,23 +2,30 @@
 
 Each handler here is a mixin; a host supplies the base class that authenticates
 (`make_routes(base, prefix)` builds the concrete classes). Handlers only translate: the engine
-does the work, `protocol` shapes the JSON, `errors` picks the status codes.
+does the work, `protocol` shapes the JSON, `errors` picks the status codes. Parsing a body and
+submitting it (JSON, chat template, tokenizing, grammars) run on a worker thread, never on the
+event loop that every other client is waiting on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
+import re
 import uuid
+from collections import OrderedDict
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from tornado.web import HTTPError, RequestHandler
+from tornado.web import HTTPError, RequestHandler, stream_request_body
 
-from ..engine import Engine
+from ..engine import Engine, Request
 from .errors import api_error_from
-from .metrics_text import render_metrics
+from .metrics import make_registry, render_metrics
 from .protocol import (
     ApiError,
+    GenerationRequest,
     ResponseShape,
     completion_response,
     parse_generation,
@@ -26,25 +33,57 @@ from .protocol import (
     stream_chunks,
 )
 from .sse import ENGINE_KEY, send_sse, step_hub, wait_final
+from .status import status_json
 
 MAX_BODY_KEY = "magnitude_max_body_bytes"
+SHAPES_KEY = "magnitude_response_shapes"
+REGISTRY_KEY = "magnitude_metrics_registry"
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+# A body declared larger than this is refused before it is read; smaller oversized bodies are read
+# and dropped, so that every client, even one that does not wait for `100 Continue`, gets the 413.
+DRAIN_LIMIT_BYTES = 64 << 20
+EVENT_ID = re.compile(r"0|[1-9][0-9]{0,17}")
+
+
+def redact_token(uri: str) -> str:
+    """A request URI fit for a log: the value of any `token` query argument replaced."""
+    parts = urlsplit(uri)
+    if "token" not in parts.query:
+        return uri
+    query = [(k, "[secret]" if k == "token" else v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+    return urlunsplit(parts._replace(query=urlencode(query, safe="[]")))
 
 
 class ApiMixin(RequestHandler):
+    connection_gone = False  # the client closed its connection while we were answering
+    _wake: asyncio.Event | None = None
+
     @property
     def engine(self) -> Engine:
         return self.settings[ENGINE_KEY]
+
+    def _request_summary(self) -> str:
+        return f"{self.request.method} {redact_token(self.request.uri or '')} ({self.request.remote_ip})"
+
+    def on_connection_close(self) -> None:
+        self.connection_gone = True
+        if self._wake is not None:
+            self._wake.set()
+        super().on_connection_close()
+
+    def wake_on_close(self, wake: asyncio.Event | None) -> None:
+        """Set `wake` when the client goes away, so a waiting reader notices at once."""
+        self._wake = wake
 
     def send_json(self, body: Any, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(body))
 
-    def send_error_json(self, exc: Exception) -> None:
-        err = api_error_from(exc)
+    def send_error_json(self, exc: Exception, prompt_param: str = "messages") -> None:
+        err = api_error_from(exc, prompt_param)
         if err.status >= 500 and err.status != 503:
-            self.log_exception(type(exc), exc, exc.__traceback__)  # type: ignore[attr-defined]
+            self.log_exception(type(exc), exc, exc.__traceback__)  # type: ignore[arg-type]
         for name, value in err.headers.items():
             self.set_header(name, value)
         self.send_json(err.body(), err.status)
@@ -52,19 +91,19 @@ class ApiMixin(RequestHandler):
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         """Errors raised outside our handlers (auth, unknown method) in OpenAI's shape too."""
         exc = kwargs.get("exc_info", (None, None, None))[1]
-        message = (exc.log_message if isinstance(exc, HTTPError) and exc.log_message else None) or self._reason
-        kind = {401: "authentication_error", 403: "permission_error"}.get(status_code, "invalid_request_error")
+        if isinstance(exc, ApiError):
+            err = exc
+        else:
+            message = (exc.log_message if isinstance(exc, HTTPError) and exc.log_message else None) or self._reason
+            kind = {401: "authentication_error", 403: "permission_error"}.get(status_code, "invalid_request_error")
+            err = ApiError(status_code, message, type=kind)
+        if status_code == 401:
+            # send_error() clears the headers set before the error: set the challenge here.
+            self.set_header("WWW-Authenticate", 'Bearer realm="magnitude"')
+        for name, value in err.headers.items():
+            self.set_header(name, value)
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(ApiError(status_code, message, type=kind).body()))
-
-    def check_body_size(self) -> None:
-        limit = self.settings.get(MAX_BODY_KEY, DEFAULT_MAX_BODY_BYTES)
-        if len(self.request.body) > limit:
-            raise ApiError(
-                413,
-                f"the request body is {len(self.request.body)} bytes; the limit is {limit}",
-                code="request_too_large",
-            )
+        self.finish(json.dumps(err.body()))
 
     def check_model(self, model: str | None) -> None:
         engine = self.engine
@@ -79,46 +118,116 @@ class ApiMixin(RequestHandler):
                 code="model_not_found",
             )
 
+    def remember_shape(self, shape: ResponseShape) -> None:
+        shapes: OrderedDict[str, ResponseShape] = self.settings.setdefault(SHAPES_KEY, OrderedDict())
+        shapes[shape.id] = shape
+        while len(shapes) > 10_000:  # about as many as the engine keeps streams for
+            shapes.popitem(last=False)
 
+    def shape_of(self, completion_id: str) -> ResponseShape:
+        """The shape a generation's chunks were sent in, so a resumed stream continues it."""
+        shape = self.settings.get(SHAPES_KEY, {}).get(completion_id)
+        if shape is None:
+            kind = "chat" if completion_id.startswith("chatcmpl-") else "completion"
+            shape = ResponseShape(completion_id, kind, self.engine.model_id)
+        return shape
+
+
+@stream_request_body
 class GenerationHandler(ApiMixin):
     kind = "completion"
     id_prefix = "cmpl"
+    prompt_param = "prompt"
+
+    _body: bytearray
+    _body_size = 0
+
+    @property
+    def body_limit(self) -> int:
+        return self.settings.get(MAX_BODY_KEY, DEFAULT_MAX_BODY_BYTES)
+
+    async def prepare(self) -> None:
+        authenticated = super().prepare()  # the host's auth: sync or async
+        if inspect.isawaitable(authenticated):
+            await authenticated
+        if self._finished:
+            return
+        self._body = bytearray()
+        declared = int(self.request.headers.get("Content-Length") or 0)
+        if declared > DRAIN_LIMIT_BYTES:
+            self.send_error_json(self.too_large(declared))
+            return
+        self.request.connection.set_max_body_size(DRAIN_LIMIT_BYTES)  # type: ignore[union-attr]
+
+    def data_received(self, chunk: bytes) -> None:
+        self._body_size += len(chunk)
+        if self._body_size <= self.body_limit:
+            self._body += chunk
+
+    def too_large(self, size: int) -> ApiError:
+        return ApiError(
+            413, f"the request body is {size} bytes; the limit is {self.body_limit}", code="request_too_large"
+        )
+
+    def _accept(self, body: bytes) -> tuple[GenerationRequest, Request]:
+        """Parse and submit (on a worker thread: JSON, schema grammars, chat template, tokenizing)."""
+        req = parse_generation(parse_json_body(body), self.kind)
+        self.check_model(req.model)
+        request = self.engine.submit(
+            req.prompt,
+            messages=req.messages,
+            params=req.params,
+            priority=req.priority,
+            request_id=f"{self.id_prefix}-{uuid.uuid4().hex[:24]}",
+        )
+        return req, request
 
     async def post(self) -> None:
         try:
-            self.check_body_size()
-            req = parse_generation(parse_json_body(self.request.body), self.kind)
-            self.check_model(req.model)
-            request = self.engine.submit(
-                req.prompt,
-                messages=req.messages,
-                params=req.params,
-                priority=req.priority,
-                request_id=f"{self.id_prefix}-{uuid.uuid4().hex[:24]}",
-            )
+            if self._body_size > self.body_limit:
+                raise self.too_large(self._body_size)
+            loop = asyncio.get_running_loop()
+            req, request = await loop.run_in_executor(None, self._accept, bytes(self._body))
         except Exception as exc:
-            self.send_error_json(exc)
+            self.send_error_json(exc, self.prompt_param)
             return
-        # The id comes first, in a header: a client can re-attach or cancel before the first token.
-        self.set_header("X-Completion-Id", request.request_id)
-        shape = ResponseShape(request.request_id, self.kind, self.engine.model_id, include_usage=req.include_usage)
-        request.meta["shape"] = shape
+        shape = ResponseShape(
+            request.request_id, self.kind, self.engine.model_id, include_usage=req.include_usage, logprobs=req.logprobs
+        )
+        self.remember_shape(shape)
         assert request.stream is not None
         if req.stream:
+            # The id comes first, in a header: a client can re-attach or cancel before the first token.
+            self.set_header("X-Completion-Id", request.request_id)
             await send_sse(self, step_hub(self), request.stream, 0, lambda event: stream_chunks(shape, event))
-        else:
-            final = await wait_final(step_hub(self), request.stream)
-            self.send_json(completion_response(shape, request.output_text, final))
+            return
+        final = await wait_final(self, step_hub(self), request.stream)
+        if final is None:
+            # Nobody can read a non-streamed answer once its client has gone: stop generating it now.
+            self.engine.cancel(request.request_id, "the client closed its connection before the answer was ready")
+            return
+        self.send_json(completion_response(shape, request.output_text, request.stream.events_after(0)))
 
 
 class ChatCompletionsHandler(GenerationHandler):
     kind = "chat"
     id_prefix = "chatcmpl"
+    prompt_param = "messages"
 
 
 class CompletionsHandler(GenerationHandler):
     kind = "completion"
     id_prefix = "cmpl"
+    prompt_param = "prompt"
+
+
+def parse_event_id(raw: str) -> int:
+    """An SSE event id as a client sends it back: a plain decimal number, 0 for 'from the start'."""
+    if not EVENT_ID.fullmatch(raw):
+        if raw.startswith("-") and raw[1:].isdigit():
+            raise ApiError(400, f"event ids start at 0 (the whole stream); got {raw}", param="Last-Event-ID")
+        raise ApiError(400, f"an event id is a plain decimal number, got {raw!r}", param="Last-Event-ID")
+    return int(raw)
 
 
 class StreamHandler(ApiMixin):
@@ -127,13 +236,9 @@ class StreamHandler(ApiMixin):
     async def get(self, stream_id: str) -> None:
         try:
             stream = self.engine.streams.get(stream_id)
-            request = self.engine.get_request(stream_id)
-            raw = self.request.headers.get("Last-Event-ID") or self.get_query_argument("starting_after", "0")
-            try:
-                after = int(raw)
-            except ValueError:
-                raise ApiError(400, f"event id must be an integer, got {raw!r}", param="Last-Event-ID") from None
-            if not 0 <= after <= stream.last_id:
+            header = self.request.headers.get("Last-Event-ID")
+            after = parse_event_id(header if header is not None else self.get_query_argument("starting_after", "0"))
+            if after > stream.last_id:
                 raise ApiError(
                     400,
                     f"event id {after} is beyond this stream's last event ({stream.last_id})",
@@ -143,9 +248,7 @@ class StreamHandler(ApiMixin):
         except Exception as exc:
             self.send_error_json(exc)
             return
-        shape = request.meta.get("shape") if request is not None else None
-        if shape is None:
-            shape = ResponseShape(stream_id, "completion", self.engine.model_id)
+        shape = self.shape_of(stream_id)
         await send_sse(self, step_hub(self), stream, after, lambda event: stream_chunks(shape, event))
 
     def delete(self, stream_id: str) -> None:
@@ -190,13 +293,17 @@ class HealthHandler(ApiMixin):
 
 class StatusHandler(ApiMixin):
     def get(self) -> None:
-        self.send_json(self.engine.status())
+        self.send_json(status_json(self.engine.stats()))
 
 
 class MetricsHandler(ApiMixin):
     def get(self) -> None:
-        self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-        self.finish(render_metrics(self.engine.metrics, self.engine.status()))
+        registry = self.settings.get(REGISTRY_KEY)
+        if registry is None:
+            registry = self.settings[REGISTRY_KEY] = make_registry(self.engine)
+        body, content_type = render_metrics(registry)
+        self.set_header("Content-Type", content_type)
+        self.finish(body)
 
 
 ROUTES: list[tuple[str, type[ApiMixin]]] = [

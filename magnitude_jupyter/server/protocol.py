@@ -7,14 +7,13 @@ Pure functions, no tornado: the handlers only move bytes. Every problem with a r
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine import Priority, SamplingParams
 from ..engine.grammar import GrammarError, json_grammar
-from ..engine.streams import StreamEvent
+from ..engine.streams import StreamEvent, TokenLogprob
 
 
 class ApiError(Exception):
@@ -45,7 +44,6 @@ def bad_param(param: str, message: str) -> ApiError:
 
 @dataclass
 class GenerationRequest:
-    kind: str  # "chat" or "completion"
     model: str | None
     params: SamplingParams
     priority: Priority = Priority.INTERACTIVE
@@ -54,26 +52,80 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
 
+    @property
+    def logprobs(self) -> bool:
+        return self.params.logprobs
+
+
+MAX_JSON_DEPTH = 64
+
+# What each endpoint understands. A field outside these is refused by name, never ignored: a client
+# that asks for tools, several choices or an echo must learn that it did not get them.
+COMMON_FIELDS = {
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repeat_penalty",
+    "repeat_last_n",
+    "frequency_penalty",
+    "presence_penalty",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "logprobs",
+    "response_format",
+    "grammar",
+    "reproducible",
+    "priority",
+    "ignore_eos",
+    "user",  # an end-user id for the caller's own records: it changes nothing in the answer
+}
+CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"}
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt"}
+NOT_SUPPORTED = {
+    "tools": "tool calling is not supported yet",
+    "tool_choice": "tool calling is not supported yet",
+    "parallel_tool_calls": "tool calling is not supported yet",
+    "functions": "function calling is not supported",
+    "function_call": "function calling is not supported",
+    "best_of": "best_of is not supported: each request makes one answer",
+    "echo": "echo is not supported: the answer never repeats the prompt",
+    "suffix": "suffix (insertion) is not supported",
+    "logit_bias": "logit_bias is not supported",
+}
+
+
+def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
+    """Refuse JSON nested deeper than `limit` (walked without recursion, whatever the depth)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            raise ApiError(400, f"the request body is nested more than {limit} levels deep", code="invalid_json")
+        stack.extend((child, depth + 1) for child in children)
+
 
 def parse_json_body(body: bytes) -> dict[str, Any]:
     try:
         data = json.loads(body or b"")
+    except RecursionError:
+        raise ApiError(
+            400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep", code="invalid_json"
+        ) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    check_depth(data)
     return data
-
-
-def _number(data: dict[str, Any], name: str, lo: float, hi: float) -> float | None:
-    value = data.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise bad_param(name, f"'{name}' must be a number, got {json.dumps(value)}")
-    if not lo <= value <= hi:
-        raise bad_param(name, f"'{name}' must be between {lo:g} and {hi:g}, got {value}")
-    return float(value)
 
 
 def _integer(data: dict[str, Any], name: str, lo: int | None = None) -> int | None:
@@ -100,11 +152,29 @@ def _stop(data: dict[str, Any]) -> list[str]:
     stop = data.get("stop")
     if stop is None:
         return []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 16:
-        raise bad_param("stop", "'stop' must be a non-empty string or a list of at most 16 non-empty strings")
-    return stop
+    return [stop] if isinstance(stop, str) else stop  # SamplingParams.validate checks the rest
+
+
+def _check_fields(data: dict[str, Any], known: set[str]) -> None:
+    for name, value in data.items():
+        if value is None or name in known:
+            continue
+        reason = NOT_SUPPORTED.get(name, f"'{name}' is not a field this server understands")
+        raise ApiError(400, reason, param=name, code="unsupported_parameter")
+
+
+def _logprobs(data: dict[str, Any], kind: str) -> tuple[bool, int]:
+    """(report logprobs, how many alternatives): chat has a flag and `top_logprobs`, completions a count."""
+    if kind == "chat":
+        wanted = _boolean(data, "logprobs")
+        top = _integer(data, "top_logprobs", 0)
+        if top is not None and not wanted:
+            raise bad_param("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+        return wanted, top or 0
+    count = _integer(data, "logprobs", 0)
+    if count is not None and count > 5:
+        raise bad_param("logprobs", f"'logprobs' on /v1/completions is at most 5, got {count}")
+    return count is not None, count or 0
 
 
 def _grammar(data: dict[str, Any]) -> str | None:
@@ -137,6 +207,7 @@ def _grammar(data: dict[str, Any]) -> str | None:
 
 def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
     """Validate a /v1/chat/completions or /v1/completions body."""
+    _check_fields(data, CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS)
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_param("model", "'model' must be a string")
@@ -155,29 +226,30 @@ def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
 
     n = _integer(data, "n", 1)
     if n not in (None, 1):
-        raise bad_param("n", "only n=1 is supported")
+        raise bad_param("n", "only n=1 is supported: each request makes one answer")
     max_tokens = _integer(data, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _integer(data, "max_tokens", 1)
-    temperature = _number(data, "temperature", 0.0, 2.0)
-    top_p = _number(data, "top_p", 0.0, 1.0)
-    min_p = _number(data, "min_p", 0.0, 1.0)
-    repeat_penalty = _number(data, "repeat_penalty", 0.0, 10.0)
-    top_k = _integer(data, "top_k", 0)
-    seed = _integer(data, "seed")
 
-    params = SamplingParams(max_tokens=max_tokens, stop=_stop(data), seed=seed)
-    for name, value in (
-        ("temperature", temperature),
-        ("top_p", top_p),
-        ("min_p", min_p),
-        ("repeat_penalty", repeat_penalty),
-        ("top_k", top_k),
+    # Types and ranges are checked once, by SamplingParams.validate, which names the field.
+    params = SamplingParams(max_tokens=max_tokens, stop=_stop(data))
+    for name in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repeat_penalty",
+        "repeat_last_n",
+        "frequency_penalty",
+        "presence_penalty",
+        "seed",
+        "reproducible",
+        "ignore_eos",
     ):
-        if value is not None:
-            setattr(params, name, value)
-    params.reproducible = _boolean(data, "reproducible")
-    params.ignore_eos = _boolean(data, "ignore_eos")
+        if data.get(name) is not None:
+            setattr(params, name, data[name])
+    params.logprobs, params.top_logprobs = _logprobs(data, kind)
+    params.validate()
 
     priority_raw = data.get("priority", "interactive")
     try:
@@ -196,7 +268,6 @@ def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
     params.grammar = _grammar(data)
 
     return GenerationRequest(
-        kind=kind,
         model=model,
         params=params,
         priority=priority,
@@ -212,47 +283,76 @@ def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
 
 @dataclass(frozen=True)
 class ResponseShape:
-    """What every chunk of one generation shares; kept with the request so a resumed stream matches."""
+    """What every chunk of one generation shares; kept by the server so a resumed stream matches."""
 
     id: str
     kind: str
     model: str
     created: int = field(default_factory=lambda: int(time.time()))
     include_usage: bool = False
+    logprobs: bool = False
 
     @property
     def object(self) -> str:
         return "chat.completion" if self.kind == "chat" else "text_completion"
 
 
-def _choice(shape: ResponseShape, text: str, finish_reason: str | None, first: bool, delta: bool) -> dict[str, Any]:
+def _token_text(piece: bytes) -> str:
+    return piece.decode("utf-8", errors="replace")
+
+
+def logprobs_json(kind: str, entries: list[TokenLogprob]) -> dict[str, Any]:
+    """OpenAI's logprobs object: chat's `content` list, or the completions API's parallel lists."""
+    if kind == "chat":
+        return {
+            "content": [
+                {
+                    "token": _token_text(e.token),
+                    "logprob": e.logprob,
+                    "bytes": list(e.token),
+                    "top_logprobs": [{"token": _token_text(t), "logprob": lp, "bytes": list(t)} for t, lp in e.top],
+                }
+                for e in entries
+            ],
+            "refusal": None,
+        }
+    return {
+        "tokens": [_token_text(e.token) for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{_token_text(t): lp for t, lp in e.top} for e in entries],
+    }
+
+
+def _choice(
+    shape: ResponseShape, text: str, finish_reason: str | None, first: bool, delta: bool, logprobs: Any
+) -> dict[str, Any]:
     if shape.kind == "chat":
         if delta:
             body: dict[str, Any] = {"content": text}
             if first:
                 body["role"] = "assistant"
-            return {"index": 0, "delta": body, "logprobs": None, "finish_reason": finish_reason}
+            return {"index": 0, "delta": body, "logprobs": logprobs, "finish_reason": finish_reason}
         return {
             "index": 0,
             "message": {"role": "assistant", "content": text},
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": finish_reason,
         }
-    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def openai_finish_reason(reason: str | None) -> str | None:
-    # OpenAI knows stop and length; a cancelled or failed generation stopped, and says why in `error`.
-    return None if reason is None else ("length" if reason == "length" else "stop")
-
-
-def completion_response(shape: ResponseShape, text: str, final: StreamEvent) -> dict[str, Any]:
+def completion_response(shape: ResponseShape, text: str, events: list[StreamEvent]) -> dict[str, Any]:
+    """The whole answer as one object, from every event of its stream (the last one is final)."""
+    final = events[-1]
+    logprobs = logprobs_json(shape.kind, [e for event in events for e in event.logprobs]) if shape.logprobs else None
     return {
         "id": shape.id,
         "object": shape.object,
         "created": shape.created,
         "model": shape.model,
-        "choices": [_choice(shape, text, openai_finish_reason(final.finish_reason), first=True, delta=False)],
+        # The engine's own reason: stop, length, and also cancelled or error, which a client must
+        # never mistake for a complete answer.
+        "choices": [_choice(shape, text, final.finish_reason, first=True, delta=False, logprobs=logprobs)],
         "usage": final.usage,
         "timings": final.timings,
         "magnitude": {"finish_reason": final.finish_reason, "error": final.error},
@@ -261,7 +361,7 @@ def completion_response(shape: ResponseShape, text: str, final: StreamEvent) -> 
 
 def stream_chunks(shape: ResponseShape, event: StreamEvent) -> list[dict[str, Any]]:
     """The SSE payloads for one engine event (none for a held-back, empty token event)."""
-    if not event.is_final and not event.text and event.id != 1:
+    if not event.is_final and not event.text and not event.logprobs and event.id != 1:
         return []
     base = {
         "id": shape.id,
@@ -269,8 +369,12 @@ def stream_chunks(shape: ResponseShape, event: StreamEvent) -> list[dict[str, An
         "created": shape.created,
         "model": shape.model,
     }
-    finish = openai_finish_reason(event.finish_reason) if event.is_final else None
-    chunk = {**base, "choices": [_choice(shape, event.text, finish, first=event.id == 1, delta=True)]}
+    logprobs = logprobs_json(shape.kind, list(event.logprobs)) if shape.logprobs else None
+    finish = event.finish_reason if event.is_final else None
+    chunk = {
+        **base,
+        "choices": [_choice(shape, event.text, finish, first=event.id == 1, delta=True, logprobs=logprobs)],
+    }
     if not event.is_final:
         return [chunk]
     chunk["timings"] = event.timings

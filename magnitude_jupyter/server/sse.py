@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from tornado.iostream import StreamClosedError
 from tornado.web import RequestHandler
@@ -61,14 +61,27 @@ def step_hub(handler: RequestHandler) -> StepHub:
     return hub
 
 
-async def wait_final(hub: StepHub, stream: TokenStream) -> StreamEvent:
-    """The final event of a stream, awaited on the loop; the waiter counts as a reader."""
+class Reader(Protocol):
+    """The handler side of a reader: it can say that its client went away."""
+
+    connection_gone: bool
+
+    def wake_on_close(self, wake: asyncio.Event | None) -> None: ...
+
+
+async def wait_final(handler: Reader, hub: StepHub, stream: TokenStream) -> StreamEvent | None:
+    """The final event of a stream, awaited on the loop (counting as a reader), or None as soon as
+    the client goes away."""
     with hub.reader(stream) as wake:
+        handler.wake_on_close(wake)
         while not stream.closed:
             wake.clear()
-            if stream.closed:
+            if stream.closed or handler.connection_gone:
                 break
             await wake.wait()
+        handler.wake_on_close(None)
+    if not stream.closed:
+        return None
     return stream.events_after(stream.last_id - 1)[-1]
 
 
@@ -78,15 +91,17 @@ async def send_sse(handler: RequestHandler, hub: StepHub, stream: TokenStream, a
     A client that goes away only ends this reader: the generation runs on for the grace period,
     and a new request with `Last-Event-ID` picks it up where the client stopped reading.
     """
+    reader: Reader = handler  # type: ignore[assignment]
     handler.set_header("Content-Type", "text/event-stream; charset=utf-8")
     handler.set_header("Cache-Control", "no-cache")
     handler.set_header("X-Accel-Buffering", "no")
     with hub.reader(stream) as wake:
+        reader.wake_on_close(wake)
         try:
             # Headers go out at once: a queued request is accepted even before its first token.
             await handler.flush()
             cursor = after
-            while True:
+            while not reader.connection_gone:
                 wake.clear()
                 events = stream.events_after(cursor)
                 for event in events:
@@ -103,3 +118,5 @@ async def send_sse(handler: RequestHandler, hub: StepHub, stream: TokenStream, a
                 await wake.wait()
         except StreamClosedError:
             return
+        finally:
+            reader.wake_on_close(None)

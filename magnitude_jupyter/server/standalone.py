@@ -5,39 +5,70 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
-import json
 import logging
 import os
 import secrets
 import signal
-from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
 from ..engine import Engine
+from ..runtime import write_runtime_file
 from .handlers import DEFAULT_MAX_BODY_BYTES, ENGINE_KEY, MAX_BODY_KEY, ApiMixin, make_routes
 
 log = logging.getLogger("magnitude.serve")
 TOKEN_KEY = "magnitude_token"
+REMOTE_KEY = "magnitude_allow_remote"
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost.localdomain") or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _hostname(netloc: str) -> str:
+    return (urlsplit(f"//{netloc}").hostname or "").lower()
 
 
 class TokenAuthHandler(tornado.web.RequestHandler):
-    """Every request carries `Authorization: Bearer <token>` (or `?token=`), unless auth is off."""
+    """Every request carries `Authorization: Bearer <token>` (or `?token=`), unless auth is off.
+
+    Without a token, only this machine may call, and not through a web page: a request must name a
+    loopback host (a DNS-rebinding page names its own) and carry no foreign `Origin` (any page's
+    `fetch`, even a "simple" text/plain POST that skips the CORS preflight, sends one).
+    """
 
     def prepare(self) -> None:
         expected = self.settings.get(TOKEN_KEY)
         if expected is None:
+            self._check_local_request()
             return
         header = self.request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
         if scheme.lower() not in ("bearer", "token"):
             given = self.get_query_argument("token", "")
         if not given or not hmac.compare_digest(given.strip().encode(), expected.encode()):
-            self.set_header("WWW-Authenticate", 'Bearer realm="magnitude"')
             raise tornado.web.HTTPError(401, "a valid token is required: Authorization: Bearer <token>")
+
+    def _check_local_request(self) -> None:
+        host = _hostname(self.request.host or "")
+        if not self.settings.get(REMOTE_KEY) and not is_loopback(host):
+            raise tornado.web.HTTPError(
+                403, f"host {host!r} is not this machine; without a token only local names work"
+            )
+        origin = self.request.headers.get("Origin")
+        if origin is not None and _hostname(urlsplit(origin).netloc) != host:
+            raise tornado.web.HTTPError(403, f"cross-origin requests ({origin}) are refused when auth is off")
+        if self.request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
+            raise tornado.web.HTTPError(403, "cross-site requests are refused when auth is off")
 
 
 class RootHandler(ApiMixin, TokenAuthHandler):
@@ -48,40 +79,13 @@ class RootHandler(ApiMixin, TokenAuthHandler):
 
 
 def make_app(
-    engine: Engine, token: str | None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    engine: Engine, token: str | None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, allow_remote: bool = False
 ) -> tornado.web.Application:
     routes = [(r"/", RootHandler), *make_routes(TokenAuthHandler, "/"), *make_routes(TokenAuthHandler, "/magnitude/")]
     return tornado.web.Application(
         routes,  # type: ignore[arg-type]
-        **{ENGINE_KEY: engine, TOKEN_KEY: token, MAX_BODY_KEY: max_body_bytes},
+        **{ENGINE_KEY: engine, TOKEN_KEY: token, MAX_BODY_KEY: max_body_bytes, REMOTE_KEY: allow_remote},
     )
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def runtime_dir() -> Path:
-    return Path(os.environ.get("MAGNITUDE_RUNTIME_DIR") or Path.home() / ".magnitude" / "runtime")
-
-
-def write_runtime_file(host: str, port: int, token: str | None, model: str) -> Path:
-    """Where clients on this machine find the server and its token; readable by this user only."""
-    folder = runtime_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    os.chmod(folder, 0o700)
-    path = folder / f"serve-{port}.json"
-    url_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    info = {"url": f"http://{url_host}:{port}", "token": token, "pid": os.getpid(), "model": model}
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(info, fh)
-    return path
 
 
 def resolve_token(token: str | None, no_auth: bool) -> tuple[str | None, bool]:
@@ -103,7 +107,7 @@ async def serve(
     announce: Any = print,
 ) -> None:
     """Listen at once, load the model in the background, serve until SIGINT/SIGTERM, then shut down."""
-    app = make_app(engine, token, max_body_bytes)
+    app = make_app(engine, token, max_body_bytes, allow_remote=not is_loopback(host))
     server = tornado.httpserver.HTTPServer(
         app, max_body_size=max(max_body_bytes * 4, 1 << 20), idle_connection_timeout=60
     )

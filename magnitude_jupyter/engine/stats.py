@@ -1,0 +1,82 @@
+"""Typed snapshots of the engine's state: the engine fills them, hosts decide how to show them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psutil
+
+from .request import Request
+from .scheduler import SchedulerStats
+
+
+@dataclass(frozen=True)
+class LiveRequest:
+    """A request waiting or running now."""
+
+    id: str
+    status: str
+    priority: str
+    prompt_tokens: int
+    completion_tokens: int
+    age_s: float
+
+    @classmethod
+    def of(cls, request: Request, now: float) -> LiveRequest:
+        return cls(
+            id=request.request_id,
+            status=request.status.name.lower(),
+            priority=request.priority.name.lower(),
+            prompt_tokens=len(request.prompt_tokens),
+            completion_tokens=len(request.output_tokens),
+            age_s=round(now - request.arrival_time, 2),
+        )
+
+
+@dataclass(frozen=True)
+class FinishedRequest:
+    """A request that ended, with the figures a person looks at first."""
+
+    id: str
+    finish_reason: str
+    priority: str
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_ms: float | None
+    total_ms: float | None
+
+    @classmethod
+    def of(cls, request: Request) -> FinishedRequest:
+        timings = request.timings()
+        return cls(
+            id=request.request_id,
+            finish_reason=request.finish_reason.value if request.finish_reason else "unknown",
+            priority=request.priority.name.lower(),
+            prompt_tokens=len(request.prompt_tokens),
+            completion_tokens=len(request.output_tokens),
+            ttft_ms=round(timings.ttft_ms, 1) if timings.ttft_ms is not None else None,
+            total_ms=round(timings.total_ms, 1) if timings.total_ms is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    model: str
+    state: str  # created, loading, ready, stopping, stopped or failed
+    error: str | None
+    parallel: int
+    trained_context: int | None
+    scheduler: SchedulerStats
+    kv_bytes_per_token: int | None
+    kv_buffer_bytes_reported: int | None
+    rss_bytes: int
+    recent_tokens_per_s: float
+    generated_tokens_total: int
+    uptime_s: float
+    live: tuple[LiveRequest, ...]
+    recent: tuple[FinishedRequest, ...]
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (calibration samples it)."""
+    return int(psutil.Process().memory_info().rss)

@@ -1,0 +1,174 @@
+"""Where running servers announce themselves on this machine, and one way to start `magnitude serve`.
+
+`magnitude serve` writes `serve-<port>.json` (url, token, pid; mode 0600) into the runtime folder
+and removes it on shutdown; Jupyter servers write `jpserver-<pid>.json` into theirs. Clients read
+both to find a server, and `LocalServer` starts one in a child process (for a kernel that finds
+none, for the tests and for the benchmarks) and returns once its model is loaded.
+
+Nothing here imports tornado or the engine: every kernel that looks for a server imports this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+
+def runtime_dir() -> Path:
+    return Path(os.environ.get("MAGNITUDE_RUNTIME_DIR") or Path.home() / ".magnitude" / "runtime")
+
+
+def write_runtime_file(host: str, port: int, token: str | None, model: str) -> Path:
+    """Where clients on this machine find the server and its token; readable by this user only."""
+    folder = runtime_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    path = folder / f"serve-{port}.json"
+    url_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    info = {"url": f"http://{url_host}:{port}", "token": token, "pid": os.getpid(), "model": model}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(info, fh)
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def live_runtime_files(folder: Path, pattern: str) -> list[dict[str, Any]]:
+    """The runtime files in `folder` whose process still runs, newest first."""
+    found = []
+    for path in sorted(folder.glob(pattern), key=os.path.getmtime, reverse=True):
+        with contextlib.suppress(OSError, ValueError):
+            info = json.loads(path.read_text())
+            if _alive(int(info.get("pid", 0))):
+                found.append(info)
+    return found
+
+
+def serve_runtime_files() -> list[dict[str, Any]]:
+    return live_runtime_files(runtime_dir(), "serve-*.json")
+
+
+def jupyter_servers() -> list[dict[str, Any]]:
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    return live_runtime_files(Path(jupyter_runtime_dir()), "jpserver-*.json")
+
+
+class ServerStartError(RuntimeError):
+    pass
+
+
+class LocalServer:
+    """`magnitude serve` in a child process on a free port; returns once its model is loaded.
+
+    `config` (YAML text) and a fresh runtime folder isolate it from the user's own settings; without
+    them it reads the user's config and announces itself where kernels look. `detached` servers
+    outlive this process (a kernel's background server, reused by later kernels).
+    """
+
+    def __init__(
+        self,
+        args: Sequence[str] = (),
+        *,
+        token: str | None = None,
+        config: str | None = None,
+        detached: bool = False,
+        log: IO[bytes] | int | None = subprocess.DEVNULL,
+        timeout: float = 120.0,
+    ) -> None:
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        env = dict(os.environ)
+        if config is not None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="magnitude-serve-")
+            folder = Path(self._tmp.name)
+            (folder / "config.yaml").write_text(config)
+            env |= {"MAGNITUDE_CONFIG": str(folder / "config.yaml"), "MAGNITUDE_RUNTIME_DIR": str(folder / "runtime")}
+        env.pop("MAGNITUDE_URL", None)
+        if token is not None:
+            env.pop("MAGNITUDE_TOKEN", None)
+        self.runtime = Path(env.get("MAGNITUDE_RUNTIME_DIR") or runtime_dir())
+        cmd = [sys.executable, "-m", "magnitude_jupyter.cli", "serve", "--port", "0", *args]
+        if token is not None:
+            cmd += ["--token", token]
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=detached
+        )
+        try:
+            info = self._wait_for_runtime_file(timeout)
+            self.url: str = info["url"]
+            self.token: str | None = info.get("token")
+            self.port = int(self.url.rsplit(":", 1)[1])
+            self._wait_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def runtime_file(self) -> Path:
+        return self.runtime / f"serve-{self.port}.json"
+
+    def _wait_for_runtime_file(self, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for info in live_runtime_files(self.runtime, "serve-*.json"):
+                if info.get("pid") == self.proc.pid:
+                    return info
+            if self.proc.poll() is not None:
+                raise ServerStartError(f"magnitude serve exited with status {self.proc.returncode}")
+            time.sleep(0.1)
+        raise ServerStartError(f"magnitude serve did not listen within {timeout:.0f} s")
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.TransportError):
+                status = httpx.get(f"{self.url}/health", headers=headers, timeout=2).status_code
+                if status == 200:
+                    return
+                if status != 503:
+                    raise ServerStartError(f"magnitude serve answered /health with {status}")
+            if self.proc.poll() is not None:
+                raise ServerStartError(f"magnitude serve exited with status {self.proc.returncode}")
+            time.sleep(0.2)
+        raise ServerStartError(f"magnitude serve did not load its model within {timeout:.0f} s")
+
+    def stop(self) -> None:
+        """SIGTERM (the server shuts its engine down and removes its runtime file), then SIGKILL if need be."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.left_runtime_file = hasattr(self, "port") and self.runtime_file.exists()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> LocalServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

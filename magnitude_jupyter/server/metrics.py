@@ -1,0 +1,80 @@
+"""`/metrics`: the engine's counters in Prometheus' text format, through `prometheus_client`.
+
+A collector reads the engine when scraped (nothing is copied on the hot path), into a registry of
+its own per engine, so two servers in one process never mix their figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from ..engine import Engine
+from ..engine.metrics import Histogram
+
+OUTCOMES = ("stop", "length", "cancelled", "error")
+
+
+def _histogram(name: str, help_text: str, model: str, hist: Histogram) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, help_text, labels=["model"])
+    buckets = [("+Inf" if bound == float("inf") else f"{bound:g}", count) for bound, count in hist.cumulative()]
+    family.add_metric([model], buckets=buckets, sum_value=hist.total)
+    return family
+
+
+class EngineCollector:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.engine.stats()
+        metrics = self.engine.metrics
+        model, sched = stats.model, stats.scheduler
+
+        requests = CounterMetricFamily(
+            "magnitude_requests", "Finished requests by outcome.", labels=["model", "outcome"]
+        )
+        for outcome in OUTCOMES:
+            requests.add_metric([model, outcome], metrics.requests_by_outcome.get(outcome, 0))
+        yield requests
+        for name, help_text, value in (
+            ("magnitude_prompt_tokens", "Prompt tokens of finished requests.", metrics.prompt_tokens_total),
+            ("magnitude_generation_tokens", "Tokens generated.", metrics.generation_tokens_total),
+        ):
+            counter = CounterMetricFamily(name, help_text, labels=["model"])
+            counter.add_metric([model], value)
+            yield counter
+        yield _histogram("magnitude_time_to_first_token_seconds", "Arrival to first token.", model, metrics.ttft)
+        yield _histogram("magnitude_e2e_request_latency_seconds", "Arrival to last token.", model, metrics.e2e)
+        total = sched.kv_cells_total
+        for name, help_text, value in (
+            (
+                "magnitude_kv_usage_ratio",
+                "KV cells reserved by running requests / all cells.",
+                sched.kv_cells_reserved / total if total else 0.0,
+            ),
+            ("magnitude_kv_cells_used", "KV cells holding tokens.", sched.kv_cells_used),
+            ("magnitude_requests_running", "Requests being decoded.", sched.running),
+            ("magnitude_requests_waiting", "Requests queued for KV cells or a slot.", sched.waiting),
+            (
+                "magnitude_recent_tokens_per_second",
+                "Generated tokens/s over the last seconds.",
+                stats.recent_tokens_per_s,
+            ),
+        ):
+            gauge = GaugeMetricFamily(name, help_text, labels=["model"])
+            gauge.add_metric([model], value)
+            yield gauge
+
+
+def make_registry(engine: Engine) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EngineCollector(engine))  # type: ignore[arg-type]
+    return registry
+
+
+def render_metrics(registry: CollectorRegistry) -> tuple[bytes, str]:
+    """(body, content type) for one scrape."""
+    return generate_latest(registry), CONTENT_TYPE_LATEST
