@@ -291,7 +291,7 @@ def serve(
         )
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(message)s")
     settings = _settings()
-    overrides = {
+    overrides: dict[str, Any] = {
         k: v
         for k, v in {
             "parallel": parallel,

@@ -31,7 +31,7 @@ class EngineSettings:
     parallel: int = 8
     ctx_size: int = 8192
     n_batch: int = 512
-    threads: int = 0  # 0: as many as the machine has cores
+    threads: int = 0  # 0: the cores other processes leave free (engine/threads.py); N: always N
     max_waiting: int = 256
     default_max_tokens: int = 512
     grace_seconds: float = 60.0

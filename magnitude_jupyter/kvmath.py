@@ -24,9 +24,12 @@ CACHE_TYPE_BYTES: dict[str, float] = {
 
 
 class KVShape(Protocol):
-    kv_heads_per_layer: tuple[int, ...]
-    head_dim_k: int
-    head_dim_v: int
+    @property
+    def kv_heads_per_layer(self) -> tuple[int, ...]: ...
+    @property
+    def head_dim_k(self) -> int: ...
+    @property
+    def head_dim_v(self) -> int: ...
 
 
 def kv_bytes_per_token(shape: KVShape, cache_type_k: str = "f16", cache_type_v: str | None = None) -> float:

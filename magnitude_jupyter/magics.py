@@ -12,7 +12,7 @@ import re
 import shlex
 import string
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
@@ -40,7 +40,7 @@ class MagnitudeError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # never SystemExit inside a kernel
+    def error(self, message: str) -> NoReturn:  # never SystemExit inside a kernel
         raise MagnitudeError(f"{message} (usage: {self.format_usage().strip().removeprefix('usage: ')})")
 
 
@@ -129,6 +129,15 @@ class MagnitudeMagics(Magics):
         self._client: Client | None = None
         self._facts: tuple[Client, bool, list[dict[str, Any]]] | None = None
         self.model: str | None = None
+
+    @property
+    def ipython(self) -> Any:
+        assert self.shell is not None, "the magics are registered with a shell"
+        return self.shell
+
+    @property
+    def user_ns(self) -> dict[str, Any]:
+        return self.ipython.user_ns
 
     # -- the server ---------------------------------------------------------------------------
 
@@ -224,7 +233,7 @@ class MagnitudeMagics(Magics):
     # -- one prompt ---------------------------------------------------------------------------
 
     def _prompt(self, args: argparse.Namespace, cell: str) -> Any:
-        prompt = interpolate(cell.strip(), self.shell.user_ns)
+        prompt = interpolate(cell.strip(), self.user_ns)
         if not prompt:
             raise MagnitudeError("the cell is empty: write the prompt below %%magnitude")
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
@@ -269,7 +278,7 @@ class MagnitudeMagics(Magics):
             bundle = {"text/markdown": result.text, "text/plain": result.text}
         elif args.format == "code":
             code = strip_fences(result.text)
-            self.shell.set_next_input(code, replace=False)
+            self.ipython.set_next_input(code, replace=False)
             answer = code
             bundle = {"text/plain": result.text}
         else:
@@ -278,12 +287,12 @@ class MagnitudeMagics(Magics):
             handle.update(bundle, raw=True, metadata=metadata)
         else:
             display(bundle, raw=True, metadata=metadata)
-        self.shell.user_ns[LAST_ANSWER] = result.text
+        self.user_ns[LAST_ANSWER] = result.text
         if args.format == "json":
             answer = parse_json_answer(result.text)
-        self.shell.user_ns[LAST_ANSWER] = answer
+        self.user_ns[LAST_ANSWER] = answer
         if args.output:
-            self.shell.user_ns[args.output] = answer
+            self.user_ns[args.output] = answer
         return None
 
     def _provenance(
@@ -324,7 +333,7 @@ class MagnitudeMagics(Magics):
         except ValueError as exc:
             raise MagnitudeError(str(exc)) from None
         widget = CalibrationWidget(self.client, config, probe=not args.no_probe)
-        self.shell.user_ns["_magnitude_calibration"] = widget
+        self.user_ns["_magnitude_calibration"] = widget
         if args.start:
             widget.start()
         return widget
@@ -333,8 +342,8 @@ class MagnitudeMagics(Magics):
 
     def _json_schema(self, ref: str) -> Any:
         """`--json-schema`: the name of a notebook variable, else JSON text."""
-        if ref in self.shell.user_ns:
-            return self.shell.user_ns[ref]
+        if ref in self.user_ns:
+            return self.user_ns[ref]
         try:
             return json.loads(ref)
         except ValueError:
@@ -343,7 +352,7 @@ class MagnitudeMagics(Magics):
     def _batch(self, df_name: str, template: str, args: argparse.Namespace) -> Any:
         import pandas as pd
 
-        df = self.shell.user_ns.get(df_name)
+        df = self.user_ns.get(df_name)
         if df is None:
             raise MagnitudeError(f"no DataFrame named {df_name!r} in the notebook")
         if not isinstance(df, pd.DataFrame):
@@ -357,9 +366,9 @@ class MagnitudeMagics(Magics):
         except BatchError as exc:
             raise MagnitudeError(str(exc)) from None
         print("magnitude: " + summary_line(result, options.get("checkpoint")))
-        self.shell.user_ns[LAST_ANSWER] = result
+        self.user_ns[LAST_ANSWER] = result
         if args.output:
-            self.shell.user_ns[args.output] = result
+            self.user_ns[args.output] = result
             return None
         return result
 

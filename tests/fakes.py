@@ -74,5 +74,8 @@ class FakeRunner:
     def token_logprobs(self, row: int, token: int, top_n: int) -> TokenLogprob:
         return TokenLogprob(self.token_to_piece(token), 0.0, ((self.token_to_piece(token), 0.0),) * min(top_n, 1))
 
+    def set_threads(self, n_threads: int) -> None:
+        self.threads = n_threads
+
     def close(self) -> None:
         self.closed = True

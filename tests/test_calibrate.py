@@ -138,8 +138,8 @@ def test_real_short_sweep_with_confirmed_probe(server, tmp_path):
     assert cap["probe"]["confirmed"], cap["probe"]
     assert profile.model["weight_types"] == {"Q4_1": 106_168_320, "Q8_0": 28_311_552}
     assert profile.model["sha256"] and profile.engine == {
-        "parallel": 4,
-        "ctx_size": 4096,
+        "parallel": 16,
+        "ctx_size": 8192,
         "kv_bytes_per_token": 23040.0,
     }
     assert Profile.load(profile.save_json(tmp_path / "real.json")).levels == json.loads(json.dumps(profile.levels))

@@ -53,7 +53,7 @@ def test_dataframe_batch_keeps_order_and_reports_failed_rows(connected, tmp_path
             "%load_ext magnitude_jupyter",
             "import pandas as pd\n"
             'reviews = [f\'Review {i}: the product was {"great" if i % 2 else "bad"}.\' for i in range(50)]\n'
-            "reviews[17] = 'word ' * 6000  # too long for the context: this row fails\n"
+            "reviews[17] = 'word ' * 9000  # too long for the context: this row fails\n"
             "df = pd.DataFrame({'review': reviews}, index=[f'r{i}' for i in range(50)])",
             "%%magnitude --df df -o scored --concurrency 8 --max-tokens 4\n"
             "Is this review positive or negative? {{ review }}",

@@ -250,3 +250,12 @@ def test_a_finishing_request_leaves_its_prompt_in_the_slot():
     s.add_request(second)
     s.schedule()
     assert second.cached_tokens == 40
+
+
+def test_thread_governor_gives_llama_cpp_the_cores_others_leave_free():
+    from magnitude_jupyter.engine.threads import ThreadGovernor
+
+    governor = ThreadGovernor(max_threads=4, cores=4)
+    assert [governor.threads_for(busy) for busy in (0.0, 0.3, 0.5, 1.0, 2.2, 3.9, 8.0)] == [4, 4, 3, 3, 2, 1, 1]
+    assert ThreadGovernor(max_threads=2, cores=8).threads_for(0.0) == 2  # never more than asked for
+    assert governor.update(0.0) is None  # the first reading only starts the clock

@@ -14,6 +14,10 @@ def _fmt(value: Any, spec: str = ".1f") -> str:
     return format(value, spec) if isinstance(value, (int, float)) else str(value)
 
 
+def _percent(share: float | None) -> float | None:
+    return None if share is None else share * 100
+
+
 def format_profile(profile: Profile) -> str:
     headers = [
         "concurrency",
@@ -41,7 +45,7 @@ def format_profile(profile: Profile) -> str:
                 _fmt(lv["e2e_ms"]["p95"], ".0f"),
                 _fmt(lv["e2e_ms"]["std"], ".0f"),
                 _fmt(lv["queue_ms"]["p50"], ".0f"),
-                _fmt(lv.get("kv_usage_max") * 100 if lv.get("kv_usage_max") is not None else None, ".0f") + "%",
+                _fmt(_percent(lv.get("kv_usage_max")), ".0f") + "%",
                 str(lv["errors"]),
             ]
         )

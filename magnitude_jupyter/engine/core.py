@@ -37,6 +37,7 @@ from .scheduler import DecodeItem, ScheduledChunk, Scheduler, SchedulerOutput, S
 from .stats import EngineStats, FinishedRequest, LiveRequest, rss_bytes
 from .streams import StreamEvent, StreamRegistry, TokenLogprob
 from .text import TextAssembler
+from .threads import ThreadGovernor
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class Runner(Protocol):
     def decode(self, items: list[DecodeItem]) -> list[int | None]: ...
     def sample(self, seq_id: int, row: int) -> int: ...
     def token_logprobs(self, row: int, token: int, top_n: int) -> TokenLogprob: ...
+    def set_threads(self, n_threads: int) -> None: ...
     def close(self) -> None: ...
 
 
@@ -133,6 +135,7 @@ class Engine:
         self.metrics = EngineMetrics()
         self.runner: Runner | None = None
         self.scheduler: Scheduler | None = None
+        self.governor: ThreadGovernor | None = None
         self._thread: threading.Thread | None = None
         self._stop = False
         self._step_listeners: list[Callable[[], None]] = []
@@ -348,6 +351,7 @@ class Engine:
             state=self.state,
             error=self.load_error,
             parallel=es.parallel,
+            threads=self.governor.threads if self.governor else es.n_threads,
             trained_context=info.trained_context if info else None,
             scheduler=scheduler,
             kv_bytes_per_token=kv_bytes_per_token(info) if info else None,
@@ -367,6 +371,8 @@ class Engine:
             self.runner = self._runner_factory(self.engine_settings)
             trained = getattr(self.runner, "n_ctx_train", 0) or None
             es = self.engine_settings
+            # threads: 0 (the default) follows what other processes leave free; a number is fixed.
+            self.governor = ThreadGovernor(es.n_threads) if es.threads == 0 else None
             self.scheduler = Scheduler(
                 ctx_size=min(self.runner.n_ctx, es.ctx_size),
                 max_running=es.parallel,
@@ -394,9 +400,13 @@ class Engine:
 
     def _loop(self) -> None:
         assert self.runner is not None and self.scheduler is not None
-        runner, scheduler = self.runner, self.scheduler
+        runner, scheduler, governor = self.runner, self.scheduler, self.governor
         next_housekeeping = 0.0
         while True:
+            if governor is not None:
+                threads = governor.update(time.monotonic())
+                if threads is not None:
+                    runner.set_threads(threads)
             with self._lock:
                 now = time.monotonic()
                 if now >= next_housekeeping:
@@ -415,6 +425,7 @@ class Engine:
                     self._notify_step()
                 continue
             for request in out.admitted:
+                assert request.seq_id is not None
                 runner.start_sequence(request.seq_id, request.params, request.prompt_tokens)
             self._apply_kv_ops(runner, out.kv_ops)
             try:

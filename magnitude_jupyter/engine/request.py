@@ -195,7 +195,7 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.is_finished
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         prompt, completion = len(self.prompt_tokens), len(self.output_tokens)
         return {
             "prompt_tokens": prompt,

@@ -256,6 +256,10 @@ class LlamaRunner:
             top = tuple((self.token_to_piece(int(t)), float(logits[t] - log_norm)) for t in best)
         return TokenLogprob(self.token_to_piece(token), float(logits[token] - log_norm), top)
 
+    def set_threads(self, n_threads: int) -> None:
+        """Threads for the next decodes (llama.cpp reads it at each call)."""
+        llama_cpp.llama_set_n_threads(self.ctx, n_threads, n_threads)
+
     def logits(self, row: int) -> np.ndarray:
         """A copy of one logits row of the last decode (tests and calibration read these)."""
         return self._logits_view(row).copy()

@@ -65,9 +65,10 @@ class EngineStats:
     state: str  # created, loading, ready, stopping, stopped or failed
     error: str | None
     parallel: int
+    threads: int  # llama.cpp threads in use now
     trained_context: int | None
     scheduler: SchedulerStats
-    kv_bytes_per_token: int | None
+    kv_bytes_per_token: float | None
     kv_buffer_bytes_reported: int | None
     rss_bytes: int
     recent_tokens_per_s: float

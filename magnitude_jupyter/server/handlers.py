@@ -83,7 +83,7 @@ class ApiMixin(RequestHandler):
     def send_error_json(self, exc: Exception, prompt_param: str = "messages") -> None:
         err = api_error_from(exc, prompt_param)
         if err.status >= 500 and err.status != 503:
-            self.log_exception(type(exc), exc, exc.__traceback__)  # type: ignore[arg-type]
+            self.log_exception(type(exc), exc, exc.__traceback__)
         for name, value in err.headers.items():
             self.set_header(name, value)
         self.send_json(err.body(), err.status)

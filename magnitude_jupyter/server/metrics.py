@@ -39,17 +39,17 @@ class EngineCollector:
         for outcome in OUTCOMES:
             requests.add_metric([model, outcome], metrics.requests_by_outcome.get(outcome, 0))
         yield requests
-        for name, help_text, value in (
+        for counter_name, counter_help, count in (
             ("magnitude_prompt_tokens", "Prompt tokens of finished requests.", metrics.prompt_tokens_total),
             ("magnitude_generation_tokens", "Tokens generated.", metrics.generation_tokens_total),
         ):
-            counter = CounterMetricFamily(name, help_text, labels=["model"])
-            counter.add_metric([model], value)
+            counter = CounterMetricFamily(counter_name, counter_help, labels=["model"])
+            counter.add_metric([model], count)
             yield counter
         yield _histogram("magnitude_time_to_first_token_seconds", "Arrival to first token.", model, metrics.ttft)
         yield _histogram("magnitude_e2e_request_latency_seconds", "Arrival to last token.", model, metrics.e2e)
         total = sched.kv_cells_total
-        for name, help_text, value in (
+        gauges: tuple[tuple[str, str, float], ...] = (
             (
                 "magnitude_kv_usage_ratio",
                 "KV cells reserved by running requests / all cells.",
@@ -63,7 +63,8 @@ class EngineCollector:
                 "Generated tokens/s over the last seconds.",
                 stats.recent_tokens_per_s,
             ),
-        ):
+        )
+        for name, help_text, value in gauges:
             gauge = GaugeMetricFamily(name, help_text, labels=["model"])
             gauge.add_metric([model], value)
             yield gauge
@@ -71,7 +72,7 @@ class EngineCollector:
 
 def make_registry(engine: Engine) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(engine))  # type: ignore[arg-type]
+    registry.register(EngineCollector(engine))
     return registry
 
 

@@ -82,10 +82,9 @@ def make_app(
     engine: Engine, token: str | None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, allow_remote: bool = False
 ) -> tornado.web.Application:
     routes = [(r"/", RootHandler), *make_routes(TokenAuthHandler, "/"), *make_routes(TokenAuthHandler, "/magnitude/")]
-    return tornado.web.Application(
-        routes,  # type: ignore[arg-type]
-        **{ENGINE_KEY: engine, TOKEN_KEY: token, MAX_BODY_KEY: max_body_bytes, REMOTE_KEY: allow_remote},
-    )
+    settings: dict[str, Any] = {ENGINE_KEY: engine, TOKEN_KEY: token, MAX_BODY_KEY: max_body_bytes}
+    settings[REMOTE_KEY] = allow_remote
+    return tornado.web.Application(routes, **settings)
 
 
 def resolve_token(token: str | None, no_auth: bool) -> tuple[str | None, bool]:

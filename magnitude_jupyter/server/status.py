@@ -15,6 +15,7 @@ def status_json(stats: EngineStats) -> dict[str, Any]:
         "state": stats.state,
         "error": stats.error,
         "parallel": stats.parallel,
+        "threads": stats.threads,
         "ctx_size": sched.kv_cells_total,
         "trained_context": stats.trained_context,
         "running": sched.running,

@@ -1,0 +1,59 @@
+"""How many threads llama.cpp may use, given what the rest of the machine is doing.
+
+llama.cpp splits each decode across its threads and makes them meet at a barrier after every
+operation. When another process keeps a core busy (a notebook kernel crunching pandas), one of
+those threads is off the CPU for a whole scheduler time slice while the others wait for it, many
+times per token: throughput collapses to a few tokens/s. Fewer threads than cores then decode far
+faster than all of them. `ThreadGovernor` watches the CPU time other processes take and gives
+llama.cpp the cores they leave free (never fewer than one), and all of them again once they go.
+"""
+
+from __future__ import annotations
+
+import psutil
+
+
+def _busy_seconds() -> float:
+    """CPU seconds spent on any work, by any process, since boot (all cores together)."""
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+class ThreadGovernor:
+    """Reads the machine's CPU use now and then; `update()` says when the thread count should change."""
+
+    def __init__(self, max_threads: int, interval_s: float = 1.0, cores: int | None = None) -> None:
+        self.max_threads = max_threads
+        self.interval_s = interval_s
+        self.cores = cores or psutil.cpu_count() or 1
+        self.threads = max_threads
+        self.others_cores = 0.0  # CPU time other processes took over the last interval, in cores
+        self._process = psutil.Process()
+        self._last: tuple[float, float, float] | None = None  # (when, busy seconds, own seconds)
+        self._next = 0.0
+
+    def _own_seconds(self) -> float:
+        times = self._process.cpu_times()
+        return times.user + times.system
+
+    def update(self, now: float) -> int | None:
+        """The new thread count if it should change now, else None."""
+        if now < self._next:
+            return None
+        self._next = now + self.interval_s
+        reading = (now, _busy_seconds(), self._own_seconds())
+        last, self._last = self._last, reading
+        if last is None or reading[0] <= last[0]:
+            return None
+        elapsed = reading[0] - last[0]
+        self.others_cores = max(0.0, ((reading[1] - last[1]) - (reading[2] - last[2])) / elapsed)
+        wanted = self.threads_for(self.others_cores)
+        if wanted == self.threads:
+            return None
+        self.threads = wanted
+        return wanted
+
+    def threads_for(self, others_cores: float) -> int:
+        """Every free core; a core counts as taken once other processes use more than 40% of one."""
+        free = self.cores - others_cores
+        return max(1, min(self.max_threads, int(free + 0.4)))
