@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 from magnitude_jupyter.client import Client
+from magnitude_jupyter.runtime import LocalServer
 
 TOKEN = "bench-token"
 
@@ -58,8 +55,8 @@ def stop_process(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-class MagnitudeServer:
-    """`magnitude serve` with its own config file and runtime folder; returns once the model is loaded."""
+class MagnitudeServer(LocalServer):
+    """`magnitude serve` for a benchmark (`runtime.LocalServer`, isolated config), with a client on it."""
 
     def __init__(
         self,
@@ -69,43 +66,17 @@ class MagnitudeServer:
         ctx_size: int = 8192,
         model: str | Path | None = None,
     ) -> None:
-        self._tmp = tempfile.TemporaryDirectory()
-        config_path = Path(self._tmp.name) / "config.yaml"
-        config_path.write_text(config)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {
-            **os.environ,
-            "MAGNITUDE_CONFIG": str(config_path),
-            "MAGNITUDE_RUNTIME_DIR": str(Path(self._tmp.name) / "runtime"),
-        }
-        cmd = [sys.executable, "-m", "magnitude_jupyter.cli", "serve", "--port", str(self.port), "--token", TOKEN]
-        cmd += ["--parallel", str(parallel), "--ctx-size", str(ctx_size)]
+        args = ["--parallel", str(parallel), "--ctx-size", str(ctx_size)]
         if threads is not None:
-            cmd += ["--threads", str(threads)]
+            args += ["--threads", str(threads)]
         if model is not None:
-            cmd += ["--model", str(model)]
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            args += ["--model", str(model)]
+        super().__init__(args, token=TOKEN, config=config)
         self.client = Client(self.url, TOKEN)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                self.client.wait_ready(timeout=2)
-                return
-            except Exception:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.close()
-                    raise RuntimeError("magnitude serve did not start") from None
-                time.sleep(0.3)
 
     def close(self) -> None:
         self.client.close()
-        if self.proc.poll() is None:
-            stop_process(self.proc)
-        self._tmp.cleanup()
-
-    def __enter__(self) -> MagnitudeServer:
-        return self
+        self.stop()
 
     def __exit__(self, *exc: object) -> None:
         self.close()

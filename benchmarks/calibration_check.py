@@ -70,7 +70,7 @@ def main() -> None:
             # Alternate the two, best of `repeats` each: noise on a shared machine only slows a run down.
             sweeps, others = [], []
             for _ in range(args.repeats):
-                sweeps.append(run_closed_level(server.client, config, c, threading.Event())["output_tokens_per_s"])
+                sweeps.append(run_closed_level(server.client, config, c, threading.Event()).output_tokens_per_s)
                 others.append(asyncio.run(independent_level(url, c, config)))
             sweep, other = max(sweeps), max(others)
             worst = max(worst, abs(sweep / other - 1))

@@ -191,8 +191,8 @@ def main() -> None:
         ["KV cells held after drain", status["kv_cells_used"]],
         ["... of which the prefix cache's", status["prefix_slot_tokens"]],
         ["RSS start -> end", f"{rss_start / 2**20:.0f} -> {status['rss_bytes'] / 2**20:.0f} MiB ({growth:+.1%})"],
-        ["p95 end-to-end, first minute", f"{percentiles(first)['p95'] or 0:.0f} ms ({len(first)} requests)"],
-        ["p95 end-to-end, last minute", f"{percentiles(last)['p95'] or 0:.0f} ms ({len(last)} requests)"],
+        ["p95 end-to-end, first minute", f"{percentiles(first).p95 or 0:.0f} ms ({len(first)} requests)"],
+        ["p95 end-to-end, last minute", f"{percentiles(last).p95 or 0:.0f} ms ({len(last)} requests)"],
     ]
     print(table(["check", "result"], rows))
     ok = (

@@ -342,6 +342,7 @@ def calibrate(
     html_path: str | None,
 ) -> None:
     """Sweep concurrency against a server and print throughput, latency and capacity."""
+    from .calibrate.records import Level
     from .calibrate.report import format_profile
     from .calibrate.run import calibrate as run_calibration
     from .calibrate.sweep import DEFAULT_PROMPT, SweepConfig, parse_levels
@@ -361,10 +362,10 @@ def calibrate(
         raise click.ClickException(str(exc)) from exc
     client = _client(url, token)
 
-    def progress(level: dict[str, Any]) -> None:
+    def progress(level: Level) -> None:
         click.echo(
-            f"  concurrency {level['concurrency']:>3}: {level['output_tokens_per_s']:7.1f} tok/s, "
-            f"TTFT p95 {level['ttft_ms']['p95'] or 0:7.0f} ms",
+            f"  concurrency {level.concurrency:>3}: {level.output_tokens_per_s:7.1f} tok/s, "
+            f"TTFT p95 {level.ttft_ms.p95 or 0:7.0f} ms",
             err=True,
         )
 

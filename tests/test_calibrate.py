@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import pytest
 
 from magnitude_jupyter.calibrate.capacity import capacity_report, sessions_table
 from magnitude_jupyter.calibrate.profile import Profile, compare, summarize_levels
+from magnitude_jupyter.calibrate.records import Level, Percentiles
 from magnitude_jupyter.calibrate.stats import knee, percentiles, recommend_parallel, saturated, scaling_efficiency
 from magnitude_jupyter.calibrate.sweep import SweepConfig
 from magnitude_jupyter.client import Client
@@ -21,9 +21,9 @@ from magnitude_jupyter.models import bundled_model_path, read_model_info
 def test_percentiles_by_hand():
     values = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
     p = percentiles(values)
-    assert p["p50"] == 55.0 and p["p95"] == pytest.approx(95.5) and p["p99"] == pytest.approx(99.1)
-    assert p["mean"] == 55.0 and p["std"] == pytest.approx(30.2765, rel=1e-4)
-    assert percentiles([]) == {"p50": None, "p95": None, "p99": None, "mean": None, "std": None}
+    assert p.p50 == 55.0 and p.p95 == pytest.approx(95.5) and p.p99 == pytest.approx(99.1)
+    assert p.mean == 55.0 and p.std == pytest.approx(30.2765, rel=1e-4)
+    assert percentiles([]) == Percentiles(p50=None, p95=None, p99=None, mean=None, std=None)
 
 
 def test_knee_and_scaling_efficiency():
@@ -35,21 +35,26 @@ def test_knee_and_scaling_efficiency():
     assert scaling_efficiency({2: 5.0}) == {2: None}
 
 
-def level(c, tps, e2e_p50=100.0, e2e_p95=200.0, ttft_p95=50.0):
-    return {
-        "concurrency": c,
-        "output_tokens_per_s": tps,
-        "e2e_ms": {"p50": e2e_p50, "p95": e2e_p95},
-        "ttft_ms": {"p95": ttft_p95},
-    }
+def level(c, tps, e2e_p50=100.0, e2e_p95=200.0, ttft_p95=50.0, e2e_std=None, ttft_p50=None):
+    return Level(
+        concurrency=c,
+        requests=4,
+        errors=0,
+        seconds=2.0,
+        requests_per_s=2.0,
+        output_tokens=100,
+        output_tokens_per_s=tps,
+        e2e_ms=Percentiles(p50=e2e_p50, p95=e2e_p95, std=e2e_std),
+        ttft_ms=Percentiles(p50=ttft_p50, p95=ttft_p95),
+    )
 
 
 def test_recommendation_and_saturation():
     levels = [level(1, 60, e2e_p95=900), level(4, 120, e2e_p95=1500), level(8, 130, e2e_p95=2600)]
     assert recommend_parallel(levels, 2000) == 4  # p95 end-to-end by default
     assert recommend_parallel(levels, 100) is None
-    assert recommend_parallel(levels, 60, latency_ms=lambda lv: lv["ttft_ms"]["p95"]) == 8
-    assert recommend_parallel([{"concurrency": 1, "output_tokens_per_s": 50}], 2000) is None  # no latency figure
+    assert recommend_parallel(levels, 60, latency_ms=lambda lv: lv.ttft_ms.p95) == 8
+    assert recommend_parallel([level(1, 50, e2e_p95=None)], 2000) is None  # no latency figure
     assert saturated([level(1, 60, ttft_p95=900)], 500).startswith("p95 TTFT 900 ms")
     assert "over-saturated" in saturated([level(4, 120, e2e_p50=100), level(8, 100, e2e_p50=300)], None)
     assert saturated([level(4, 120), level(8, 125)], None) is None
@@ -75,32 +80,12 @@ def test_capacity_arithmetic_for_the_bundled_model():
 
 def test_profile_round_trip_and_compare(tmp_path):
     levels = [
-        {
-            "concurrency": 1,
-            "requests": 4,
-            "errors": 0,
-            "seconds": 2.0,
-            "requests_per_s": 2.0,
-            "output_tokens": 100,
-            "output_tokens_per_s": 50.0,
-            "ttft_ms": {"p50": 10.0},
-            "e2e_ms": {"p50": 90.0, "p95": 100.0, "std": 3.0},
-        },
-        {
-            "concurrency": 2,
-            "requests": 4,
-            "errors": 0,
-            "seconds": 1.5,
-            "requests_per_s": 2.7,
-            "output_tokens": 100,
-            "output_tokens_per_s": 66.7,
-            "ttft_ms": {"p50": 12.0},
-            "e2e_ms": {"p50": 95.0, "p95": 120.0, "std": 5.0},
-        },
+        level(1, 50.0, e2e_p50=90.0, e2e_p95=100.0, e2e_std=3.0, ttft_p50=10.0, ttft_p95=None),
+        level(2, 66.7, e2e_p50=95.0, e2e_p95=120.0, e2e_std=5.0, ttft_p50=12.0, ttft_p95=None),
     ]
     summary = summarize_levels(levels, {"ctx_size": 4096}, {"trained_context": 8192}, latency_target_ms=110)
-    assert summary["single_stream_tokens_per_s"] == 50.0 and summary["peak_concurrency"] == 2
-    assert summary["usable_context_ratio"] == 0.5 and summary["recommended_parallel"] == 1
+    assert summary.single_stream_tokens_per_s == 50.0 and summary.peak_concurrency == 2
+    assert summary.usable_context_ratio == 0.5 and summary.recommended_parallel == 1
     profile = Profile(
         machine={"cpu": "x"},
         server={},
@@ -128,11 +113,11 @@ def test_real_short_sweep_with_confirmed_probe(server, tmp_path):
     seen = []
     config = SweepConfig(concurrency=(1, 2), requests_per_level=3, max_tokens=8, warmup_requests=1)
     profile = calibrate(client, config, on_level=seen.append)
-    assert [lv["concurrency"] for lv in profile.levels] == [1, 2] and seen == profile.levels
+    assert [lv.concurrency for lv in profile.levels] == [1, 2] and seen == profile.levels
     for lv in profile.levels:
-        assert lv["requests"] == 3 and lv["errors"] == 0 and lv["output_tokens"] == 24
-        assert lv["ttft_ms"]["p50"] > 0 and lv["tpot_ms"]["p50"] > 0 and lv["queue_ms"]["p50"] is not None
-        assert lv["kv_usage_max"] is not None and lv["rss_bytes_max"] > 0
+        assert lv.requests == 3 and lv.errors == 0 and lv.output_tokens == 24
+        assert lv.ttft_ms.p50 > 0 and lv.tpot_ms.p50 > 0 and lv.queue_ms.p50 is not None
+        assert lv.kv_usage_max is not None and lv.rss_bytes_max > 0
     cap = profile.capacity
     assert cap["bytes_per_token"] == 23_040 and cap["predicted_kv_buffer_bytes"] == cap["reported_kv_buffer_bytes"]
     assert cap["probe"]["confirmed"], cap["probe"]
@@ -142,7 +127,7 @@ def test_real_short_sweep_with_confirmed_probe(server, tmp_path):
         "ctx_size": 8192,
         "kv_bytes_per_token": 23040.0,
     }
-    assert Profile.load(profile.save_json(tmp_path / "real.json")).levels == json.loads(json.dumps(profile.levels))
+    assert Profile.load(profile.save_json(tmp_path / "real.json")).levels == profile.levels
 
 
 @pytest.mark.model
@@ -156,7 +141,7 @@ def test_widget_updates_traces_and_honours_stop(server):
     profile = widget.run()
     assert widget.error is None and len(profile.levels) == 2
     assert list(widget.throughput.data[0].x) == [1, 2]
-    assert list(widget.throughput.data[0].y) == [lv["output_tokens_per_s"] for lv in profile.levels]
+    assert list(widget.throughput.data[0].y) == [lv.output_tokens_per_s for lv in profile.levels]
     assert len(widget.latency.data[1].y) == 2 and widget.progress.value == 2
     assert widget.start_button.disabled is False and widget.stop_button.disabled is True
 
@@ -207,7 +192,7 @@ def test_cli_calibrate_prints_a_table_and_writes_files(server, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "out tok/s" in done.stdout and "scaling efficiency" in done.stdout
     assert "79% of the weights are Q4_1, which llama.cpp multiplies one row at a time" in done.stdout
-    assert Profile.load(tmp_path / "p.json").levels[0]["concurrency"] == 1
+    assert Profile.load(tmp_path / "p.json").levels[0].concurrency == 1
     assert (tmp_path / "p.csv").read_text().startswith("concurrency")
     bad = subprocess.run(
         [sys.executable, "-m", "magnitude_jupyter.cli", "calibrate", "--concurrency", "a,b"],
@@ -227,7 +212,7 @@ def test_open_loop_poisson_level(server):
     levels, reason = run_sweep(client, config)
     assert reason is None and len(levels) == 1
     (lv,) = levels
-    assert lv["arrival_rate"] == 4.0 and lv["concurrency"] is None
-    assert lv["requests"] == 4 and lv["errors"] == 0 and lv["output_tokens"] == 24
+    assert lv.arrival_rate == 4.0 and lv.concurrency is None
+    assert lv.requests == 4 and lv.errors == 0 and lv.output_tokens == 24
     with pytest.raises(ValueError, match="arrival rates"):
         run_sweep(client, SweepConfig(mode="open"))

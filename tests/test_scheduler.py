@@ -17,7 +17,7 @@ from magnitude_jupyter.engine import (
 )
 from magnitude_jupyter.engine.prefix import ClearSequence, PrefixCopy
 from magnitude_jupyter.engine.request import Request, RequestStatus
-from magnitude_jupyter.engine.scheduler import Scheduler
+from magnitude_jupyter.engine.scheduler import REPRODUCIBLE_CHUNK, Scheduler
 
 from .fakes import FakeRunner
 
@@ -100,6 +100,9 @@ def test_reproducible_requests_are_scheduled_alone_with_fixed_chunks():
     out = s.schedule()
     assert [c.request.request_id for c in out.batched] == ["batch"]
     assert [(c.request.request_id, len(c.tokens)) for c in out.solo] == [("repro", 8)]
+    wide = Scheduler(ctx_size=1000, max_running=4, n_batch=512, max_waiting=10)
+    wide.add_request(make_request("repro", 200, 4, reproducible=True))
+    assert [len(c.tokens) for c in wide.schedule().solo] == [REPRODUCIBLE_CHUNK]  # never a tiled chunk
 
 
 def fake_engine(**overrides) -> Engine:

@@ -109,3 +109,20 @@ async def test_non_streaming_and_errors_in_openai_shape(jp_fetch, jp_serverapp):
     assert json.loads(info.value.response.body)["error"]["param"] == "max_tokens"
     metrics = (await jp_fetch("magnitude", "metrics")).body.decode()
     assert "magnitude_generation_tokens_total" in metrics
+
+
+async def test_the_calibration_notebook_is_copied_from_the_package_once(jp_fetch, jp_serverapp, jp_root_dir):
+    """The Lab panel's button: the notebook ships in the package and lands in the Jupyter root."""
+    response = await jp_fetch("magnitude", "workshop", "03_calibration.ipynb", method="POST", body=b"")
+    path = json.loads(response.body)["path"]
+    assert path == "magnitude-workshop/03_calibration.ipynb"
+    copied = jp_root_dir / path
+    notebook = json.loads(copied.read_text())
+    assert notebook["cells"]
+    notebook["cells"].append({"cell_type": "markdown", "id": "mine", "metadata": {}, "source": "my notes"})
+    copied.write_text(json.dumps(notebook))  # a learner's edit
+    await jp_fetch("magnitude", "workshop", "03_calibration.ipynb", method="POST", body=b"")
+    assert "my notes" in copied.read_text()  # never overwritten
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("magnitude", "workshop", "nope.ipynb", method="POST", body=b"")
+    assert info.value.code == 404 and json.loads(info.value.response.body)["error"]["message"]

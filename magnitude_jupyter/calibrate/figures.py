@@ -6,27 +6,28 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from .records import Level
 from .stats import knee
 
 
-def _closed(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [lv for lv in levels if lv.get("concurrency")]
+def _closed(levels: list[Level]) -> list[Level]:
+    return [lv for lv in levels if lv.concurrency]
 
 
-def throughput_traces(levels: list[dict[str, Any]], name: str = "") -> dict[str, Any]:
+def throughput_traces(levels: list[Level], name: str = "") -> dict[str, Any]:
     closed = _closed(levels)
-    xs = [lv["concurrency"] for lv in closed]
-    ys = [lv["output_tokens_per_s"] for lv in closed]
-    k = knee(list(zip(xs, ys, strict=True)))
+    xs = [lv.concurrency for lv in closed]
+    ys = [lv.output_tokens_per_s for lv in closed]
+    k = knee([(float(x or 0), y) for x, y in zip(xs, ys, strict=True)])
     knee_y = [y for x, y in zip(xs, ys, strict=True) if x == k]
     return {"x": xs, "y": ys, "knee_x": [k] if k is not None else [], "knee_y": knee_y[:1], "name": name}
 
 
-def latency_traces(levels: list[dict[str, Any]], key: str = "ttft_ms") -> dict[str, list[Any]]:
+def latency_traces(levels: list[Level], key: str = "ttft_ms") -> dict[str, list[Any]]:
     closed = _closed(levels)
-    out: dict[str, list[Any]] = {"x": [lv["concurrency"] for lv in closed]}
+    out: dict[str, list[Any]] = {"x": [lv.concurrency for lv in closed]}
     for stat in ("p50", "p95", "p99"):
-        out[stat] = [(lv.get(key) or {}).get(stat) for lv in closed]
+        out[stat] = [getattr(getattr(lv, key), stat) for lv in closed]
     return out
 
 

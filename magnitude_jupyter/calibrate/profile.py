@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .records import Level, Summary
 from .stats import knee, recommend_parallel, scaling_efficiency
 
 PROFILE_VERSION = 1
@@ -43,28 +44,27 @@ def machine_info() -> dict[str, Any]:
 
 
 def summarize_levels(
-    levels: list[dict[str, Any]], engine: dict[str, Any], model: dict[str, Any], latency_target_ms: float | None = None
-) -> dict[str, Any]:
-    closed = [lv for lv in levels if lv.get("concurrency")]
-    thr = {int(lv["concurrency"]): lv["output_tokens_per_s"] for lv in closed}
-    peak = max(closed, key=lambda lv: lv["output_tokens_per_s"]) if closed else None
-    knee_c = knee([(c, t) for c, t in thr.items()])
-    at_knee = next((lv for lv in closed if lv["concurrency"] == knee_c), None)
+    levels: list[Level], engine: dict[str, Any], model: dict[str, Any], latency_target_ms: float | None = None
+) -> Summary:
+    closed = [lv for lv in levels if lv.concurrency]
+    thr = {lv.concurrency: lv.output_tokens_per_s for lv in closed if lv.concurrency}
+    peak = max(closed, key=lambda lv: lv.output_tokens_per_s) if closed else None
+    knee_c = knee(list(thr.items()))
+    at_knee = next((lv for lv in closed if lv.concurrency == knee_c), None)
     trained = model.get("trained_context")
     ctx = engine.get("ctx_size")
-    recommended = recommend_parallel(closed, latency_target_ms) if latency_target_ms else None
-    return {
-        "single_stream_tokens_per_s": thr.get(1),
-        "peak_tokens_per_s": peak["output_tokens_per_s"] if peak else None,
-        "peak_concurrency": peak["concurrency"] if peak else None,
-        "knee_concurrency": knee_c,
-        "scaling_efficiency": {str(c): e for c, e in scaling_efficiency(thr).items()},
-        "e2e_std_ms_at_knee": (at_knee or {}).get("e2e_ms", {}).get("std") if at_knee else None,
-        "ttft_std_ms_at_knee": (at_knee or {}).get("ttft_ms", {}).get("std") if at_knee else None,
-        "usable_context_ratio": (min(ctx, trained) / trained) if ctx and trained else None,
-        "latency_target_ms": latency_target_ms,
-        "recommended_parallel": recommended,
-    }
+    return Summary(
+        single_stream_tokens_per_s=thr.get(1),
+        peak_tokens_per_s=peak.output_tokens_per_s if peak else None,
+        peak_concurrency=peak.concurrency if peak else None,
+        knee_concurrency=int(knee_c) if knee_c is not None else None,
+        scaling_efficiency={str(c): e for c, e in scaling_efficiency(thr).items()},
+        e2e_std_ms_at_knee=at_knee.e2e_ms.std if at_knee else None,
+        ttft_std_ms_at_knee=at_knee.ttft_ms.std if at_knee else None,
+        usable_context_ratio=(min(ctx, trained) / trained) if ctx and trained else None,
+        latency_target_ms=latency_target_ms,
+        recommended_parallel=recommend_parallel(closed, latency_target_ms) if latency_target_ms else None,
+    )
 
 
 @dataclass
@@ -74,8 +74,8 @@ class Profile:
     model: dict[str, Any]
     engine: dict[str, Any]
     config: dict[str, Any]
-    levels: list[dict[str, Any]]
-    summary: dict[str, Any]
+    levels: list[Level]
+    summary: Summary
     capacity: dict[str, Any] | None = None
     stopped_because: str | None = None
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
@@ -85,7 +85,7 @@ class Profile:
     # -- files -------------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return asdict(self)  # nested records become plain dicts
 
     def save_json(self, path: str | Path) -> Path:
         path = Path(path)
@@ -96,7 +96,8 @@ class Profile:
     def from_json(cls, data: dict[str, Any]) -> Profile:
         if data.get("version") != PROFILE_VERSION:
             raise ValueError(f"profile version {data.get('version')!r} is not {PROFILE_VERSION}")
-        return cls(**data)
+        levels = [Level.from_json(lv) for lv in data.get("levels") or []]
+        return cls(**{**data, "levels": levels, "summary": Summary.from_json(data.get("summary") or {})})
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
@@ -105,14 +106,7 @@ class Profile:
     def levels_frame(self) -> Any:
         import pandas as pd
 
-        rows = []
-        for lv in self.levels:
-            row = {k: v for k, v in lv.items() if not isinstance(v, dict)}
-            for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms"):
-                for stat, value in (lv.get(key) or {}).items():
-                    row[f"{key}_{stat}"] = value
-            rows.append(row)
-        return pd.DataFrame(rows)
+        return pd.DataFrame([lv.flat() for lv in self.levels])
 
     def save_csv(self, path: str | Path) -> Path:
         path = Path(path)
@@ -124,8 +118,7 @@ class Profile:
 
         figures = [throughput_figure([self]), latency_figure([self]), capacity_figure(self)]
         parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
-        s = self.summary
-        rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in s.items())
+        rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in self.summary.to_json().items())
         html = (
             "<!doctype html><html><head><meta charset='utf-8'>"
             f"<title>magnitude profile: {self.model.get('id')}</title>"

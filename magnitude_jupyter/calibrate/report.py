@@ -36,17 +36,17 @@ def format_profile(profile: Profile) -> str:
     for lv in profile.levels:
         rows.append(
             [
-                _fmt(lv.get("concurrency") or lv.get("arrival_rate"), "g"),
-                _fmt(lv["requests_per_s"], ".2f"),
-                _fmt(lv["output_tokens_per_s"]),
-                _fmt(lv["ttft_ms"]["p50"], ".0f"),
-                _fmt(lv["ttft_ms"]["p95"], ".0f"),
-                _fmt(lv["tpot_ms"]["p50"], ".1f"),
-                _fmt(lv["e2e_ms"]["p95"], ".0f"),
-                _fmt(lv["e2e_ms"]["std"], ".0f"),
-                _fmt(lv["queue_ms"]["p50"], ".0f"),
-                _fmt(_percent(lv.get("kv_usage_max")), ".0f") + "%",
-                str(lv["errors"]),
+                _fmt(lv.step, "g"),
+                _fmt(lv.requests_per_s, ".2f"),
+                _fmt(lv.output_tokens_per_s),
+                _fmt(lv.ttft_ms.p50, ".0f"),
+                _fmt(lv.ttft_ms.p95, ".0f"),
+                _fmt(lv.tpot_ms.p50, ".1f"),
+                _fmt(lv.e2e_ms.p95, ".0f"),
+                _fmt(lv.e2e_ms.std, ".0f"),
+                _fmt(lv.queue_ms.p50, ".0f"),
+                _fmt(_percent(lv.kv_usage_max), ".0f") + "%",
+                str(lv.errors),
             ]
         )
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)] if rows else map(len, headers)
@@ -60,12 +60,12 @@ def format_profile(profile: Profile) -> str:
     s = profile.summary
     lines.append("")
     lines.append(
-        f"single stream {_fmt(s['single_stream_tokens_per_s'])} tok/s; peak {_fmt(s['peak_tokens_per_s'])} "
-        f"tok/s at concurrency {_fmt(s['peak_concurrency'], 'g')}; knee at {_fmt(s['knee_concurrency'], 'g')}; "
-        f"usable/trained context {_fmt(s['usable_context_ratio'], '.2f')}; recommended parallel "
-        f"{_fmt(s['recommended_parallel'], 'g')}"
+        f"single stream {_fmt(s.single_stream_tokens_per_s)} tok/s; peak {_fmt(s.peak_tokens_per_s)} "
+        f"tok/s at concurrency {_fmt(s.peak_concurrency, 'g')}; knee at {_fmt(s.knee_concurrency, 'g')}; "
+        f"usable/trained context {_fmt(s.usable_context_ratio, '.2f')}; recommended parallel "
+        f"{_fmt(s.recommended_parallel, 'g')}"
     )
-    eff = ", ".join(f"{c}: {_fmt(e, '.2f')}" for c, e in s["scaling_efficiency"].items())
+    eff = ", ".join(f"{c}: {_fmt(e, '.2f')}" for c, e in s.scaling_efficiency.items())
     lines.append(f"scaling efficiency thr(c)/(c·thr(1)): {eff}")
     share, types = unbatched_weights(profile.model.get("weight_types") or {})
     if share >= 0.5:

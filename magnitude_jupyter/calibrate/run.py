@@ -10,6 +10,7 @@ from typing import Any
 from ..client import Client, ClientError, discover
 from .capacity import capacity_report, probe
 from .profile import Profile, machine_info, summarize_levels
+from .records import Level
 from .sweep import SweepConfig, run_sweep
 
 
@@ -47,7 +48,7 @@ def calibrate(
     config: SweepConfig | None = None,
     run_probe: bool = True,
     memory_bytes: int | None = None,
-    on_level: Callable[[dict[str, Any]], None] | None = None,
+    on_level: Callable[[Level], None] | None = None,
     on_capacity: Callable[[dict[str, Any]], None] | None = None,
     stop: threading.Event | None = None,
     name: str = "",

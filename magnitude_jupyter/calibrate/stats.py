@@ -8,21 +8,20 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
+from .records import Level, Percentiles
 
-def percentiles(values: Sequence[float], qs: Sequence[float] = (50, 95, 99)) -> dict[str, float | None]:
+
+def percentiles(values: Sequence[float]) -> Percentiles:
     """p50/p95/p99 (linear interpolation, as numpy), mean and standard deviation; None when empty."""
-    keys = [f"p{q:g}" for q in qs] + ["mean", "std"]
     if not values:
-        return dict.fromkeys(keys)
+        return Percentiles()
     arr = np.asarray(values, dtype=float)
-    out: dict[str, float | None] = {f"p{q:g}": float(np.percentile(arr, q)) for q in qs}
-    out["mean"] = float(arr.mean())
-    out["std"] = float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
-    return out
+    p50, p95, p99 = (float(np.percentile(arr, q)) for q in (50, 95, 99))
+    std = float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
+    return Percentiles(p50=p50, p95=p95, p99=p99, mean=float(arr.mean()), std=std)
 
 
 def scaling_efficiency(throughput: dict[int, float]) -> dict[int, float | None]:
@@ -55,33 +54,33 @@ def knee(points: Sequence[tuple[float, float]], min_gain: float = 0.10) -> float
     return best
 
 
-def e2e_p95_ms(level: dict[str, Any]) -> float | None:
-    return (level.get("e2e_ms") or {}).get("p95")
+def e2e_p95_ms(level: Level) -> float | None:
+    return level.e2e_ms.p95
 
 
 def recommend_parallel(
-    levels: Sequence[dict[str, Any]],
+    levels: Sequence[Level],
     target_ms: float,
-    latency_ms: Callable[[dict[str, Any]], float | None] = e2e_p95_ms,
+    latency_ms: Callable[[Level], float | None] = e2e_p95_ms,
 ) -> int | None:
     """The highest-throughput concurrency whose latency figure (p95 end-to-end by default) stays within the target."""
-    ok = [lv for lv in levels if (ms := latency_ms(lv)) is not None and ms <= target_ms]
+    ok = [lv for lv in levels if lv.concurrency and (ms := latency_ms(lv)) is not None and ms <= target_ms]
     if not ok:
         return None
-    return int(max(ok, key=lambda lv: (lv["output_tokens_per_s"], -lv["concurrency"]))["concurrency"])
+    return max(ok, key=lambda lv: (lv.output_tokens_per_s, -(lv.concurrency or 0))).concurrency
 
 
-def saturated(levels: Sequence[dict[str, Any]], ttft_p95_limit_ms: float | None) -> str | None:
+def saturated(levels: Sequence[Level], ttft_p95_limit_ms: float | None) -> str | None:
     """Why to stop the sweep after the last level, or None to go on."""
     if not levels:
         return None
     last = levels[-1]
-    if ttft_p95_limit_ms is not None and (last.get("ttft_ms") or {}).get("p95", 0) > ttft_p95_limit_ms:
-        return f"p95 TTFT {last['ttft_ms']['p95']:.0f} ms is over the {ttft_p95_limit_ms:.0f} ms limit"
+    ttft_p95 = last.ttft_ms.p95 or 0.0
+    if ttft_p95_limit_ms is not None and ttft_p95 > ttft_p95_limit_ms:
+        return f"p95 TTFT {ttft_p95:.0f} ms is over the {ttft_p95_limit_ms:.0f} ms limit"
     if len(levels) >= 2:
         prev = levels[-2]
-        if last["output_tokens_per_s"] < 0.95 * prev["output_tokens_per_s"] and (last.get("e2e_ms") or {}).get(
-            "p50", 0
-        ) > (prev.get("e2e_ms") or {}).get("p50", 0):
+        slower = (last.e2e_ms.p50 or 0.0) > (prev.e2e_ms.p50 or 0.0)
+        if last.output_tokens_per_s < 0.95 * prev.output_tokens_per_s and slower:
             return "throughput fell while latency climbed: the service is over-saturated"
     return None

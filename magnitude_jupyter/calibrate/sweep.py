@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..client import Client, ClientError, StreamResult
+from .records import Level, Percentiles
 from .stats import percentiles, saturated
 
 DEFAULT_PROMPT = "Write a detailed story about a lighthouse keeper who finds a message in a bottle."
@@ -132,8 +133,9 @@ class _StatusSampler:
             self._stop.wait(self.every_s)
 
     def summary(self) -> dict[str, Any]:
+        """The server's side of a level: `Level` fields, missing when the server is not ours."""
         if not self.samples:
-            return {"kv_usage_max": None, "kv_usage_mean": None, "rss_bytes_max": None, "waiting_max": None}
+            return {}
         usage = [s["kv_cells_used"] / s["kv_cells_total"] for s in self.samples if s.get("kv_cells_total")]
         rss = [s["rss_bytes"] for s in self.samples if s.get("rss_bytes")]
         return {
@@ -144,31 +146,31 @@ class _StatusSampler:
         }
 
 
-def summarize(samples: list[Sample], elapsed_s: float, **extra: Any) -> dict[str, Any]:
+def summarize(samples: list[Sample], elapsed_s: float, **extra: Any) -> Level:
     ok = [s for s in samples if s.ok]
     tokens = sum(s.tokens for s in ok)
     ms = 1000.0
 
-    def pct(values: list[float | None]) -> dict[str, float | None]:
+    def pct(values: list[float | None]) -> Percentiles:
         return percentiles([v * ms for v in values if v is not None])
 
-    return {
+    return Level(
+        requests=len(samples),
+        errors=len(samples) - len(ok),
+        seconds=elapsed_s,
+        requests_per_s=len(ok) / elapsed_s if elapsed_s > 0 else 0.0,
+        output_tokens=tokens,
+        output_tokens_per_s=tokens / elapsed_s if elapsed_s > 0 else 0.0,
+        ttft_ms=pct([s.ttft_s for s in ok]),
+        tpot_ms=pct([s.tpot_s for s in ok]),
+        itl_ms=pct([gap for s in ok for gap in s.itl_s]),
+        e2e_ms=pct([s.e2e_s for s in ok]),
+        queue_ms=percentiles([s.queued_ms for s in ok if s.queued_ms is not None]),
         **extra,
-        "requests": len(samples),
-        "errors": len(samples) - len(ok),
-        "seconds": elapsed_s,
-        "requests_per_s": len(ok) / elapsed_s if elapsed_s > 0 else 0.0,
-        "output_tokens": tokens,
-        "output_tokens_per_s": tokens / elapsed_s if elapsed_s > 0 else 0.0,
-        "ttft_ms": pct([s.ttft_s for s in ok]),
-        "tpot_ms": pct([s.tpot_s for s in ok]),
-        "itl_ms": pct([gap for s in ok for gap in s.itl_s]),
-        "e2e_ms": pct([s.e2e_s for s in ok]),
-        "queue_ms": percentiles([s.queued_ms for s in ok if s.queued_ms is not None]),
-    }
+    )
 
 
-def run_closed_level(client: Client, config: SweepConfig, concurrency: int, stop: threading.Event) -> dict[str, Any]:
+def run_closed_level(client: Client, config: SweepConfig, concurrency: int, stop: threading.Event) -> Level:
     """`concurrency` clients, each sending its next request as soon as its last one completes."""
     samples: list[Sample] = []
     lock = threading.Lock()
@@ -203,9 +205,7 @@ def run_closed_level(client: Client, config: SweepConfig, concurrency: int, stop
     return summarize(samples, elapsed, concurrency=concurrency, **sampler.summary())
 
 
-def run_open_level(
-    client: Client, config: SweepConfig, rate: float, stop: threading.Event, seed: int = 0
-) -> dict[str, Any]:
+def run_open_level(client: Client, config: SweepConfig, rate: float, stop: threading.Event, seed: int = 0) -> Level:
     """Poisson arrivals at `rate` requests/s, whatever the server's pace (each request its own thread)."""
     rng = random.Random(seed)
     samples: list[Sample] = []
@@ -231,15 +231,15 @@ def run_open_level(
         for thread in threads:
             thread.join()
         elapsed = time.perf_counter() - start
-    return summarize(samples, elapsed, concurrency=None, arrival_rate=rate, **sampler.summary())
+    return summarize(samples, elapsed, arrival_rate=rate, **sampler.summary())
 
 
 def run_sweep(
     client: Client,
     config: SweepConfig,
-    on_level: Callable[[dict[str, Any]], None] | None = None,
+    on_level: Callable[[Level], None] | None = None,
     stop: threading.Event | None = None,
-) -> tuple[list[dict[str, Any]], str | None]:
+) -> tuple[list[Level], str | None]:
     """Every level in turn (after a warm-up); returns the levels measured and why it stopped early, if it did."""
     config.validate()
     stop = stop or threading.Event()
@@ -247,7 +247,7 @@ def run_sweep(
         if stop.is_set():
             break
         one_request(client, config)
-    levels: list[dict[str, Any]] = []
+    levels: list[Level] = []
     steps = config.concurrency if config.mode == "closed" else config.rates
     reason = None
     for step in steps:
@@ -258,7 +258,7 @@ def run_sweep(
             level = run_closed_level(client, config, int(step), stop)
         else:
             level = run_open_level(client, config, float(step), stop)
-        if stop.is_set() and level["requests"] == 0:
+        if stop.is_set() and level.requests == 0:
             reason = "stopped"
             break
         levels.append(level)

@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 from ..client import Client, discover
 from .figures import capacity_figure, capacity_traces, latency_figure, latency_traces, throughput_traces
 from .profile import Profile
+from .records import Level
 from .run import calibrate
 from .sweep import DEFAULT_PROMPT, SweepConfig, parse_levels
 
@@ -26,7 +27,7 @@ class CalibrationWidget:
         self.run_probe = probe
         self.profile: Profile | None = None
         self.error: str | None = None
-        self.levels: list[dict[str, Any]] = []
+        self.levels: list[Level] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -146,7 +147,7 @@ class CalibrationWidget:
             self.capacity.data[2].x, self.capacity.data[2].y = t["probe_x"], t["probe_y"]
         self.status.value = "sweeping…"
 
-    def _on_level(self, level: dict[str, Any]) -> None:
+    def _on_level(self, level: Level) -> None:
         self.levels.append(level)
         t = throughput_traces(self.levels)
         lat = latency_traces(self.levels, "ttft_ms")
@@ -158,8 +159,8 @@ class CalibrationWidget:
                 trace.x, trace.y = lat["x"], lat[stat]
         self.progress.value = len(self.levels)
         self.status.value = (
-            f"concurrency {level['concurrency']}: {level['output_tokens_per_s']:.1f} tok/s, "
-            f"TTFT p95 {level['ttft_ms']['p95'] or 0:.0f} ms"
+            f"concurrency {level.concurrency}: {level.output_tokens_per_s:.1f} tok/s, "
+            f"TTFT p95 {level.ttft_ms.p95 or 0:.0f} ms"
         )
 
 

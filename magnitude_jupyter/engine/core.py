@@ -136,6 +136,7 @@ class Engine:
         self.runner: Runner | None = None
         self.scheduler: Scheduler | None = None
         self.governor: ThreadGovernor | None = None
+        self._threads = self.engine_settings.n_threads
         self._thread: threading.Thread | None = None
         self._stop = False
         self._step_listeners: list[Callable[[], None]] = []
@@ -351,7 +352,7 @@ class Engine:
             state=self.state,
             error=self.load_error,
             parallel=es.parallel,
-            threads=self.governor.threads if self.governor else es.n_threads,
+            threads=self._threads,
             trained_context=info.trained_context if info else None,
             scheduler=scheduler,
             kv_bytes_per_token=kv_bytes_per_token(info) if info else None,
@@ -373,6 +374,7 @@ class Engine:
             es = self.engine_settings
             # threads: 0 (the default) follows what other processes leave free; a number is fixed.
             self.governor = ThreadGovernor(es.n_threads) if es.threads == 0 else None
+            self._threads = es.n_threads  # what llama.cpp uses now
             self.scheduler = Scheduler(
                 ctx_size=min(self.runner.n_ctx, es.ctx_size),
                 max_running=es.parallel,
@@ -407,6 +409,7 @@ class Engine:
                 threads = governor.update(time.monotonic())
                 if threads is not None:
                     runner.set_threads(threads)
+                    self._threads = threads
             with self._lock:
                 now = time.monotonic()
                 if now >= next_housekeeping:
@@ -460,7 +463,7 @@ class Engine:
         groups = ([out.batched] if out.batched else []) + [[chunk] for chunk in out.solo]
         for group in groups:
             items = [DecodeItem(c.seq_id, c.tokens, c.start_pos, c.sample) for c in group]
-            rows = runner.decode(items)
+            rows = self._decode_solo_step(runner, items) if group is not out.batched else runner.decode(items)
             for chunk, row in zip(group, rows, strict=True):
                 if row is None:
                     sampled.append(None)
@@ -471,6 +474,19 @@ class Engine:
                 logprob = runner.token_logprobs(row, token, params.top_logprobs) if params.logprobs else None
                 sampled.append(Sampled(token, logprob))
         return sampled
+
+    def _decode_solo_step(self, runner: Runner, items: list[DecodeItem]) -> list[int | None]:
+        """A reproducible request's chunk. Its one-token steps run on one thread: llama.cpp's CPU flash
+        attention splits a cache of 512 cells or more into one piece per thread and merges them, so
+        the result would depend on how far the cache reaches (what else runs); a single piece is
+        bit-identical to the unsplit pass over a small cache."""
+        if len(items[0].tokens) != 1 or self._threads == 1:
+            return runner.decode(items)
+        runner.set_threads(1)
+        try:
+            return runner.decode(items)
+        finally:
+            runner.set_threads(self._threads)
 
     def _chunks(self, out: SchedulerOutput) -> list[ScheduledChunk]:
         return out.batched + out.solo

@@ -22,6 +22,11 @@ from .request import FinishReason, Priority, Request, RequestStatus
 
 SLOT_KEY = "<prefix slot>"  # the retained prefix's entry in the KV budget
 
+# llama.cpp's CPU flash attention runs prompt chunks of 64 tokens or more in KV tiles, grouping a
+# sequence's cells by where they sit in the shared cache; below that it visits them one by one, in
+# order, and the result depends on nothing else in the cache. Reproducible prompts go in such chunks.
+REPRODUCIBLE_CHUNK = 63
+
 
 class PromptTooLongError(ValueError):
     """The request could never fit: the message states the numbers."""
@@ -269,7 +274,7 @@ class Scheduler:
             remaining = len(req.prompt_tokens) - req.num_computed_tokens
             if req.params.reproducible:
                 # A fixed chunk size, whatever else runs: the same request is computed the same way.
-                size = min(remaining, self.n_batch)
+                size = min(remaining, self.n_batch, REPRODUCIBLE_CHUNK)
                 target = out.solo
             else:
                 size = min(remaining, token_budget)

@@ -61,9 +61,8 @@ MAX_JSON_DEPTH = 64
 
 # What each endpoint understands. A field outside these is refused by name, never ignored: a client
 # that asks for tools, several choices or an echo must learn that it did not get them.
-COMMON_FIELDS = {
-    "model",
-    "max_tokens",
+# Fields that go into SamplingParams as they are (its `validate` checks their types and ranges).
+SAMPLING_FIELDS = (
     "temperature",
     "top_p",
     "top_k",
@@ -73,6 +72,13 @@ COMMON_FIELDS = {
     "frequency_penalty",
     "presence_penalty",
     "seed",
+    "reproducible",
+    "ignore_eos",
+)
+COMMON_FIELDS = {
+    *SAMPLING_FIELDS,
+    "model",
+    "max_tokens",
     "stop",
     "stream",
     "stream_options",
@@ -80,9 +86,7 @@ COMMON_FIELDS = {
     "logprobs",
     "response_format",
     "grammar",
-    "reproducible",
     "priority",
-    "ignore_eos",
     "user",  # an end-user id for the caller's own records: it changes nothing in the answer
 }
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"}
@@ -233,19 +237,7 @@ def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
 
     # Types and ranges are checked once, by SamplingParams.validate, which names the field.
     params = SamplingParams(max_tokens=max_tokens, stop=_stop(data))
-    for name in (
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "repeat_penalty",
-        "repeat_last_n",
-        "frequency_penalty",
-        "presence_penalty",
-        "seed",
-        "reproducible",
-        "ignore_eos",
-    ):
+    for name in SAMPLING_FIELDS:
         if data.get(name) is not None:
             setattr(params, name, data[name])
     params.logprobs, params.top_logprobs = _logprobs(data, kind)
