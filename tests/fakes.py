@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 import time
 
 from magnitude_jupyter.engine.request import SamplingParams
@@ -14,6 +16,9 @@ EOG = 0
 class FakeRunner:
     """Each sequence 'generates' prompt[-1]+1, +2, ... and never ends on its own unless told to.
 
+    It keeps KV cells the way llama.cpp's unified cache does: a cell holds one token at one position
+    and belongs to any number of sequences; copying a range tags the same cells with another
+    sequence; a cell is freed when no sequence holds it. Tests read `live_cells()` and `tokens_of()`.
     Records every decode call, so tests can see how the engine batched the work.
     """
 
@@ -24,10 +29,52 @@ class FakeRunner:
         self.bos_token = ""
         self.eos_token = ""
         self.calls: list[list[DecodeItem]] = []
-        self.copies: list[tuple[int, int, int]] = []
-        self.cells: dict[int, int] = {}
+        self.copies: list[tuple[int, int, int, int]] = []
+        self.seqs: dict[int, dict[int, int]] = {}  # seq id -> {position: cell id}
+        self.cell_tokens: dict[int, int] = {}  # cell id -> token
+        self._cell_ids = itertools.count()
         self.next_token: dict[int, int] = {}
+        self.saved = 0
+        self.restored = 0
         self.closed = False
+
+    # -- the cache, as llama.cpp keeps it ---------------------------------------------------------
+
+    def live_cells(self) -> int:
+        return len({cell for cells in self.seqs.values() for cell in cells.values()})
+
+    def tokens_of(self, seq_id: int) -> list[int]:
+        cells = self.seqs.get(seq_id, {})
+        assert sorted(cells) == list(range(len(cells))), f"sequence {seq_id} has holes: {sorted(cells)}"
+        return [self.cell_tokens[cells[pos]] for pos in range(len(cells))]
+
+    def copy_cells(self, src_seq: int, dst_seq: int, start: int, end: int) -> None:
+        self.copies.append((src_seq, dst_seq, start, end))
+        src = self.seqs.get(src_seq, {})
+        dst = self.seqs.setdefault(dst_seq, {})
+        for pos in range(start, end):
+            assert pos in src, f"sequence {src_seq} has no cell at {pos}"
+            dst[pos] = src[pos]
+
+    def drop_cells(self, seq_id: int, start: int, end: int) -> None:
+        cells = self.seqs.get(seq_id, {})
+        for pos in [p for p in cells if start <= p < end]:
+            del cells[pos]
+
+    def save_sequence(self, seq_id: int) -> bytes:
+        self.saved += 1
+        return json.dumps(self.tokens_of(seq_id)).encode()
+
+    def restore_sequence(self, seq_id: int, data: bytes) -> bool:
+        self.restored += 1
+        self.seqs[seq_id] = {}
+        for pos, token in enumerate(json.loads(data)):
+            cell = next(self._cell_ids)
+            self.cell_tokens[cell] = token
+            self.seqs[seq_id][pos] = cell
+        return True
+
+    # -- the rest of a runner ---------------------------------------------------------------------
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return [int(w) for w in text.split()]
@@ -45,15 +92,11 @@ class FakeRunner:
         return "root" in grammar
 
     def end_sequence(self, seq_id: int) -> None:
-        self.cells.pop(seq_id, None)
+        self.seqs.pop(seq_id, None)
         self.next_token.pop(seq_id, None)
 
-    def copy_prefix(self, src_seq: int, dst_seq: int, length: int) -> None:
-        self.copies.append((src_seq, dst_seq, length))
-        self.cells[dst_seq] = self.cells.get(dst_seq, 0) + length
-
     def sequence_length(self, seq_id: int) -> int:
-        return self.cells.get(seq_id, 0)
+        return len(self.seqs.get(seq_id, {}))
 
     def decode(self, items: list[DecodeItem]) -> list[int | None]:
         self.calls.append(list(items))
@@ -61,7 +104,11 @@ class FakeRunner:
         rows: list[int | None] = []
         n = 0
         for item in items:
-            self.cells[item.seq_id] = self.cells.get(item.seq_id, 0) + len(item.tokens)
+            cells = self.seqs.setdefault(item.seq_id, {})
+            for offset, token in enumerate(item.tokens):
+                cell = next(self._cell_ids)
+                self.cell_tokens[cell] = token
+                cells[item.start_pos + offset] = cell
             n += len(item.tokens)
             rows.append(n - 1 if item.want_logits else None)
         return rows

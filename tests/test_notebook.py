@@ -95,9 +95,14 @@ def test_interrupt_keeps_finished_rows_and_checkpoint_finishes(connected, tmp_pa
     nb = run_notebook(
         [
             "%load_ext magnitude_jupyter",
-            "import pandas as pd, threading, _thread\n"
+            "import pandas as pd, pathlib, threading, time, _thread\n"
             "df = pd.DataFrame({'text': [f'Tell me a fact about the number {i}.' for i in range(40)]})",
-            "threading.Timer(4.0, _thread.interrupt_main).start()\n"
+            # interrupt once two rows are in the checkpoint: finished rows exist, most are still to do
+            f"def interrupt_after_two_rows(path=pathlib.Path({str(checkpoint)!r})):\n"
+            "    while not (path.exists() and path.read_text().count(chr(10)) >= 2):\n"
+            "        time.sleep(0.05)\n"
+            "    _thread.interrupt_main()\n"
+            "threading.Thread(target=interrupt_after_two_rows, daemon=True).start()\n"
             f"%magnitude batch df --template 'Q: {{{{ text }}}}' --concurrency 4 --max-tokens 24 "
             f"--checkpoint {checkpoint} -o first",
             "done_first = first['error'].isna().sum(); print(done_first, first.attrs['magnitude']['interrupted'])",

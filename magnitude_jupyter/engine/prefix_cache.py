@@ -1,0 +1,347 @@
+"""A KV prefix cache that keeps many prompts: a radix tree over tokens, whose leaves own sequences.
+
+Notebooks and agents resend their whole history every turn. When a request ends, its tokens (prompt
+and answer) stay in the KV cache as an entry; a later request that starts the same way copies the
+longest cached match (`llama_memory_seq_cp`, which only tags cells in a unified cache) and computes
+only the rest, as SGLang's RadixAttention does.
+
+The tree is exact about cells. Each node is a span of tokens whose KV cells exist once; each leaf
+owns one llama.cpp sequence id that holds every cell from the root to its end, so an inner node's
+cells live as long as one leaf below it does. A running request that copied a prefix pins the nodes
+on its path (the budget counts those cells once, here), so they are not evicted under it. Eviction
+takes the least recently used unpinned leaf and frees its own span; what it shares with its
+siblings stays. With a RAM tier the
+evicted sequence's state is saved first (`llama_state_seq_get_data`), so a conversation that comes
+back is restored instead of recomputed.
+
+This module only decides. It speaks to llama.cpp through the KV operations it returns (copy,
+clear, save, restore), which the engine hands to the runner in order.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CopyCells:
+    """`dst_seq` shares the cells of `src_seq` for positions [start, end)."""
+
+    src_seq: int
+    dst_seq: int
+    start: int
+    end: int
+
+
+@dataclass
+class ClearSequence:
+    """Drop every cell of `seq_id` (cells other sequences share stay)."""
+
+    seq_id: int
+
+
+@dataclass
+class SaveSequence:
+    """Save the state of `seq_id` (its `tokens`) to the RAM tier before it is cleared."""
+
+    seq_id: int
+    tokens: tuple[int, ...]
+
+
+@dataclass
+class RestoreSequence:
+    """Load a saved state into `seq_id`, then replace its first `shared` cells with those of `shared_from`
+    (the tree's own cells for the part it already holds)."""
+
+    seq_id: int
+    data: bytes
+    shared: int = 0
+    shared_from: int | None = None
+
+
+KVOp = CopyCells | ClearSequence | SaveSequence | RestoreSequence
+Pins = Sequence[tuple[Sequence[int], int]]  # (prompt tokens, cells copied from the tree) of running requests
+
+
+@dataclass(eq=False)
+class Node:
+    tokens: list[int]
+    parent: Node | None = None
+    children: dict[int, Node] = field(default_factory=dict)
+    seq_id: int | None = None  # leaves only: the sequence holding every cell from the root to here
+    last_used: int = 0
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children and self.parent is not None
+
+    def any_leaf(self) -> Node:
+        node = self
+        while node.children:
+            node = next(iter(node.children.values()))
+        return node
+
+
+@dataclass
+class Match:
+    length: int  # tokens matched
+    path: list[Node]  # nodes from the root whose cells the match covers (the last one maybe in part)
+    seq_id: int | None  # a sequence holding cells [0, length)
+
+
+class RamTier:
+    """Saved sequence states in host memory, least recently used dropped first, within `capacity_bytes`."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.entries: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
+        self.bytes = 0
+
+    def put(self, tokens: tuple[int, ...], data: bytes) -> None:
+        if len(data) > self.capacity_bytes:
+            return
+        self.pop(tokens)
+        self.entries[tokens] = data
+        self.bytes += len(data)
+        while self.bytes > self.capacity_bytes:
+            _, dropped = self.entries.popitem(last=False)
+            self.bytes -= len(dropped)
+
+    def pop(self, tokens: tuple[int, ...]) -> bytes | None:
+        data = self.entries.pop(tokens, None)
+        if data is not None:
+            self.bytes -= len(data)
+        return data
+
+    def best(self, prompt: Sequence[int], limit: int) -> tuple[tuple[int, ...], int]:
+        """The saved entry that shares the longest prefix with `prompt` (at most `limit` tokens)."""
+        best: tuple[tuple[int, ...], int] = ((), 0)
+        for tokens in self.entries:
+            n = common_prefix_len(tokens, prompt, limit)
+            if n > best[1]:
+                best = (tokens, n)
+        return best
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:
+    n = min(len(a), len(b)) if limit is None else min(len(a), len(b), limit)
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class PrefixCache:
+    """The tree, its sequence ids, and the cells it holds (`cells`, counted once however shared)."""
+
+    def __init__(self, seq_ids: Sequence[int], ram_bytes: int = 0) -> None:
+        self.root = Node(tokens=[])
+        self.free_seq_ids = list(seq_ids)
+        self.cells = 0
+        self.ram = RamTier(ram_bytes) if ram_bytes > 0 else None
+        self._clock = itertools.count(1)
+        # counters for /status and /metrics
+        self.lookup_tokens = 0
+        self.hit_tokens = 0
+        self.restored_tokens = 0
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def leaves(self) -> Iterator[Node]:
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            if node.is_leaf:
+                yield node
+            stack.extend(node.children.values())
+
+    @property
+    def entries(self) -> int:
+        return sum(1 for _ in self.leaves())
+
+    def match(self, tokens: Sequence[int], limit: int) -> Match:
+        """The longest cached prefix of `tokens`, up to `limit` tokens."""
+        node, matched, path = self.root, 0, []
+        while matched < limit:
+            child = node.children.get(tokens[matched]) if matched < len(tokens) else None
+            if child is None:
+                break
+            n = common_prefix_len(child.tokens, tokens[matched:], limit - matched)
+            if n == 0:
+                break
+            path.append(child)
+            matched += n
+            if n < len(child.tokens):
+                break
+            node = child
+        seq_id = path[-1].any_leaf().seq_id if path else None
+        return Match(matched, path, seq_id)
+
+    # -- what requests do ---------------------------------------------------------------------------
+
+    def touch(self, match: Match) -> None:
+        now = next(self._clock)
+        for node in match.path:
+            node.last_used = now
+        if match.path:
+            match.path[-1].any_leaf().last_used = now
+
+    def insert(self, tokens: Sequence[int], src_seq: int, ops: list[KVOp], pinned: Pins = ()) -> None:
+        """Keep `tokens`, whose cells `src_seq` holds, as an entry (before `src_seq` is cleared).
+
+        Only the part the tree lacks is taken from `src_seq`: what it already holds stays as it is,
+        so a span of tokens never has its cells twice. The new cells come from the request that
+        ends, whose reservation covered them, so inserting never overruns the budget.
+        """
+        match = self.match(tokens, len(tokens))
+        self.touch(match)
+        if match.length == len(tokens):
+            return  # nothing new
+        extends_leaf = bool(match.path) and match.path[-1].is_leaf and match.length == self._end(match.path)
+        if not extends_leaf and not self.free_seq_ids:
+            # Free a sequence id first (its entry may fold nodes together), keeping this path.
+            if not self._evict_leaf(ops, [*pinned, (tokens, match.length)]):
+                return  # every entry is pinned: nothing is kept this time
+            match = self.match(tokens, len(tokens))
+        parent = self._split_at(match)
+        new = list(tokens[match.length :])
+        now = next(self._clock)
+        if parent.is_leaf and parent.seq_id is not None:
+            # The request continued an entry (the next turn of a conversation): the entry grows.
+            ops.append(CopyCells(src_seq, parent.seq_id, match.length, len(tokens)))
+            parent.tokens += new
+            parent.last_used = now
+            self.cells += len(new)
+            return
+        seq_id = self.free_seq_ids.pop(0)
+        if match.length:
+            ops.append(CopyCells(self._holder(parent), seq_id, 0, match.length))
+        ops.append(CopyCells(src_seq, seq_id, match.length, len(tokens)))
+        parent.children[new[0]] = Node(tokens=new, parent=parent, seq_id=seq_id, last_used=now)
+        self.cells += len(new)
+
+    @staticmethod
+    def _end(path: list[Node]) -> int:
+        return sum(len(node.tokens) for node in path)
+
+    def restore(self, tokens: tuple[int, ...], data: bytes, ops: list[KVOp], pinned: Pins = ()) -> bool:
+        """Bring a saved entry back from the RAM tier as a leaf; False if the tree holds it all already or
+        no sequence id can be freed."""
+        have = self.match(tokens, len(tokens)).length
+        if have >= len(tokens):
+            return False
+        if not self.free_seq_ids and not self._evict_leaf(ops, [*pinned, (tokens, have)]):
+            return False
+        match = self.match(tokens, len(tokens))
+        parent = self._split_at(match)
+        seq_id = self.free_seq_ids.pop(0)
+        holder = self._holder(parent) if match.length else None
+        ops.append(RestoreSequence(seq_id, data, shared=match.length, shared_from=holder))
+        new = list(tokens[match.length :])
+        if parent.is_leaf:
+            # The saved entry continues a leaf the tree has: one sequence holds the whole path now.
+            assert parent.seq_id is not None
+            ops.append(ClearSequence(parent.seq_id))
+            self.free_seq_ids.append(parent.seq_id)
+            parent.tokens += new
+            parent.seq_id = seq_id
+            parent.last_used = next(self._clock)
+        else:
+            parent.children[new[0]] = Node(tokens=new, parent=parent, seq_id=seq_id, last_used=next(self._clock))
+        self.cells += len(new)
+        self.restored_tokens += len(new)
+        return True
+
+    def _holder(self, node: Node) -> int:
+        seq_id = node.any_leaf().seq_id
+        assert seq_id is not None, "every subtree ends in leaves that own sequences"
+        return seq_id
+
+    def _split_at(self, match: Match) -> Node:
+        """The node that ends exactly where the match ends, splitting a span if the match stops inside it."""
+        if not match.path:
+            return self.root
+        node = match.path[-1]
+        inside = len(node.tokens) - (self._end(match.path) - match.length)
+        if inside == len(node.tokens):
+            return node
+        assert node.parent is not None
+        # The upper part becomes an inner node; the leaves below (the same sequences) still hold it.
+        top = Node(tokens=node.tokens[:inside], parent=node.parent, last_used=node.last_used)
+        node.parent.children[top.tokens[0]] = top
+        node.tokens = node.tokens[inside:]
+        node.parent = top
+        top.children[node.tokens[0]] = node
+        return top
+
+    # -- making room ------------------------------------------------------------------------------
+
+    def pinned_nodes(self, pinned: Pins) -> set[int]:
+        """Nodes whose cells running requests share: (their prompt, how much of it they copied)."""
+        ids: set[int] = set()
+        for tokens, shared in pinned:
+            ids.update(id(node) for node in self.match(tokens, shared).path)
+        return ids
+
+    def evictable_cells(self, pinned: Pins = ()) -> int:
+        """Cells eviction could give back now: every node no running request shares."""
+        held = self.pinned_nodes(pinned)
+        return sum(len(node.tokens) for node in self._nodes() if id(node) not in held)
+
+    def _nodes(self) -> Iterator[Node]:
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def evict(self, cells_needed: int, ops: list[KVOp], pinned: Pins = ()) -> int:
+        """Free at least `cells_needed` cells, least recently used unpinned leaves first; returns cells freed."""
+        freed = 0
+        while freed < cells_needed:
+            before = self.cells
+            if not self._evict_leaf(ops, pinned):
+                break
+            freed += before - self.cells
+        return freed
+
+    def _evict_leaf(self, ops: list[KVOp], pinned: Pins) -> bool:
+        held = self.pinned_nodes(pinned)
+        candidates = [leaf for leaf in self.leaves() if id(leaf) not in held]
+        if not candidates:
+            return False
+        self._drop(min(candidates, key=lambda leaf: leaf.last_used), ops)
+        return True
+
+    def _path_tokens(self, leaf: Node) -> tuple[int, ...]:
+        parts, node = [], leaf
+        while node is not None and node is not self.root:
+            parts.append(node.tokens)
+            node = node.parent
+        return tuple(itertools.chain.from_iterable(reversed(parts)))
+
+    def _drop(self, leaf: Node, ops: list[KVOp]) -> None:
+        assert leaf.seq_id is not None and leaf.parent is not None
+        if self.ram is not None:
+            ops.append(SaveSequence(leaf.seq_id, self._path_tokens(leaf)))
+        ops.append(ClearSequence(leaf.seq_id))
+        self.free_seq_ids.append(leaf.seq_id)
+        parent = leaf.parent
+        del parent.children[leaf.tokens[0]]
+        self.cells -= len(leaf.tokens)
+        if parent is not self.root and len(parent.children) == 1:
+            # An inner node with one child left: fold it into the child (the child's sequence holds it).
+            (child,) = parent.children.values()
+            grand = parent.parent
+            assert grand is not None
+            child.tokens = parent.tokens + child.tokens
+            child.parent = grand
+            grand.children[child.tokens[0]] = child
+
+    def clear(self, ops: list[KVOp]) -> None:
+        """Forget every entry."""
+        for leaf in list(self.leaves()):
+            self._drop(leaf, ops)

@@ -1,0 +1,159 @@
+"""The prefix cache's tree against a model of llama.cpp's cells (tests/fakes.py): exact, with no model."""
+
+from __future__ import annotations
+
+import random
+
+from magnitude_jupyter.engine.prefix_cache import (
+    ClearSequence,
+    CopyCells,
+    KVOp,
+    PrefixCache,
+    RestoreSequence,
+    SaveSequence,
+)
+from magnitude_jupyter.engine.scheduler import DecodeItem
+
+from .fakes import FakeRunner
+
+REQUEST_SEQ = 0  # the request slot the tests compute tokens in
+
+
+def apply(runner: FakeRunner, cache: PrefixCache, ops: list[KVOp]) -> None:
+    """What the engine does with the cache's operations."""
+    for op in ops:
+        if isinstance(op, CopyCells):
+            runner.copy_cells(op.src_seq, op.dst_seq, op.start, op.end)
+        elif isinstance(op, ClearSequence):
+            runner.end_sequence(op.seq_id)
+        elif isinstance(op, SaveSequence):
+            assert cache.ram is not None
+            cache.ram.put(op.tokens, runner.save_sequence(op.seq_id))
+        elif isinstance(op, RestoreSequence):
+            runner.restore_sequence(op.seq_id, op.data)
+            if op.shared:
+                assert op.shared_from is not None
+                runner.drop_cells(op.seq_id, 0, op.shared)
+                runner.copy_cells(op.shared_from, op.seq_id, 0, op.shared)
+    ops.clear()
+
+
+def finish(runner: FakeRunner, cache: PrefixCache, tokens: list[int], copied_from: int | None = None, shared: int = 0):
+    """A request computes `tokens` (after copying `shared` of them from a cache entry) and ends."""
+    runner.end_sequence(REQUEST_SEQ)
+    if shared:
+        assert copied_from is not None
+        runner.copy_cells(copied_from, REQUEST_SEQ, 0, shared)
+    runner.decode([DecodeItem(REQUEST_SEQ, tokens[shared:], shared, True)])
+    ops: list[KVOp] = []
+    cache.insert(tokens, REQUEST_SEQ, ops)
+    apply(runner, cache, ops)
+    runner.end_sequence(REQUEST_SEQ)
+
+
+def check(runner: FakeRunner, cache: PrefixCache) -> None:
+    """Every leaf's sequence holds exactly its path's tokens, and the cache counts its cells exactly."""
+    for leaf in cache.leaves():
+        path, node = [], leaf
+        while node is not cache.root:
+            path = node.tokens + path
+            node = node.parent
+        assert runner.tokens_of(leaf.seq_id) == path
+    assert cache.cells == runner.live_cells() == sum(len(n.tokens) for n in cache._nodes())
+
+
+def test_a_conversation_grows_one_entry_and_matches_every_turn():
+    runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 20))
+    turn1 = list(range(100, 140))
+    finish(runner, cache, turn1)
+    assert cache.entries == 1 and cache.match([*turn1, 5], 99).length == 40
+    turn2 = turn1 + list(range(200, 230))
+    match = cache.match(turn2, len(turn2) - 1)
+    finish(runner, cache, turn2, copied_from=match.seq_id, shared=match.length)
+    assert cache.entries == 1 and cache.cells == 70  # the same entry, grown: no cell twice
+    check(runner, cache)
+
+
+def test_diverging_prompts_share_their_common_head_once():
+    runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 20))
+    system = list(range(1, 31))
+    a, b, c = [*system, 40, 41, 42], [*system, 50, 51], [*system, 40, 41, 60]
+    for tokens in (a, b, c):
+        match = cache.match(tokens, len(tokens))
+        finish(runner, cache, tokens, copied_from=match.seq_id, shared=match.length)
+    assert cache.entries == 3
+    assert cache.cells == 30 + 3 + 2 + 1  # the system prompt's cells exist once
+    assert cache.match([*system, 40, 41, 99], 99).length == 32
+    check(runner, cache)
+
+
+def test_eviction_takes_the_least_recently_used_unpinned_leaf_and_folds_its_parent():
+    runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 20))
+    head = list(range(1, 21))
+    old, pinned, fresh = [*head, 31, 32], [*head, 41, 42, 43], list(range(500, 510))
+    for tokens in (old, pinned, fresh):
+        finish(runner, cache, tokens)
+    ops: list[KVOp] = []
+    # `pinned` is in use by a running request that copied all of it: it must stay
+    freed = cache.evict(2, ops, pinned=[(pinned, len(pinned))])
+    apply(runner, cache, ops)
+    assert freed == 2 and cache.match(old, 99).length == 20 and cache.match(pinned, 99).length == 23
+    check(runner, cache)  # `head` folded into the surviving leaf, held by its sequence
+    cache.evict(10**6, ops, pinned=[(pinned, len(pinned))])
+    apply(runner, cache, ops)
+    assert cache.entries == 1 and cache.match(pinned, 99).length == 23
+    check(runner, cache)
+
+
+def test_out_of_sequence_ids_the_oldest_entry_makes_room():
+    runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 12))
+    for start in (100, 200, 300):
+        finish(runner, cache, list(range(start, start + 10)))
+    assert cache.entries == 2 and cache.match(list(range(100, 110)), 99).length == 0
+    assert cache.match(list(range(300, 310)), 99).length == 10
+    check(runner, cache)
+
+
+def test_the_ram_tier_brings_an_evicted_conversation_back():
+    runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 20), ram_bytes=1 << 20)
+    system = list(range(1, 21))
+    talk = system + list(range(100, 150))
+    other = [*system, 7, 8, 9]
+    finish(runner, cache, talk)
+    finish(runner, cache, other)
+    ops: list[KVOp] = []
+    cache.evict(50, ops, pinned=[(other, len(other))])
+    apply(runner, cache, ops)
+    assert cache.match(talk, 999).length == 20 and runner.saved == 1
+    tokens, n = cache.ram.best([*talk, 5], 999)
+    assert n == len(talk)
+    assert cache.restore(tokens, cache.ram.pop(tokens), ops)
+    apply(runner, cache, ops)
+    assert cache.match(talk, 999).length == len(talk) and runner.restored == 1
+    check(runner, cache)  # the shared system prompt is the tree's own cells, not a second copy
+
+
+def test_random_workloads_keep_the_tree_exact():
+    rng = random.Random(7)
+    runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 18), ram_bytes=1 << 16)
+    prefixes = [[rng.randrange(1, 50) for _ in range(rng.randrange(1, 30))] for _ in range(6)]
+    for _ in range(300):
+        action = rng.random()
+        if action < 0.7:
+            tokens = rng.choice(prefixes) + [rng.randrange(1, 50) for _ in range(rng.randrange(1, 20))]
+            match = cache.match(tokens, len(tokens) - 1)
+            finish(runner, cache, tokens, copied_from=match.seq_id, shared=match.length)
+            if rng.random() < 0.3:
+                prefixes.append(tokens)
+        elif action < 0.9:
+            ops: list[KVOp] = []
+            cache.evict(rng.randrange(1, 60), ops)
+            apply(runner, cache, ops)
+        elif cache.ram is not None and cache.ram.entries:
+            tokens = rng.choice(list(cache.ram.entries))
+            ops = []
+            if cache.match(tokens, len(tokens)).length < len(tokens) and cache.restore(
+                tokens, cache.ram.pop(tokens), ops
+            ):
+                apply(runner, cache, ops)
+        check(runner, cache)
