@@ -30,10 +30,10 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import MagnitudeServer, table
+from magnitude_jupyter.engine.prefix import common_prefix_len
 
 from magnitude_jupyter.batch import render_prompts, score_dataframe
 from magnitude_jupyter.engine.core import chat_prompt_tokens
-from magnitude_jupyter.engine.prefix import common_prefix_len
 from magnitude_jupyter.engine.runner import LlamaRunner
 from magnitude_jupyter.engine.scheduler import DecodeItem
 from magnitude_jupyter.models import bundled_model_path, read_model_info
@@ -129,7 +129,7 @@ def decode_ceiling(runner: LlamaRunner, prompts: list[list[int]], new_tokens: in
     for first in range(0, len(prompts), concurrency):
         wave = prompts[first : first + concurrency]
         for seq in range(len(wave)):
-            runner.copy_prefix(slot, seq, shared)
+            runner.copy_cells(slot, seq, 0, shared)
         runner.decode([DecodeItem(seq, tokens[shared:], shared, True) for seq, tokens in enumerate(wave)])
         for step in range(new_tokens - 1):
             runner.decode([DecodeItem(seq, tokens[-1:], len(tokens) + step, True) for seq, tokens in enumerate(wave)])

@@ -189,7 +189,7 @@ def main() -> None:
         ["text lost or repeated across resumes (chars)", soak.chars_lost],
         ["running / waiting after drain", f"{status['running']} / {status['waiting']}"],
         ["KV cells held after drain", status["kv_cells_used"]],
-        ["... of which the prefix cache's", status["prefix_slot_tokens"]],
+        ["... of which the prefix cache's", status["prefix_cache_cells"]],
         ["RSS start -> end", f"{rss_start / 2**20:.0f} -> {status['rss_bytes'] / 2**20:.0f} MiB ({growth:+.1%})"],
         ["p95 end-to-end, first minute", f"{percentiles(first).p95 or 0:.0f} ms ({len(first)} requests)"],
         ["p95 end-to-end, last minute", f"{percentiles(last).p95 or 0:.0f} ms ({len(last)} requests)"],
@@ -197,7 +197,7 @@ def main() -> None:
     print(table(["check", "result"], rows))
     ok = (
         soak.chars_lost == 0
-        and status["kv_cells_used"] == status["prefix_slot_tokens"]
+        and status["kv_cells_used"] == status["prefix_cache_cells"]
         and status["running"] == status["waiting"] == 0
         and growth <= 0.05
     )

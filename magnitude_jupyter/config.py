@@ -37,16 +37,23 @@ class EngineSettings:
     grace_seconds: float = 60.0
     retention_seconds: float = 300.0
     max_retained_events: int = 100_000
-    prefix_reuse: bool = True  # start a prompt from cells another sequence computed (prefix.py)
-    min_prefix_tokens: int = 32
+    prefix_reuse: bool = True  # the prefix cache: start a prompt from cells already computed (prefix_cache.py)
+    min_prefix_tokens: int = 4
+    prefix_cache_ram_mib: int = 256  # evicted cache entries kept in host memory, restored when they come back
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefix_reuse, bool):
             raise ConfigError(f"engine setting 'prefix_reuse' must be true or false, got {self.prefix_reuse!r}")
+        if not isinstance(self.prefix_cache_ram_mib, int) or self.prefix_cache_ram_mib < 0:
+            raise ConfigError(
+                f"engine setting 'prefix_cache_ram_mib' must be an integer >= 0, got {self.prefix_cache_ram_mib!r}"
+            )
         for name in ("parallel", "ctx_size", "n_batch", "max_waiting", "default_max_tokens", "min_prefix_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"engine setting {name!r} must be a positive integer, got {value!r}")
+        if self.parallel > 255:  # llama.cpp holds 256 sequences; the prefix cache needs one at least
+            raise ConfigError(f"engine setting 'parallel' must be at most 255, got {self.parallel!r}")
         if not isinstance(self.threads, int) or self.threads < 0:
             raise ConfigError(f"engine setting 'threads' must be an integer >= 0, got {self.threads!r}")
         for name in ("grace_seconds", "retention_seconds"):

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from magnitude_jupyter.engine import Priority, PromptTooLongError, SamplingParams
+from magnitude_jupyter.config import Settings
+from magnitude_jupyter.engine import Engine, Priority, PromptTooLongError, SamplingParams
 
 pytestmark = pytest.mark.model
 
@@ -84,7 +85,7 @@ def test_cancel_mid_generation_gives_kv_back(engine):
     rest = list(events)
     assert rest[-1].finish_reason == "cancelled"
     status = wait_idle(engine)
-    assert status.kv_cells_reserved == status.prefix_slot_tokens and status.kv_cells_used == status.prefix_slot_tokens
+    assert status.kv_cells_reserved == status.prefix_cache_cells == status.kv_cells_used
     assert engine.runner.sequence_length(seq_id) == 0
     assert rest[-1].usage["completion_tokens"] == len(request.output_tokens) >= 5
 
@@ -183,4 +184,82 @@ def test_rows_with_a_shared_prefix_reuse_its_cells(engine):
         assert result.text.strip()
     list(engine.stream(first.request_id))
     status = wait_idle(engine)
-    assert status.prefix_slot_tokens >= 32 and status.kv_cells_reserved == status.prefix_slot_tokens
+    assert status.prefix_cache_cells >= 32 and status.kv_cells_reserved == status.prefix_cache_cells
+
+
+def chat(engine, messages, max_tokens=24, **kw):
+    return engine.generate(messages=messages, params=greedy(max_tokens, **kw))
+
+
+def test_each_turn_of_a_conversation_reuses_everything_before_it(engine):
+    messages = [{"role": "system", "content": "You are a patient teacher who answers in two sentences."}]
+    previous = 0  # prompt + answer tokens of the turn before
+    for question in ["What is a lighthouse?", "Who keeps it?", "Is that job still done?"]:
+        messages.append({"role": "user", "content": question})
+        result = chat(engine, messages)
+        cached = result.usage["prompt_tokens_details"]["cached_tokens"]
+        if previous:
+            # everything up to the end of the last answer was cached; only the new turn is computed
+            assert cached >= previous - 2 and cached < result.usage["prompt_tokens"], (cached, previous)
+        previous = result.usage["prompt_tokens"] + result.usage["completion_tokens"]
+        messages.append({"role": "assistant", "content": result.text})
+    assert engine.stats().scheduler.prefix_cache_entries >= 1
+
+
+def test_a_repeated_prompt_is_served_from_the_cache(engine):
+    messages = [{"role": "user", "content": "Name three uses of a paperclip, one per line."}]
+    cold = chat(engine, messages, 32, reproducible=True)  # computes everything, always
+    warm = chat(engine, messages, 32)
+    assert cold.usage["prompt_tokens_details"]["cached_tokens"] == 0
+    # all but the last prompt token (which must be computed for its logits) came from the cache
+    assert warm.usage["prompt_tokens_details"]["cached_tokens"] == warm.usage["prompt_tokens"] - 1
+    # the same answer up to float noise: where cells sit in the shared cache changes how llama.cpp's
+    # attention groups them, so long greedy runs may part; the start does not
+    assert warm.token_ids[:4] == cold.token_ids[:4]
+
+
+def test_cache_pressure_evicts_entries_and_never_hurts_a_running_request():
+    # A small cache (1,024 cells) that a few prompts overflow, beside a request that runs throughout.
+    with Engine(settings=Settings(), parallel=2, ctx_size=1024, prefix_cache_ram_mib=0) as small:
+        runs = small.submit("Count slowly: one, two, three,", params=greedy(200, ignore_eos=True))
+        reader = threading.Thread(target=lambda: list(small.stream(runs.request_id)))
+        reader.start()  # a reader stays attached: the grace period never applies
+        for i in range(6):
+            prompt = f"Topic {i}: " + " ".join(f"word{i}x{j}" for j in range(60))
+            assert chat(small, [{"role": "user", "content": prompt}], 4).finish_reason in ("stop", "length")
+        reader.join(120)
+        final = list(small.stream(runs.request_id))[-1]
+        assert final.finish_reason == "length" and final.usage["completion_tokens"] == 200
+        stats = wait_idle(small)
+        looked_up = stats.prompt_tokens_looked_up
+        assert stats.prefix_cache_cells < looked_up  # entries were evicted to make room
+        assert stats.kv_cells_used == stats.prefix_cache_cells == stats.kv_cells_reserved <= 1024
+
+
+def test_an_evicted_conversation_comes_back_from_ram_as_if_it_never_left():
+    talk = [{"role": "user", "content": "Here is my plan: " + " ".join(f"step{j}" for j in range(120))}]
+    others = [
+        [{"role": "user", "content": f"Other {i}: " + " ".join(f"w{i}x{j}" for j in range(80))}] for i in range(3)
+    ]
+    next_token = SamplingParams(max_tokens=1, temperature=0, logprobs=True, top_logprobs=5)
+
+    def follow_up(evict: bool):
+        with Engine(settings=Settings(), parallel=2, ctx_size=1024, prefix_cache_ram_mib=64) as small:
+            first = chat(small, talk, 16)
+            if evict:  # other prompts push the conversation out of the KV cache, into RAM (~10 MB each)
+                for other in others:
+                    chat(small, other, 2)
+                assert small.stats().scheduler.prefix_cache_ram_entries >= 1
+            follow = [*talk, {"role": "assistant", "content": first.text}, {"role": "user", "content": "And then?"}]
+            request = small.submit(messages=follow, params=next_token)
+            (token_event, *_) = [e for e in small.stream(request.request_id) if e.logprobs]
+            usage = request.usage()
+            return token_event.logprobs[0], usage["prompt_tokens_details"]["cached_tokens"], small.stats().scheduler
+
+    kept, kept_cached, _ = follow_up(evict=False)
+    restored, restored_cached, stats = follow_up(evict=True)
+    assert stats.prompt_tokens_restored >= 405 - 32  # all but the chat template's head, which stayed in the tree
+    assert restored_cached == kept_cached >= 405  # the whole first turn came back
+    # The same next token. Not the same logits to the last bit: where cells sit in the shared cache
+    # changes how llama.cpp's attention groups them (the restore itself is exact: test_runner.py).
+    assert restored.token == kept.token

@@ -128,7 +128,7 @@ def test_copied_prefix_continues_like_the_original(runner):
     assert len(prompt) >= 30
     (row,) = runner.decode([DecodeItem(0, prompt, 0, True)])
     computed = runner.logits(row)
-    runner.copy_prefix(0, 1, 24)
+    runner.copy_cells(0, 1, 0, 24)
     (row,) = runner.decode([DecodeItem(1, prompt[24:], 24, True)])
     copied = runner.logits(row)
     assert int(np.argmax(copied)) == int(np.argmax(computed))
@@ -137,3 +137,23 @@ def test_copied_prefix_continues_like_the_original(runner):
     assert runner.sequence_length(1) == len(prompt)  # the shared cells stay while seq 1 holds them
     runner.end_sequence(1)
     assert runner.sequence_length(1) == 0
+
+
+def test_a_saved_sequence_restores_bit_for_bit(model_path):
+    """The prefix cache's RAM tier: a sequence saved to bytes and loaded into another id gives the
+    very same logits (one thread: nothing else changes how attention groups the cells)."""
+    r = LlamaRunner(model_path, n_ctx=2048, n_seq_max=4, n_batch=512, n_threads=1)
+    try:
+        tokens = r.tokenize("Here is my plan: " + " ".join(f"step{j}" for j in range(120)))
+        probe = r.tokenize(" And then?", add_special=False)
+        r.decode([DecodeItem(0, tokens, 0, False)])
+        original = r.logits(r.decode([DecodeItem(0, probe, len(tokens), True)])[0])
+        r.drop_cells(0, len(tokens), -1)
+        saved = r.save_sequence(0)
+        r.end_sequence(0)
+        assert r.sequence_length(0) == 0 and r.restore_sequence(1, saved)
+        assert r.sequence_length(1) == len(tokens)
+        restored = r.logits(r.decode([DecodeItem(1, probe, len(tokens), True)])[0])
+        assert np.array_equal(original, restored)
+    finally:
+        r.close()

@@ -15,7 +15,7 @@ from magnitude_jupyter.engine import (
     PromptTooLongError,
     SamplingParams,
 )
-from magnitude_jupyter.engine.prefix import ClearSequence, PrefixCopy
+from magnitude_jupyter.engine.prefix_cache import ClearSequence, CopyCells
 from magnitude_jupyter.engine.request import Request, RequestStatus
 from magnitude_jupyter.engine.scheduler import REPRODUCIBLE_CHUNK, Scheduler
 
@@ -145,8 +145,9 @@ def test_engine_stop_string_and_cancel_frees_kv():
         events = list(stream)
         assert events[-1].finish_reason == "cancelled"
         stats = engine.stats().scheduler
-        assert stats.kv_cells_reserved == 0 and stats.running == 0
-        assert engine.fake.cells == {}
+        assert stats.running == 0 and stats.kv_cells_reserved == stats.prefix_cache_cells > 0
+        # nothing leaked: the only cells left are the cache's (what was computed before the cancel)
+        assert engine.fake.live_cells() == stats.prefix_cache_cells
 
 
 def test_abandoned_request_is_cancelled_after_grace():
@@ -173,8 +174,16 @@ def test_shutdown_cancels_running_and_closes_runner():
     assert list(engine.stream(request.request_id))[-1].is_final
 
 
-def test_prefix_is_copied_from_a_running_request_and_kept_in_the_slot():
-    s = Scheduler(ctx_size=1000, max_running=4, n_batch=64, max_waiting=10, min_prefix_tokens=8)
+def cached_scheduler(ctx_size: int = 1000, **kw) -> Scheduler:
+    return Scheduler(ctx_size=ctx_size, max_running=4, n_batch=64, max_waiting=10, cache_sequences=8, **kw)
+
+
+def copies(ops) -> list[tuple[int, int, int, int]]:
+    return [(op.src_seq, op.dst_seq, op.start, op.end) for op in ops if isinstance(op, CopyCells)]
+
+
+def test_a_prefix_comes_from_a_running_request_then_from_the_cache():
+    s = cached_scheduler()
     shared = list(range(100, 140))  # 40 shared tokens
     first = make_request("first", 4, 4)
     first.prompt_tokens = [*shared, 1, 2]
@@ -186,73 +195,82 @@ def test_prefix_is_copied_from_a_running_request_and_kept_in_the_slot():
     second.prompt_tokens = [*shared, 3, 4, 5]
     s.add_request(second)
     out = s.schedule()
-    assert second.num_computed_tokens == second.cached_tokens == 40
-    copies = [op for op in out.kv_ops if isinstance(op, PrefixCopy)]
-    assert [(c.src_seq, c.dst_seq, c.length) for c in copies] == [
-        (first.seq_id, second.seq_id, 40),
-        (first.seq_id, s.prefix_slot.seq_id, 40),
-    ]
-    assert s.prefix_slot.tokens == shared
-    # prefill continues after the copied cells
-    chunk = next(c for c in out.batched if c.request is second)
+    assert second.num_computed_tokens == second.cached_tokens == 40 and second.cache_shared == 0
+    assert copies(out.kv_ops) == [(first.seq_id, second.seq_id, 0, 40)]
+    chunk = next(c for c in out.batched if c.request is second)  # prefill continues after the copied cells
     assert chunk.start_pos == 40 and chunk.tokens == [3, 4, 5]
-    # the 40 shared cells are counted once, though three sequences hold them
-    second.num_computed_tokens = len(second.prompt_tokens)
-    assert s.kv_cells_held() == 42 + 3
-    # once both are gone, the slot still serves the prefix, and holds its cells alone
+    second.num_computed_tokens, second.output_tokens = len(second.prompt_tokens), [8]
+    assert s.kv_cells_held() == 42 + 3  # the 40 shared cells are counted once
+
+    # once `first` ends, its tokens are a cache entry, and the next request copies from there
+    seq = first.seq_id
     s.finish(first, FinishReason.STOP)
-    s.finish(second, FinishReason.STOP)
-    assert s.kv_cells_held() == s.prefix_slot.length == len(second.prompt_tokens)  # the last one to finish
+    ops = s.take_pending_kv_ops()
+    (entry,) = s.cache.leaves()
+    assert copies(ops) == [(seq, entry.seq_id, 0, 42)] and s.cache.cells == 42
     third = make_request("third", 4, 4)
-    third.prompt_tokens = [*shared, 9]
+    third.prompt_tokens = [*shared, 1, 2, 9]
     s.add_request(third)
     out = s.schedule()
-    assert [(c.src_seq, c.length) for c in out.kv_ops if isinstance(c, PrefixCopy)] == [(s.prefix_slot.seq_id, 40)]
-    third.num_computed_tokens = len(third.prompt_tokens)
-    assert s.kv_cells_held() == len(second.prompt_tokens) + 1
+    assert copies(out.kv_ops) == [(entry.seq_id, third.seq_id, 0, 42)] and third.cache_shared == 42
+    # the 42 cells are the cache's: the request reserves only what it adds
+    assert s.budget.reserved[third.request_id] == third.kv_cells - 42
+    assert s.budget.used == s.cache.cells + sum(s.budget.reserved[r.request_id] for r in s.running)
 
 
-def test_slot_is_evicted_when_a_request_needs_its_cells():
-    s = Scheduler(ctx_size=100, max_running=4, n_batch=64, max_waiting=10, min_prefix_tokens=8)
-    s.prefix_slot.tokens = list(range(50))
-    s.budget.reserve("<prefix slot>", 50)
+def test_cache_entries_nobody_runs_on_are_evicted_for_a_request_that_needs_their_cells():
+    s = cached_scheduler(ctx_size=100)
+    old = make_request("old", 50, 10)
+    s.add_request(old)
+    s.schedule()
+    old.num_computed_tokens = 50
+    s.finish(old, FinishReason.STOP)
+    s.take_pending_kv_ops()
+    assert s.cache.cells == 50 and s.budget.free == 50
     big = make_request("big", 60, 30)
+    big.prompt_tokens = [5000 + i for i in range(60)]
     s.add_request(big)
     out = s.schedule()
-    assert out.admitted == [big] and s.prefix_slot.tokens == []
+    assert out.admitted == [big] and s.cache.cells == 0
     assert any(isinstance(op, ClearSequence) for op in out.kv_ops)
 
 
-def test_reproducible_requests_never_share_cells():
-    s = Scheduler(ctx_size=1000, max_running=4, n_batch=64, max_waiting=10, min_prefix_tokens=8)
-    s.prefix_slot.tokens = list(range(1, 41))
-    s.budget.reserve("<prefix slot>", 40)
-    r = make_request("r", 50, 4, reproducible=True)
-    s.add_request(r)
-    out = s.schedule()
-    assert r.cached_tokens == 0 and not out.kv_ops
-
-
-def test_a_finishing_request_leaves_its_prompt_in_the_slot():
-    s = Scheduler(ctx_size=1000, max_running=4, n_batch=64, max_waiting=10, min_prefix_tokens=8)
-    shared = list(range(200, 240))
-    first = make_request("first", 4, 4)
-    first.prompt_tokens = [*shared, 1]
+def test_an_entry_a_running_request_shares_is_never_evicted_under_it():
+    s = cached_scheduler(ctx_size=120)
+    first = make_request("first", 60, 4)
     s.add_request(first)
     s.schedule()
-    first.num_computed_tokens, first.output_tokens = len(first.prompt_tokens), [7]
-    seq = first.seq_id
-    assert s.finish(first, FinishReason.STOP) == seq
-    ops = s.take_pending_kv_ops()
-    assert [type(op).__name__ for op in ops] == ["ClearSequence", "PrefixCopy"]
-    assert (ops[1].src_seq, ops[1].dst_seq, ops[1].length) == (seq, s.prefix_slot.seq_id, 41)
-    assert s.budget.reserved == {"<prefix slot>": 41} and s.take_pending_kv_ops() == []
-    # the next request with the same start copies it from the slot instead of computing it
-    second = make_request("second", 4, 4)
-    second.prompt_tokens = [*shared, 2]
-    s.add_request(second)
+    first.num_computed_tokens = 60
+    s.finish(first, FinishReason.STOP)
+    s.take_pending_kv_ops()
+    reader = make_request("reader", 61, 4)
+    reader.prompt_tokens = [*first.prompt_tokens, 99]
+    s.add_request(reader)
     s.schedule()
-    assert second.cached_tokens == 40
+    assert reader.cache_shared == 60
+    hungry = make_request("hungry", 50, 10)
+    hungry.prompt_tokens = [7000 + i for i in range(50)]
+    s.add_request(hungry)
+    out = s.schedule()
+    assert hungry not in out.admitted and s.cache.cells == 60  # it waits; the shared entry stays
+    s.finish(reader, FinishReason.STOP)
+    s.take_pending_kv_ops()
+    assert hungry in s.schedule().admitted  # now the entry could go
+
+
+def test_reproducible_requests_never_copy_cells():
+    s = cached_scheduler()
+    first = make_request("first", 50, 4)
+    s.add_request(first)
+    s.schedule()
+    first.num_computed_tokens = 50
+    s.finish(first, FinishReason.STOP)
+    s.take_pending_kv_ops()
+    r = make_request("r", 50, 4, reproducible=True)
+    r.prompt_tokens = [*first.prompt_tokens, 1]
+    s.add_request(r)
+    out = s.schedule()
+    assert r.cached_tokens == 0 and not copies(out.kv_ops)
 
 
 def test_thread_governor_gives_llama_cpp_the_cores_others_leave_free():

@@ -213,7 +213,7 @@ def test_sixteen_concurrent_streaming_clients(client, server):
     for i, (text, usage) in results.items():
         assert usage.completion_tokens == 8 + i and text
     status = httpx.get(server.url + "/status", headers=auth()).json()
-    assert status["running"] == 0 and status["kv_cells_reserved"] == status["prefix_slot_tokens"]
+    assert status["running"] == 0 and status["kv_cells_reserved"] == status["prefix_cache_cells"]
 
 
 # The validation itself is unit-tested in test_protocol.py; these go through the whole server.

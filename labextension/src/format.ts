@@ -25,6 +25,9 @@ export interface EngineStatus {
   kv_cells_used: number;
   kv_cells_total: number;
   recent_tokens_per_s: number;
+  prefix_cache_cells?: number;
+  prefix_cache_entries?: number;
+  prefix_cache_hit_rate?: number | null;
   requests?: RequestSummary[];
   recent?: RequestSummary[];
 }
@@ -36,6 +39,28 @@ export function kvPercent(status: Pick<EngineStatus, 'kv_cells_reserved' | 'kv_c
   }
   const pct = (100 * status.kv_cells_reserved) / status.kv_cells_total;
   return Math.max(0, Math.min(100, pct));
+}
+
+/** The KV cache in three shares, 0..100 each: reserved by running requests, held by the prefix cache, free. */
+export function kvShares(
+  status: Pick<EngineStatus, 'kv_cells_reserved' | 'kv_cells_total' | 'prefix_cache_cells'>
+): { requests: number; cache: number; free: number } {
+  const total = status.kv_cells_total;
+  if (!total) {
+    return { requests: 0, cache: 0, free: 100 };
+  }
+  const clamp = (n: number) => Math.max(0, Math.min(100, n));
+  const cache = clamp((100 * (status.prefix_cache_cells ?? 0)) / total);
+  const requests = clamp((100 * status.kv_cells_reserved) / total - cache);
+  return { requests, cache, free: clamp(100 - requests - cache) };
+}
+
+/** One line about the prefix cache: entries, cells, and the share of prompt tokens it served. */
+export function cacheLine(status: EngineStatus): string {
+  const entries = status.prefix_cache_entries ?? 0;
+  const rate = status.prefix_cache_hit_rate;
+  const hits = rate === null || rate === undefined ? '—' : `${Math.round(rate * 100)}%`;
+  return `cache: ${entries} ${entries === 1 ? 'entry' : 'entries'}, ${status.prefix_cache_cells ?? 0} cells, ${hits} of prompt tokens reused`;
 }
 
 export function formatRate(tokensPerSecond: number): string {

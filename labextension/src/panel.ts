@@ -7,9 +7,10 @@ import { Widget } from '@lumino/widgets';
 import {
   EngineStatus,
   RequestSummary,
+  cacheLine,
   formatMs,
   formatRate,
-  kvPercent,
+  kvShares,
   sparklinePoints
 } from './format';
 
@@ -31,6 +32,7 @@ export interface PanelActions {
 export class MagnitudePanel extends Widget {
   private readonly fields: Record<string, HTMLElement> = {};
   private readonly kvFill: HTMLElement;
+  private readonly kvCache: HTMLElement;
   private readonly spark: SVGPolylineElement;
   private readonly running: HTMLElement;
   private readonly recent: HTMLElement;
@@ -62,10 +64,14 @@ export class MagnitudePanel extends Widget {
     this.node.appendChild(el('div', 'mg-label', 'KV cache'));
     const bar = el('div', 'mg-kv-bar');
     this.kvFill = el('div', 'mg-kv-fill');
+    this.kvCache = el('div', 'mg-kv-cache');
     bar.appendChild(this.kvFill);
+    bar.appendChild(this.kvCache);
     this.fields.kv = el('div', 'mg-kv-text', '—');
+    this.fields.cache = el('div', 'mg-cache-text', '—');
     this.node.appendChild(bar);
     this.node.appendChild(this.fields.kv);
+    this.node.appendChild(this.fields.cache);
 
     const svg = document.createElementNS('http://www.w3.org/2000/svg', 'svg');
     svg.setAttribute('class', 'mg-sparkline');
@@ -98,9 +104,14 @@ export class MagnitudePanel extends Widget {
     this.fields.waiting.textContent = String(status.waiting);
     this.fields.rate.textContent = formatRate(status.recent_tokens_per_s);
     this.fields.tokens.textContent = String((status as any).generated_tokens_total ?? 0);
-    const pct = kvPercent(status);
-    this.kvFill.style.width = `${pct.toFixed(1)}%`;
-    this.fields.kv.textContent = `${status.kv_cells_reserved} / ${status.kv_cells_total} cells (${Math.round(pct)}%)`;
+    const shares = kvShares(status);
+    this.kvFill.style.width = `${shares.requests.toFixed(1)}%`;
+    this.kvCache.style.width = `${shares.cache.toFixed(1)}%`;
+    const cached = status.prefix_cache_cells ?? 0;
+    this.fields.kv.textContent =
+      `${status.kv_cells_reserved - cached} reserved · ${cached} cached · ` +
+      `${status.kv_cells_total - status.kv_cells_reserved} free of ${status.kv_cells_total} cells`;
+    this.fields.cache.textContent = cacheLine(status);
     this.spark.setAttribute('points', sparklinePoints(history, SPARK_W, SPARK_H));
     this.renderList(this.running, status.requests ?? [], true);
     this.renderList(this.recent, status.recent ?? [], false);

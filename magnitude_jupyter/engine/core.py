@@ -31,7 +31,7 @@ from ..kvmath import kv_bytes_per_token
 from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
 from .chat import render_chat
 from .metrics import EngineMetrics
-from .prefix import KVOp, PrefixCopy
+from .prefix_cache import ClearSequence, CopyCells, KVOp, RestoreSequence, SaveSequence
 from .request import FinishReason, Priority, Request, SamplingParams, invalid_param
 from .scheduler import DecodeItem, ScheduledChunk, Scheduler, SchedulerOutput, SchedulerStats
 from .stats import EngineStats, FinishedRequest, LiveRequest, rss_bytes
@@ -40,6 +40,12 @@ from .text import TextAssembler
 from .threads import ThreadGovernor
 
 log = logging.getLogger(__name__)
+LLAMA_MAX_SEQ = 256  # sequences one llama.cpp context can hold (llama-cparams.h)
+
+
+def cache_sequences(es: EngineSettings) -> int:
+    """Sequence ids for prefix-cache entries: every one llama.cpp allows beyond the request slots."""
+    return max(0, LLAMA_MAX_SEQ - es.parallel) if es.prefix_reuse else 0
 
 
 def chat_prompt_tokens(runner: Runner, messages: Any, chat_template: str | None) -> list[int]:
@@ -67,7 +73,10 @@ class Runner(Protocol):
     def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: list[int]) -> None: ...
     def check_grammar(self, grammar: str) -> bool: ...
     def end_sequence(self, seq_id: int) -> None: ...
-    def copy_prefix(self, src_seq: int, dst_seq: int, length: int) -> None: ...
+    def copy_cells(self, src_seq: int, dst_seq: int, start: int, end: int) -> None: ...
+    def drop_cells(self, seq_id: int, start: int, end: int) -> None: ...
+    def save_sequence(self, seq_id: int) -> bytes: ...
+    def restore_sequence(self, seq_id: int, data: bytes) -> bool: ...
     def sequence_length(self, seq_id: int) -> int: ...
     def decode(self, items: list[DecodeItem]) -> list[int | None]: ...
     def sample(self, seq_id: int, row: int) -> int: ...
@@ -152,7 +161,7 @@ class Engine:
         return LlamaRunner(
             self.model_entry.path,
             n_ctx=es.ctx_size,
-            n_seq_max=es.parallel + (1 if es.prefix_reuse else 0),  # + the retained prefix slot
+            n_seq_max=es.parallel + cache_sequences(es),
             n_batch=es.n_batch,
             n_threads=es.n_threads,
             verbose=self._verbose,
@@ -342,7 +351,7 @@ class Engine:
                 scheduler = sched.make_stats()
                 live_requests = [*sched.running, *(r for q in sched.waiting.values() for r in q)]
             else:
-                scheduler = SchedulerStats(0, 0, es.ctx_size, 0, 0, 0)
+                scheduler = SchedulerStats(0, 0, es.ctx_size, 0, 0, 0, 0, 0, 0, 0, 0, 0)
                 live_requests = []
             live = tuple(LiveRequest.of(r, now) for r in live_requests)
             recent = tuple(self._recent)
@@ -383,6 +392,8 @@ class Engine:
                 trained_context=trained,
                 prefix_reuse=es.prefix_reuse,
                 min_prefix_tokens=es.min_prefix_tokens,
+                cache_sequences=cache_sequences(es),
+                cache_ram_bytes=es.prefix_cache_ram_mib << 20,
             )
         except Exception as exc:  # reported through state/load_error, and to wait_ready()
             log.exception("model load failed")
@@ -427,11 +438,11 @@ class Engine:
                 if cancelled:
                     self._notify_step()
                 continue
-            for request in out.admitted:
-                assert request.seq_id is not None
-                runner.start_sequence(request.seq_id, request.params, request.prompt_tokens)
-            self._apply_kv_ops(runner, out.kv_ops)
             try:
+                self._apply_kv_ops(runner, out.kv_ops)
+                for request in out.admitted:
+                    assert request.seq_id is not None
+                    runner.start_sequence(request.seq_id, request.params, request.prompt_tokens)
                 sampled = self._execute(runner, out)
             except Exception as exc:
                 log.exception("decode failed")
@@ -442,13 +453,25 @@ class Engine:
                 self._end_sequences(runner, self._update(out, sampled))
             self._notify_step()
 
-    @staticmethod
-    def _apply_kv_ops(runner: Runner, ops: list[KVOp]) -> None:
+    def _apply_kv_ops(self, runner: Runner, ops: list[KVOp]) -> None:
+        """Carry out the prefix cache's decisions, in order, on the engine thread."""
+        cache = self.scheduler.cache if self.scheduler is not None else None
         for op in ops:
-            if isinstance(op, PrefixCopy):
-                runner.copy_prefix(op.src_seq, op.dst_seq, op.length)
-            else:
+            if isinstance(op, CopyCells):
+                runner.copy_cells(op.src_seq, op.dst_seq, op.start, op.end)
+            elif isinstance(op, ClearSequence):
                 runner.end_sequence(op.seq_id)
+            elif isinstance(op, SaveSequence):
+                if cache is not None and cache.ram is not None:
+                    cache.ram.put(op.tokens, runner.save_sequence(op.seq_id))
+            elif isinstance(op, RestoreSequence):
+                if not runner.restore_sequence(op.seq_id, op.data):
+                    raise RuntimeError(f"llama.cpp could not restore a saved sequence ({len(op.data)} bytes)")
+                if op.shared:
+                    assert op.shared_from is not None
+                    # The tree's own cells for the part it held already: never the same tokens twice.
+                    runner.drop_cells(op.seq_id, 0, op.shared)
+                    runner.copy_cells(op.shared_from, op.seq_id, 0, op.shared)
 
     def _end_sequences(self, runner: Runner, seq_ids: list[int]) -> None:
         """Clear finished sequences, after the scheduler has kept what it wants of them (the prefix slot)."""

@@ -317,7 +317,8 @@ class PrefixCache:
         return True
 
     def _path_tokens(self, leaf: Node) -> tuple[int, ...]:
-        parts, node = [], leaf
+        parts: list[list[int]] = []
+        node: Node | None = leaf
         while node is not None and node is not self.root:
             parts.append(node.tokens)
             node = node.parent

@@ -174,6 +174,7 @@ class Request:
     output_text: str = ""
     num_computed_tokens: int = 0  # tokens already in this request's KV cells
     cached_tokens: int = 0  # prompt tokens copied from another sequence's cells instead of computed
+    cache_shared: int = 0  # ... of them from a prefix-cache entry (counted by the cache, pinned while it runs)
     seq_id: int | None = None
     finish_reason: FinishReason | None = None
     error: str | None = None

@@ -186,9 +186,25 @@ class LlamaRunner:
         llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
         self._free_sampler(seq_id)
 
-    def copy_prefix(self, src_seq: int, dst_seq: int, length: int) -> None:
-        """Let `dst_seq` share the cells of positions [0, length) of `src_seq` (no copy in a unified cache)."""
-        llama_cpp.llama_memory_seq_cp(self.memory, src_seq, dst_seq, 0, length)
+    def copy_cells(self, src_seq: int, dst_seq: int, start: int, end: int) -> None:
+        """Let `dst_seq` share the cells of positions [start, end) of `src_seq` (no copy in a unified cache)."""
+        llama_cpp.llama_memory_seq_cp(self.memory, src_seq, dst_seq, start, end)
+
+    def drop_cells(self, seq_id: int, start: int, end: int) -> None:
+        """Take positions [start, end) out of `seq_id` (cells other sequences hold stay)."""
+        llama_cpp.llama_memory_seq_rm(self.memory, seq_id, start, end)
+
+    def save_sequence(self, seq_id: int) -> bytes:
+        """The KV state of one sequence, as bytes (for the prefix cache's RAM tier)."""
+        size = llama_cpp.llama_state_seq_get_size(self.ctx, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, seq_id)
+        return bytes(buf[:written])
+
+    def restore_sequence(self, seq_id: int, data: bytes) -> bool:
+        """Load a saved state into an empty sequence; False if llama.cpp could not place it."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return bool(llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id))
 
     def sequence_length(self, seq_id: int) -> int:
         """Tokens this sequence holds in the KV cache (0 when empty)."""

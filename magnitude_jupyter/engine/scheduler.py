@@ -5,8 +5,11 @@ reports back through `advance()` and `finish()`. Every method runs on the engine
 except `add_request`, which the core calls under its lock so that submitters get
 `PromptTooLongError` / `OverloadedError` synchronously.
 
-A request reserves `prompt_tokens + max_tokens` cells when admitted, so a running request can
-always finish: there is no preemption, and no request is ever cut short for lack of cache.
+A request reserves `prompt_tokens + max_tokens` cells when admitted, less what it copies from the
+prefix cache (those cells are counted once, by the cache, and pinned there while it runs), so a
+running request can always finish: there is no preemption, and no request is ever cut short for
+lack of cache. Cache entries nobody runs on are given back, least recently used first, whenever
+a waiting request needs their cells.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .budget import KVBudget
-from .prefix import ClearSequence, KVOp, PrefixCopy, PrefixSlot, common_prefix_len
+from .prefix_cache import CopyCells, KVOp, Pins, PrefixCache, common_prefix_len
 from .request import FinishReason, Priority, Request, RequestStatus
 
-SLOT_KEY = "<prefix slot>"  # the retained prefix's entry in the KV budget
+CACHE_KEY = "<prefix cache>"  # the cache's cells in the KV budget
+RAM_RESTORE_GAIN = 16  # restore a saved entry when it covers at least this many more prompt tokens
 
 # llama.cpp's CPU flash attention runs prompt chunks of 64 tokens or more in KV tiles, grouping a
 # sequence's cells by where they sit in the shared cache; below that it visits them one by one, in
@@ -70,7 +75,7 @@ class SchedulerOutput:
     batched: list[ScheduledChunk] = field(default_factory=list)  # decoded together in one llama_decode
     solo: list[ScheduledChunk] = field(default_factory=list)  # reproducible requests: one llama_decode each
     admitted: list[Request] = field(default_factory=list)
-    kv_ops: list[KVOp] = field(default_factory=list)  # prefix copies and slot clears, in order, before the decode
+    kv_ops: list[KVOp] = field(default_factory=list)  # cache operations, in order, before the decode
 
     @property
     def empty(self) -> bool:
@@ -86,7 +91,13 @@ class SchedulerStats:
     kv_cells_total: int
     kv_cells_reserved: int  # by running requests and the prefix slot: what admission counts
     kv_cells_used: int  # holding tokens now, a prefix shared between sequences counted once
-    prefix_slot_tokens: int
+    prefix_cache_cells: int  # held by cache entries (some of them shared with running requests)
+    prefix_cache_entries: int
+    prefix_cache_ram_entries: int
+    prefix_cache_ram_bytes: int
+    prompt_tokens_looked_up: int  # prompt tokens of admitted requests that could use the cache
+    prompt_tokens_cached: int  # ... of which came from the cache instead of being computed
+    prompt_tokens_restored: int  # ... of which the RAM tier brought back
 
 
 class Scheduler:
@@ -98,7 +109,9 @@ class Scheduler:
         max_waiting: int,
         trained_context: int | None = None,
         prefix_reuse: bool = True,
-        min_prefix_tokens: int = 32,
+        min_prefix_tokens: int = 4,
+        cache_sequences: int = 0,
+        cache_ram_bytes: int = 0,
     ) -> None:
         self.ctx_size = ctx_size
         self.max_running = max_running
@@ -109,8 +122,9 @@ class Scheduler:
         self.waiting: dict[Priority, deque[Request]] = {p: deque() for p in Priority}
         self.running: list[Request] = []
         self.free_seq_ids: list[int] = list(range(max_running))
-        # The sequence id after the request slots holds a retained prefix (see prefix.py).
-        self.prefix_slot: PrefixSlot | None = PrefixSlot(max_running) if prefix_reuse else None
+        # Sequence ids after the request slots belong to cache entries (see prefix_cache.py).
+        cache_ids = range(max_running, max_running + cache_sequences)
+        self.cache = PrefixCache(cache_ids, cache_ram_bytes) if prefix_reuse and cache_sequences else None
         self.min_prefix_tokens = min_prefix_tokens
         self.pending_kv_ops: list[KVOp] = []  # from finish(): to apply before the finished sequences are cleared
 
@@ -151,97 +165,112 @@ class Scheduler:
             queue = self.waiting[priority]
             while queue and self.free_seq_ids:
                 head = queue[0]
-                if not self.budget.fits(head.kv_cells) and not self._evict_slot_for(head.kv_cells, out):
+                source, shared, from_cache = self._prefix_source(head, out)
+                need = head.kv_cells - (shared if from_cache else 0)
+                if not self._make_room(need, out, (head.prompt_tokens, shared if from_cache else 0)):
                     # Strict FIFO: a large request at the head is not overtaken forever by small ones,
                     # and batch rows do not jump ahead of a waiting interactive request.
                     return
                 queue.popleft()
-                self.budget.reserve(head.request_id, head.kv_cells)
+                self.budget.reserve(head.request_id, need)
                 head.seq_id = self.free_seq_ids.pop(0)
                 head.status = RequestStatus.RUNNING
                 head.admitted_time = now
-                self._reuse_prefix(head, out)
+                if source is not None and shared:
+                    out.kv_ops.append(CopyCells(source, head.seq_id, 0, shared))
+                    head.num_computed_tokens = head.cached_tokens = shared
+                    head.cache_shared = shared if from_cache else 0
+                if self.cache is not None and not head.params.reproducible:
+                    self.cache.lookup_tokens += len(head.prompt_tokens)
+                    self.cache.hit_tokens += shared
                 self.running.append(head)
                 out.admitted.append(head)
             if queue:
                 return
 
-    def _evict_slot_for(self, cells: int, out: SchedulerOutput) -> bool:
-        """Free the retained prefix's cells if that makes `cells` fit."""
-        slot = self.prefix_slot
-        if slot is None or not slot.tokens or not self.budget.fits(cells - slot.length):
-            return False
-        self.budget.release(SLOT_KEY)
-        slot.tokens, slot.shares_with = [], None
-        out.kv_ops.append(ClearSequence(slot.seq_id))
-        return True
+    def _pins(self, extra: tuple[list[int], int] | None = None) -> Pins:
+        """What running requests (and the one being admitted) share of the cache: not to be evicted."""
+        pins = [(r.prompt_tokens, r.cache_shared) for r in self.running if r.cache_shared]
+        return [*pins, extra] if extra and extra[1] else pins
 
-    def _reuse_prefix(self, request: Request, out: SchedulerOutput) -> None:
-        """Start `request` from the longest prompt prefix already in the cache, if it is long enough."""
-        slot = self.prefix_slot
-        if slot is None or request.params.reproducible:
-            return
+    def _make_room(self, cells: int, out: SchedulerOutput, admitting: tuple[list[int], int]) -> bool:
+        """Whether `cells` fit, after evicting cache entries nobody runs on if need be."""
+        if self.budget.fits(cells):
+            return True
+        if self.cache is None:
+            return False
+        self.cache.evict(cells - self.budget.free, out.kv_ops, self._pins(admitting))
+        self._sync_cache_budget()
+        return self.budget.fits(cells)
+
+    def _sync_cache_budget(self) -> None:
+        self.budget.release(CACHE_KEY)
+        if self.cache is not None and self.cache.cells:
+            self.budget.reserved[CACHE_KEY] = self.cache.cells
+
+    def _prefix_source(self, request: Request, out: SchedulerOutput) -> tuple[int | None, int, bool]:
+        """(sequence to copy from, tokens to copy, whether they are the cache's) for the longest prompt
+        prefix already in the KV cache: a cache entry (restored from RAM if that covers more), or the
+        computed prompt of a running request (rows of a batch that start together)."""
+        if request.params.reproducible:
+            return None, 0, False  # computed its own way, always: see Request.reproducible
         limit = len(request.prompt_tokens) - 1  # the last prompt token is always computed: it gives the logits
-        best_len, best_src, best_request = 0, None, None
-        if slot.tokens:
-            best_len, best_src = common_prefix_len(slot.tokens, request.prompt_tokens, limit), slot.seq_id
+        best: tuple[int | None, int, bool] = (None, 0, False)
+        if self.cache is not None:
+            match = self.cache.match(request.prompt_tokens, limit)
+            if self.cache.ram is not None:
+                match = self._restore_from_ram(request, match.length, limit, out) or match
+            if match.seq_id is not None:
+                best = (match.seq_id, match.length, True)
+                self.cache.touch(match)
         for other in self.running:
             if other.params.reproducible or other.seq_id is None:
                 continue
             n = common_prefix_len(other.prompt_tokens, request.prompt_tokens, min(limit, other.num_computed_tokens))
-            if n > best_len:
-                best_len, best_src, best_request = n, other.seq_id, other
-        if best_src is None or best_len < self.min_prefix_tokens:
-            return
-        out.kv_ops.append(PrefixCopy(best_src, request.seq_id, best_len))  # type: ignore[arg-type]
-        request.num_computed_tokens = best_len
-        request.cached_tokens = best_len
-        if best_request is not None and best_len > slot.length and self.budget.fits(best_len - slot.length):
-            # Keep this prefix beyond the life of the requests that share it now.
-            self.budget.release(SLOT_KEY)
-            self.budget.reserve(SLOT_KEY, best_len)
-            slot.tokens = request.prompt_tokens[:best_len]
-            slot.shares_with = best_request.request_id
-            out.kv_ops += [ClearSequence(slot.seq_id), PrefixCopy(best_src, slot.seq_id, best_len)]
+            if n > best[1]:
+                best = (other.seq_id, n, False)
+        return best if best[1] >= self.min_prefix_tokens else (None, 0, False)
 
-    def _keep_prompt_in_slot(self, request: Request, seq_id: int) -> None:
-        """A finishing request leaves its prompt in the prefix slot, so the next request that starts the
-        same way (the same chat template, system prompt or batch template) does not compute it again."""
-        slot = self.prefix_slot
-        n = min(request.num_computed_tokens, len(request.prompt_tokens))
-        if slot is None or request.params.reproducible or n < self.min_prefix_tokens:
-            return
-        if slot.length >= n and slot.tokens[:n] == request.prompt_tokens[:n]:
-            return  # already held
-        held = self.budget.release(SLOT_KEY)
-        if not self.budget.fits(n):
-            if held:
-                self.budget.reserve(SLOT_KEY, held)
-            return
-        self.budget.reserve(SLOT_KEY, n)
-        slot.tokens = request.prompt_tokens[:n]
-        slot.shares_with = None  # the request ends now: the cells stay with the slot alone
-        self.pending_kv_ops += [ClearSequence(slot.seq_id), PrefixCopy(seq_id, slot.seq_id, n)]
+    def _restore_from_ram(self, request: Request, have: int, limit: int, out: SchedulerOutput) -> Any:
+        """Bring back a saved entry that covers more of the prompt than the tree does; the new match."""
+        assert self.cache is not None and self.cache.ram is not None
+        tokens, n = self.cache.ram.best(request.prompt_tokens, limit)
+        if n < have + RAM_RESTORE_GAIN:
+            return None
+        # llama.cpp loads the whole saved sequence before the shared part is swapped for the tree's,
+        # and the request then adds its own cells beyond it.
+        need = len(tokens) + max(0, request.kv_cells - n)
+        if not self._make_room(need, out, (request.prompt_tokens, have)):
+            return None
+        data = self.cache.ram.pop(tokens)
+        assert data is not None
+        if not self.cache.restore(tokens, data, out.kv_ops, self._pins()):
+            self.cache.ram.put(tokens, data)
+            return None
+        self._sync_cache_budget()
+        return self.cache.match(request.prompt_tokens, limit)
 
     def kv_cells_held(self) -> int:
         """KV cells holding tokens, a prefix shared through `llama_memory_seq_cp` counted once: each
-        running request's own cells, and the prefix slot's, or, while the slot shares the cells of a
-        running request, the cells that request itself shares (from an earlier slot)."""
+        running request's own cells, and the cache's."""
         own = sum(r.num_computed_tokens - r.cached_tokens for r in self.running)
-        slot = self.prefix_slot
-        if slot is None or not slot.tokens:
-            return own
-        source = next((r for r in self.running if r.request_id == slot.shares_with), None)
-        return own + (source.cached_tokens if source is not None else slot.length)
+        return own + (self.cache.cells if self.cache is not None else 0)
 
     def make_stats(self) -> SchedulerStats:
+        cache = self.cache
         return SchedulerStats(
             running=len(self.running),
             waiting=self.num_waiting,
             kv_cells_total=self.ctx_size,
             kv_cells_reserved=self.budget.used,
             kv_cells_used=self.kv_cells_held(),
-            prefix_slot_tokens=self.prefix_slot.length if self.prefix_slot else 0,
+            prefix_cache_cells=cache.cells if cache else 0,
+            prefix_cache_entries=cache.entries if cache else 0,
+            prefix_cache_ram_entries=len(cache.ram.entries) if cache and cache.ram else 0,
+            prefix_cache_ram_bytes=cache.ram.bytes if cache and cache.ram else 0,
+            prompt_tokens_looked_up=cache.lookup_tokens if cache else 0,
+            prompt_tokens_cached=cache.hit_tokens if cache else 0,
+            prompt_tokens_restored=cache.restored_tokens if cache else 0,
         )
 
     def take_pending_kv_ops(self) -> list[KVOp]:
@@ -307,7 +336,12 @@ class Scheduler:
             self.running.remove(request)
             self.budget.release(request.request_id)
             if seq_id is not None:
-                self._keep_prompt_in_slot(request, seq_id)
+                if self.cache is not None and reason != FinishReason.ERROR:
+                    # Its tokens stay as a cache entry: the next turn of a conversation starts with them.
+                    computed = (request.prompt_tokens + request.output_tokens)[: request.num_computed_tokens]
+                    if computed:
+                        self.cache.insert(computed, seq_id, self.pending_kv_ops, self._pins())
+                    self._sync_cache_budget()
                 self.free_seq_ids.append(seq_id)
                 self.free_seq_ids.sort()
         request.status = reason.status

@@ -42,6 +42,21 @@ class EngineCollector:
         for counter_name, counter_help, count in (
             ("magnitude_prompt_tokens", "Prompt tokens of finished requests.", metrics.prompt_tokens_total),
             ("magnitude_generation_tokens", "Tokens generated.", metrics.generation_tokens_total),
+            (
+                "magnitude_prompt_cache_lookup_tokens",
+                "Prompt tokens of admitted requests that could use the prefix cache.",
+                sched.prompt_tokens_looked_up,
+            ),
+            (
+                "magnitude_prompt_cache_hit_tokens",
+                "Prompt tokens copied from the prefix cache instead of computed.",
+                sched.prompt_tokens_cached,
+            ),
+            (
+                "magnitude_prompt_cache_restored_tokens",
+                "Prompt tokens the prefix cache brought back from its RAM tier.",
+                sched.prompt_tokens_restored,
+            ),
         ):
             counter = CounterMetricFamily(counter_name, counter_help, labels=["model"])
             counter.add_metric([model], count)
@@ -56,6 +71,9 @@ class EngineCollector:
                 sched.kv_cells_reserved / total if total else 0.0,
             ),
             ("magnitude_kv_cells_used", "KV cells holding tokens.", sched.kv_cells_used),
+            ("magnitude_prefix_cache_cells", "KV cells held by prefix-cache entries.", sched.prefix_cache_cells),
+            ("magnitude_prefix_cache_entries", "Prefix-cache entries in the KV cache.", sched.prefix_cache_entries),
+            ("magnitude_prefix_cache_ram_bytes", "Saved prefix-cache entries in RAM.", sched.prefix_cache_ram_bytes),
             ("magnitude_requests_running", "Requests being decoded.", sched.running),
             ("magnitude_requests_waiting", "Requests queued for KV cells or a slot.", sched.waiting),
             (

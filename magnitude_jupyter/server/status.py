@@ -23,7 +23,18 @@ def status_json(stats: EngineStats) -> dict[str, Any]:
         "kv_cells_reserved": sched.kv_cells_reserved,
         "kv_cells_used": sched.kv_cells_used,
         "kv_cells_total": sched.kv_cells_total,
-        "prefix_slot_tokens": sched.prefix_slot_tokens,
+        "prefix_cache_cells": sched.prefix_cache_cells,
+        "prefix_cache_entries": sched.prefix_cache_entries,
+        "prefix_cache_ram_entries": sched.prefix_cache_ram_entries,
+        "prefix_cache_ram_bytes": sched.prefix_cache_ram_bytes,
+        "prompt_tokens_looked_up": sched.prompt_tokens_looked_up,
+        "prompt_tokens_cached": sched.prompt_tokens_cached,
+        "prompt_tokens_restored": sched.prompt_tokens_restored,
+        "prefix_cache_hit_rate": (
+            round(sched.prompt_tokens_cached / sched.prompt_tokens_looked_up, 4)
+            if sched.prompt_tokens_looked_up
+            else None
+        ),
         "kv_bytes_per_token": stats.kv_bytes_per_token,
         "kv_buffer_bytes_reported": stats.kv_buffer_bytes_reported,
         "rss_bytes": stats.rss_bytes,

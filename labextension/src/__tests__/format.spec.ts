@@ -1,5 +1,7 @@
 import {
+  cacheLine,
   formatMs,
+  kvShares,
   formatRate,
   kvPercent,
   pushHistory,
@@ -24,6 +26,15 @@ describe('format', () => {
     expect(kvPercent(ready)).toBe(25);
     expect(kvPercent({ kv_cells_reserved: 5, kv_cells_total: 0 })).toBe(0);
     expect(kvPercent({ kv_cells_reserved: 20, kv_cells_total: 10 })).toBe(100);
+  });
+
+  it('splits the KV cache into requests, prefix cache and free', () => {
+    expect(kvShares({ ...ready, prefix_cache_cells: 1024 })).toEqual({ requests: 12.5, cache: 12.5, free: 75 });
+    expect(kvShares({ kv_cells_reserved: 0, kv_cells_total: 0 })).toEqual({ requests: 0, cache: 0, free: 100 });
+    expect(cacheLine({ ...ready, prefix_cache_entries: 3, prefix_cache_cells: 900, prefix_cache_hit_rate: 0.614 })).toBe(
+      'cache: 3 entries, 900 cells, 61% of prompt tokens reused'
+    );
+    expect(cacheLine({ ...ready, prefix_cache_entries: 1 })).toBe('cache: 1 entry, 0 cells, — of prompt tokens reused');
   });
 
   it('formats rates and durations', () => {

@@ -1,0 +1,223 @@
+"""Conversations, the way notebooks and agents hold them: every round resends the whole history.
+
+S sessions (default 8) run at once, R rounds each (default 6); each round sends the conversation so
+far plus a new user message (distinct per session), over a shared ~60-token system prompt, and
+streams a 48-token greedy answer. The same workload runs against `magnitude serve` and llama.cpp's
+own `llama-server` (built from the llama.cpp vendored in our pinned llama-cpp-python by
+../shared/tools/build-llama-server.sh), alternating, best of two runs each, in one run of this script.
+
+    python benchmarks/conversations.py [--sessions 8] [--rounds 6] [--repeats 2] [--llama-server PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+from _common import TOKEN, MagnitudeServer, free_port, stop_process, table
+
+from magnitude_jupyter.client import iter_sse
+from magnitude_jupyter.models import bundled_model_path
+
+SYSTEM = (
+    "You are a careful assistant inside a data notebook. Answer in plain sentences, keep every answer "
+    "short, name the assumptions you make, and say when you are not sure. Never invent numbers."
+)
+TOPICS = [
+    "lighthouses",
+    "bread baking",
+    "bicycle repair",
+    "tide pools",
+    "chess openings",
+    "beekeeping",
+    "city markets",
+    "printing presses",
+    "river deltas",
+    "violin making",
+    "mountain huts",
+    "paper folding",
+    "night trains",
+    "tea gardens",
+    "glass blowing",
+    "weather balloons",
+]
+FOLLOW_UPS = ["Tell me more.", "Why is that?", "Give an example.", "What is often misunderstood?", "Summarize."]
+
+
+@dataclass
+class Run:
+    server: str
+    seconds: float = 0.0
+    tokens: int = 0
+    ttft_by_round: dict[int, list[float]] = field(default_factory=dict)
+    errors: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def ttft_p50(self, rounds: range) -> float:
+        values = [v for r in rounds for v in self.ttft_by_round.get(r, [])]
+        return statistics.median(values) * 1000 if values else float("nan")
+
+
+def one_round(http: httpx.Client, url: str, messages: list[dict], max_tokens: int) -> tuple[float, int, str]:
+    """(TTFT seconds, tokens, answer text) of one streamed, greedy answer of exactly `max_tokens` tokens."""
+    body = {
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    start = time.perf_counter()
+    ttft, text, tokens = None, [], 0
+    with http.stream("POST", url + "/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        for _, data in iter_sse(response.iter_lines()):
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            for choice in chunk.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    ttft = ttft if ttft is not None else time.perf_counter() - start
+                    text.append(piece)
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return (ttft if ttft is not None else time.perf_counter() - start), tokens, "".join(text)
+
+
+def run_workload(name: str, url: str, sessions: int, rounds: int, max_tokens: int) -> Run:
+    run = Run(name)
+    lock = threading.Lock()
+
+    def session(i: int) -> None:
+        messages = [{"role": "system", "content": SYSTEM}]
+        with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=600) as http:
+            for k in range(rounds):
+                ask = f"Let us talk about {TOPICS[i % len(TOPICS)]}." if k == 0 else FOLLOW_UPS[(k + i) % 5]
+                messages.append({"role": "user", "content": ask})
+                try:
+                    ttft, tokens, answer = one_round(http, url, messages, max_tokens)
+                except httpx.HTTPError:
+                    with lock:
+                        run.errors += 1
+                    return
+                messages.append({"role": "assistant", "content": answer})
+                with lock:
+                    run.tokens += tokens
+                    run.ttft_by_round.setdefault(k + 1, []).append(ttft)
+
+    threads = [threading.Thread(target=session, args=(i,)) for i in range(sessions)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    run.seconds = time.perf_counter() - start
+    return run
+
+
+class LlamaServer:
+    def __init__(self, binary: str, parallel: int, ctx_size: int, threads: int) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [binary, "-m", str(bundled_model_path()), "--host", "127.0.0.1", "--port", str(self.port)]
+        cmd += ["-np", str(parallel), "--kv-unified", "-c", str(ctx_size), "-t", str(threads), "--api-key", TOKEN]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        self.close()
+        raise RuntimeError("llama-server did not start")
+
+    def rss_bytes(self) -> int:
+        return psutil.Process(self.proc.pid).memory_info().rss
+
+    def close(self) -> None:
+        stop_process(self.proc)
+
+
+def find_llama_server(given: str | None) -> str | None:
+    candidates = [given, os.environ.get("LLAMA_SERVER"), shutil.which("llama-server")]
+    candidates.append(str(Path.home() / ".cache/magnitude-peers/llama.cpp-0.3.36/bin/llama-server"))
+    return next((c for c in candidates if c and Path(c).is_file()), None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--llama-server", default=None, help="path (default: the shared build's cache)")
+    args = parser.parse_args()
+    binary = find_llama_server(args.llama_server)
+    if binary is None:
+        raise SystemExit("llama-server not found: run ../shared/tools/build-llama-server.sh first")
+
+    servers = {
+        "magnitude serve": lambda: MagnitudeServer(parallel=16, ctx_size=8192, threads=args.threads),
+        "llama-server": lambda: LlamaServer(binary, parallel=16, ctx_size=8192, threads=args.threads),
+    }
+    best: dict[str, Run] = {}
+    rss: dict[str, int] = {}
+    for repeat in range(args.repeats):
+        for name, start in servers.items():
+            server = start()
+            try:
+                run = run_workload(name, server.url, args.sessions, args.rounds, args.max_tokens)
+                if isinstance(server, LlamaServer):
+                    rss[name] = server.rss_bytes()
+                else:
+                    rss[name] = psutil.Process(server.proc.pid).memory_info().rss
+            finally:
+                server.close()
+            print(f"run {repeat + 1}: {name}: {run.tokens_per_s:.1f} tok/s, errors {run.errors}", flush=True)
+            if name not in best or run.tokens_per_s > best[name].tokens_per_s:
+                best[name] = run
+
+    peer = best["llama-server"]
+    rows = []
+    for name, run in best.items():
+        by_round = " / ".join(f"{run.ttft_p50(range(r, r + 1)):.0f}" for r in range(1, args.rounds + 1))
+        rows.append(
+            [
+                name,
+                f"{run.tokens_per_s:.1f}",
+                f"{run.ttft_p50(range(2, args.rounds + 1)):.0f}",
+                by_round,
+                f"{rss[name] / 2**20:.0f}",
+                run.errors,
+                f"{run.tokens_per_s / peer.tokens_per_s:.2f}×",
+            ]
+        )
+    print(
+        f"{args.sessions} sessions × {args.rounds} rounds, {args.max_tokens} tokens per answer, greedy, streamed, "
+        f"{args.threads} threads, parallel 16, 8,192 cells (llama-server: -np 16 --kv-unified -c 8192); "
+        f"best of {args.repeats} alternating runs"
+    )
+    headers = ["server", "output tok/s", "TTFT p50 rounds 2+ ms", "TTFT p50 by round ms", "RSS MiB", "errors"]
+    print(table([*headers, "vs llama-server"], rows))
+
+
+if __name__ == "__main__":
+    main()
