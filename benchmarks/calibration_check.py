@@ -22,17 +22,11 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import TOKEN, MagnitudeServer, table
 
-from magnitude_jupyter.calibrate.sweep import SweepConfig, run_closed_level
+from magnitude_jupyter.calibrate.sweep import SweepConfig, messages_for, run_closed_level
 
 
 async def independent_level(url: str, concurrency: int, config: SweepConfig) -> float:
-    body = {
-        "messages": [{"role": "user", "content": config.prompt}],
-        "max_tokens": config.max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-    }
+    """The same level's load from a client of its own, with distinct prompts of its own (the sweep's default)."""
     remaining = [config.requests_per_level]
     tokens = [0]
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=600) as http:
@@ -40,6 +34,13 @@ async def independent_level(url: str, concurrency: int, config: SweepConfig) -> 
         async def client() -> None:
             while remaining[0] > 0:
                 remaining[0] -= 1
+                body = {
+                    "messages": messages_for(config, 90_000_000 + concurrency * 1000 + remaining[0]),
+                    "max_tokens": config.max_tokens,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "stream": True,
+                }
                 async with http.stream("POST", url + "/v1/chat/completions", json=body) as response:
                     async for line in response.aiter_lines():
                         if line.startswith("data: {"):

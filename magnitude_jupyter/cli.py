@@ -119,36 +119,55 @@ def _client(url: str | None, token: str | None):
 
 
 @main.command()
-@click.argument("prompt")
+@click.argument("prompt", required=False)
 @click.option("-m", "--model", default=None, help="Model to ask for (default: the server's).")
 @click.option("-s", "--system", default=None, help="System message.")
 @click.option("-t", "--temperature", type=float, default=0.0, show_default=True)
 @click.option("--max-tokens", type=int, default=256, show_default=True)
 @click.option("--seed", type=int, default=None)
+@click.option("--ignore-eos", is_flag=True, help="Generate exactly --max-tokens (for measuring).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--url", default=None, help="Server URL ending before /v1 (default: find one, or start one).")
 @click.option("--token", default=None, envvar="MAGNITUDE_TOKEN", help="Bearer token for --url.")
 def chat(
-    prompt: str,
+    prompt: str | None,
     model: str | None,
     system: str | None,
     temperature: float,
     max_tokens: int,
     seed: int | None,
+    ignore_eos: bool,
     fmt: str,
     url: str | None,
     token: str | None,
 ) -> None:
-    """Answer one prompt, streaming the text (starts `magnitude serve` in the background if none runs)."""
-    from .client import ClientError, StreamResult
+    """Answer PROMPT, streaming; with no PROMPT, read it from a pipe, or hold a conversation at the terminal.
 
-    client = _client(url, token)
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    body: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens, "reproducible": True}
+    Starts `magnitude serve` in the background if none runs. In a conversation, /reset forgets it,
+    /exit (or Ctrl-D) leaves, and Ctrl-C stops the answer being written, not the session.
+    """
+    body: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens}
     if model:
         body["model"] = model
     if seed is not None:
         body["seed"] = seed
+    if ignore_eos:
+        body["ignore_eos"] = True
+    if prompt is None and not sys.stdin.isatty():
+        prompt = sys.stdin.read().strip()
+        if not prompt:
+            raise click.ClickException("no prompt: give one as an argument, or pipe text in")
+    client = _client(url, token)
+    if prompt is None:
+        _conversation(client, system, body)
+        return
+    _one_answer(client, system, prompt, {**body, "reproducible": True}, fmt)
+
+
+def _one_answer(client: Any, system: str | None, prompt: str, body: dict[str, Any], fmt: str) -> None:
+    from .client import ClientError, StreamResult
+
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     result = StreamResult()
     try:
         for piece in client.stream_chat(messages, result=result, **body):
@@ -158,20 +177,58 @@ def chat(
         raise click.ClickException(str(exc)) from exc
     if fmt == "text":
         click.echo()
-    else:
-        click.echo(
-            json.dumps(
-                {
-                    "id": result.id,
-                    "model": result.model,
-                    "text": result.text,
-                    "finish_reason": result.finish_reason,
-                    "usage": result.usage,
-                    "timings": result.timings,
-                },
-                indent=2,
-            )
-        )
+        return
+    answer = {
+        "id": result.id,
+        "model": result.model,
+        "text": result.text,
+        "message": {"role": "assistant", "content": result.text},
+        "finish_reason": result.finish_reason,
+        "usage": result.usage,
+        "timings": result.timings,
+    }
+    click.echo(json.dumps(answer, indent=2))
+
+
+def _conversation(client: Any, system: str | None, body: dict[str, Any]) -> None:
+    """A conversation at the terminal: each turn resends the history (the server's prefix cache has it)."""
+    from .client import ClientError, StreamResult
+    from .conversations import Conversation, Turn
+
+    conversation = Conversation("terminal", system)
+    click.echo("magnitude chat: /reset forgets the conversation, /exit or Ctrl-D leaves, Ctrl-C stops an answer")
+    while True:
+        try:
+            line = input("you> ").strip()
+        except EOFError:
+            click.echo()
+            return
+        except KeyboardInterrupt:
+            click.echo()
+            continue
+        if line in ("/exit", "/quit"):
+            return
+        if line == "/reset":
+            conversation.turns.clear()
+            click.echo("(the conversation is forgotten)")
+            continue
+        if not line:
+            continue
+        result = StreamResult()
+        pieces = client.stream_chat(conversation.messages(user=line), result=result, **body)
+        try:
+            for piece in pieces:
+                click.echo(piece, nl=False)
+        except KeyboardInterrupt:
+            pieces.close()  # cancels the generation on the server
+            click.echo("\n(stopped; that answer is left out of the conversation)")
+            continue
+        except ClientError as exc:
+            click.echo(f"\nmagnitude: {exc}", err=True)
+            continue
+        click.echo()
+        turn = len(conversation.turns) + 1
+        conversation.turns.append(Turn(line, result.text, f"turn {turn}", result.usage, result.timings))
 
 
 def batch_options(command: Any) -> Any:
@@ -320,7 +377,19 @@ def serve(
 @click.option("--concurrency", default="1,2,4,8,16", show_default=True, help="Levels, comma-separated.")
 @click.option("--requests", type=int, default=16, show_default=True, help="Requests per level.")
 @click.option("--max-tokens", type=int, default=64, show_default=True)
-@click.option("--prompt", default=None, help="The prompt every request sends.")
+@click.option(
+    "--prompt", default=None, help="One prompt for every request (flatters: a cache hit); default: distinct prompts."
+)
+@click.option("--workflow", is_flag=True, help="Sweep concurrent multi-round sessions instead (agent workflows).")
+@click.option("--sessions", default="1,4,8", show_default=True, help="With --workflow: concurrent sessions, per level.")
+@click.option("--rounds", type=int, default=6, show_default=True, help="With --workflow: rounds per session.")
+@click.option(
+    "--slo-round-p95-ms",
+    type=float,
+    default=3000.0,
+    show_default=True,
+    help="With --workflow: the p95 round latency each round must meet; exit 1 if the most sessions miss it.",
+)
 @click.option("--ttft-limit-ms", type=float, default=None, help="Stop when a level's p95 TTFT is over this.")
 @click.option("--latency-target-ms", type=float, default=None, help="For the recommended parallel (p95 end-to-end).")
 @click.option("--no-probe", is_flag=True, help="Skip the capacity probe.")
@@ -334,6 +403,10 @@ def calibrate(
     requests: int,
     max_tokens: int,
     prompt: str | None,
+    workflow: bool,
+    sessions: str,
+    rounds: int,
+    slo_round_p95_ms: float,
     ttft_limit_ms: float | None,
     latency_target_ms: float | None,
     no_probe: bool,
@@ -341,19 +414,42 @@ def calibrate(
     csv_path: str | None,
     html_path: str | None,
 ) -> None:
-    """Sweep concurrency against a server and print throughput, latency and capacity."""
+    """Sweep concurrency against a server and print throughput, latency and capacity.
+
+    With --workflow: sessions that resend their growing conversation every round, and the verdict on
+    a round-latency objective (exit 1 when the largest number of sessions misses it).
+    """
     from .calibrate.records import Level
     from .calibrate.report import format_profile
     from .calibrate.run import calibrate as run_calibration
-    from .calibrate.sweep import DEFAULT_PROMPT, SweepConfig, parse_levels
+    from .calibrate.run import calibrate_workflow
+    from .calibrate.sweep import SweepConfig, parse_levels
+    from .calibrate.workflow import format_workflow
     from .client import ClientError
+
+    if workflow:
+        try:
+            levels = parse_levels(sessions)
+        except ValueError as exc:
+            raise click.ClickException(str(exc).replace("concurrency", "session")) from exc
+        client = _client(url, token)
+        try:
+            profile = calibrate_workflow(client, levels, rounds, max_tokens, slo_round_p95_ms)
+        except (ClientError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        assert profile.workflow is not None
+        click.echo(format_workflow(profile.workflow))
+        _save_profile(profile, json_path, csv_path, html_path)
+        if not profile.workflow.passed:
+            sys.exit(1)
+        return
 
     try:
         config = SweepConfig(
             concurrency=parse_levels(concurrency),
             requests_per_level=requests,
             max_tokens=max_tokens,
-            prompt=prompt or DEFAULT_PROMPT,
+            prompt=prompt,
             ttft_p95_limit_ms=ttft_limit_ms,
             latency_target_ms=latency_target_ms,
         )
@@ -374,6 +470,10 @@ def calibrate(
     except ClientError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(format_profile(profile))
+    _save_profile(profile, json_path, csv_path, html_path)
+
+
+def _save_profile(profile: Any, json_path: str | None, csv_path: str | None, html_path: str | None) -> None:
     for path, save in ((json_path, profile.save_json), (csv_path, profile.save_csv), (html_path, profile.save_html)):
         if path:
             save(path)

@@ -26,6 +26,7 @@ from .batch import (
     summary_line,
 )
 from .client import Client, ClientError, StreamResult, discover
+from .conversations import DEFAULT_CHAT, Conversations, Turn
 
 LAST_ANSWER = "_magnitude"
 FORMATS = ("text", "markdown", "json", "code")
@@ -91,6 +92,8 @@ def cell_parser() -> _Parser:
     p.add_argument("--no-stream", action="store_true")
     p.add_argument("--no-reproducible", action="store_true")
     p.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens (for measuring)")
+    p.add_argument("--chat", nargs="?", const=DEFAULT_CHAT, default=None, help="continue a named conversation")
+    p.add_argument("--trim", action="store_true", help="with --chat: drop the oldest turns when the history overflows")
     p.add_argument("--df", default=None, help="score this DataFrame, the cell being the row template")
     add_batch_arguments(p, skip=SHARED_WITH_BATCH)
     return p
@@ -107,6 +110,11 @@ def line_parser() -> _Parser:
     connect.add_argument("url")
     connect.add_argument("--token", default=None)
     sub.add_parser("disconnect")
+    sub.add_parser("chats")
+    history = sub.add_parser("history")
+    history.add_argument("name", nargs="?", default=DEFAULT_CHAT)
+    reset = sub.add_parser("reset")
+    reset.add_argument("name", nargs="?", default=DEFAULT_CHAT)
     calibrate = sub.add_parser("calibrate")
     calibrate.add_argument("--concurrency", default="1,2,4,8,16")
     calibrate.add_argument("--requests", type=int, default=16)
@@ -114,6 +122,10 @@ def line_parser() -> _Parser:
     calibrate.add_argument("--latency-target-ms", type=float, default=2000.0)
     calibrate.add_argument("--no-probe", action="store_true")
     calibrate.add_argument("--start", action="store_true", help="start the sweep at once")
+    calibrate.add_argument("--workflow", action="store_true", help="sessions that resend their conversation")
+    calibrate.add_argument("--sessions", default="1,4,8")
+    calibrate.add_argument("--rounds", type=int, default=6)
+    calibrate.add_argument("--slo-round-p95-ms", type=float, default=3000.0)
     batch = sub.add_parser("batch")
     batch.add_argument("df")
     batch.add_argument("--template", required=True)
@@ -129,6 +141,11 @@ class MagnitudeMagics(Magics):
         self._client: Client | None = None
         self._facts: tuple[Client, bool, list[dict[str, Any]]] | None = None
         self.model: str | None = None
+        self.chats = Conversations()
+        self.cell_key = ""  # the cell running now: its id from JupyterLab, else its text (pre_run_cell)
+
+    def remember_cell(self, info: Any) -> None:
+        self.cell_key = getattr(info, "cell_id", None) or getattr(info, "raw_cell", "") or ""
 
     @property
     def ipython(self) -> Any:
@@ -189,7 +206,8 @@ class MagnitudeMagics(Magics):
     def _line(self, argv: list[str]) -> Any:
         if not argv:
             raise MagnitudeError(
-                "say what to do: status, list, use MODEL, connect URL, disconnect, batch DF --template T"
+                "say what to do: status, list, use MODEL, connect URL, disconnect, chats, history [NAME], "
+                "reset [NAME], batch DF --template T"
             )
         args = line_parser().parse_args(argv)
         if args.command == "status":
@@ -218,6 +236,21 @@ class MagnitudeMagics(Magics):
             self._client = None
             print("magnitude: disconnected (the next call finds a server again)")
             return None
+        if args.command == "chats":
+            for conversation in self.chats.by_name.values():
+                print(f"{conversation.name}: {len(conversation.turns)} turns")
+            if not self.chats.by_name:
+                print("magnitude: no conversations yet (%%magnitude --chat [NAME] starts one)")
+            return None
+        if args.command in ("history", "reset"):
+            try:
+                if args.command == "reset":
+                    self.chats.reset(args.name)
+                    print(f"magnitude: forgot the conversation {args.name!r}")
+                    return None
+                return self.chats.find(args.name).history()
+            except KeyError as exc:
+                raise MagnitudeError(exc.args[0]) from None
         if args.command == "batch":
             return self._batch(args.df, args.template, args)
         if args.command == "calibrate":
@@ -236,9 +269,15 @@ class MagnitudeMagics(Magics):
         prompt = interpolate(cell.strip(), self.user_ns)
         if not prompt:
             raise MagnitudeError("the cell is empty: write the prompt below %%magnitude")
-        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-            {"role": "user", "content": prompt}
-        ]
+        conversation = self.chats.get(args.chat, args.system) if args.chat is not None else None
+        if conversation is not None:
+            history = conversation.turns[: conversation.slot_for(self.cell_key)]
+            messages = conversation.messages(history, prompt)
+        else:
+            history = []
+            messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+                {"role": "user", "content": prompt}
+            ]
         client = self.client
         body: dict[str, Any] = {}
         for key, value in (
@@ -255,24 +294,37 @@ class MagnitudeMagics(Magics):
             body["response_format"] = {"type": "json_object"}
         ours, models = self._server_facts(client)
         if ours:
-            body["reproducible"] = not args.no_reproducible
+            # A conversation turn copies its history from the prefix cache; reproducible requests never do.
+            body["reproducible"] = not args.no_reproducible and conversation is None
             if args.ignore_eos:
                 body["ignore_eos"] = True
             body["priority"] = "interactive"
 
-        result = StreamResult()
         handle = None if args.no_stream else display({"text/plain": ""}, raw=True, display_id=True)
-        last_update = 0.0
-        try:
-            for _ in client.stream_chat(messages, result=result, **body):
-                now = time.monotonic()
-                if handle is not None and now - last_update >= UPDATE_EVERY_S:
-                    handle.update({"text/plain": result.text}, raw=True)
-                    last_update = now
-        except ClientError as exc:
-            raise MagnitudeError(str(exc)) from None
+        trimmed = 0
+        while True:
+            try:
+                result = self._stream(client, messages, body, handle)
+                break
+            except ClientError as exc:
+                if conversation is None or exc.code != "context_length_exceeded":
+                    raise MagnitudeError(str(exc)) from None
+                if not (args.trim and history):
+                    raise MagnitudeError(
+                        f"the conversation {conversation.name!r} ({len(history)} turns) no longer fits: {exc}; "
+                        f"add --trim to drop its oldest turns, or start over with %magnitude reset {conversation.name}"
+                    ) from None
+                history, trimmed = history[1:], trimmed + 1  # the oldest turn goes; the system prompt stays
+                messages = conversation.messages(history, prompt)
 
         metadata = {"magnitude": self._provenance(client, body, result, ours, models)}
+        if conversation is not None:
+            conversation.turns = [*history, Turn(prompt, result.text, self.cell_key, result.usage, result.timings)]
+            metadata["magnitude"]["conversation"] = {
+                "name": conversation.name,
+                "turn": len(conversation.turns),
+                "trimmed": trimmed,
+            }
         answer: Any = result.text
         if args.format == "markdown":
             bundle = {"text/markdown": result.text, "text/plain": result.text}
@@ -292,8 +344,21 @@ class MagnitudeMagics(Magics):
             answer = parse_json_answer(result.text)
         self.user_ns[LAST_ANSWER] = answer
         if args.output:
-            self.user_ns[args.output] = answer
+            self.user_ns[args.output] = conversation.messages() if conversation is not None else answer
         return None
+
+    def _stream(
+        self, client: Client, messages: list[dict[str, Any]], body: dict[str, Any], handle: Any
+    ) -> StreamResult:
+        """Stream one answer into the cell's display (updated at most every UPDATE_EVERY_S)."""
+        result = StreamResult()
+        last_update = 0.0
+        for _ in client.stream_chat(messages, result=result, **body):
+            now = time.monotonic()
+            if handle is not None and now - last_update >= UPDATE_EVERY_S:
+                handle.update({"text/plain": result.text}, raw=True)
+                last_update = now
+        return result
 
     def _provenance(
         self, client: Client, body: dict[str, Any], result: StreamResult, ours: bool, models: list[dict[str, Any]]
@@ -322,6 +387,9 @@ class MagnitudeMagics(Magics):
         from .calibrate.sweep import SweepConfig, parse_levels
         from .calibrate.widget import CalibrationWidget
 
+        if args.workflow:
+            return self._calibrate_workflow(args)
+
         try:
             config = SweepConfig(
                 concurrency=parse_levels(args.concurrency),
@@ -337,6 +405,41 @@ class MagnitudeMagics(Magics):
         if args.start:
             widget.start()
         return widget
+
+    def _calibrate_workflow(self, args: argparse.Namespace) -> None:
+        """The workflow sweep in the cell: its plot grows a line per number of sessions as they finish."""
+        import plotly.graph_objects as go
+
+        from .calibrate.figures import workflow_figure
+        from .calibrate.run import calibrate_workflow
+        from .calibrate.sweep import parse_levels
+        from .calibrate.workflow import WorkflowLevel, WorkflowResult, format_workflow
+
+        try:
+            sessions = parse_levels(args.sessions)
+        except ValueError as exc:
+            raise MagnitudeError(str(exc).replace("concurrency", "session")) from None
+        done: list[WorkflowLevel] = []
+        plot = go.FigureWidget(workflow_figure(WorkflowResult(args.slo_round_p95_ms, args.rounds, args.max_tokens)))
+        display(plot)
+
+        def on_level(level: WorkflowLevel) -> None:
+            done.append(level)
+            fresh = workflow_figure(WorkflowResult(args.slo_round_p95_ms, args.rounds, args.max_tokens, tuple(done)))
+            with plot.batch_update():
+                plot.data = ()
+                for trace in fresh.data:
+                    plot.add_trace(trace)
+
+        try:
+            profile = calibrate_workflow(
+                self.client, sessions, args.rounds, args.max_tokens, args.slo_round_p95_ms, on_level=on_level
+            )
+        except (ClientError, ValueError) as exc:
+            raise MagnitudeError(str(exc)) from None
+        assert profile.workflow is not None
+        print(format_workflow(profile.workflow))
+        self.user_ns["_magnitude_calibration"] = profile
 
     # -- DataFrame batches ------------------------------------------------------------------------
 
@@ -374,4 +477,6 @@ class MagnitudeMagics(Magics):
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    ipython.register_magics(MagnitudeMagics)
+    magics = MagnitudeMagics(ipython)
+    ipython.register_magics(magics)
+    ipython.events.register("pre_run_cell", magics.remember_cell)

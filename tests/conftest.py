@@ -57,6 +57,14 @@ def server(serve):
     return serve
 
 
+@pytest.fixture
+def connected(server, monkeypatch):
+    """Kernels and clients started by the test find the shared server (MAGNITUDE_URL/TOKEN)."""
+    monkeypatch.setenv("MAGNITUDE_URL", server.url)
+    monkeypatch.setenv("MAGNITUDE_TOKEN", server.token)
+    return server
+
+
 class InProcessServer:
     """The real HTTP API of `magnitude serve` (the same tornado app) in this process, on a thread of its
     own, in front of the shared real engine: with a token, and a second app with auth off."""

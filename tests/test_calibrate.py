@@ -118,6 +118,8 @@ def test_real_short_sweep_with_confirmed_probe(server, tmp_path):
         assert lv.requests == 3 and lv.errors == 0 and lv.output_tokens == 24
         assert lv.ttft_ms.p50 > 0 and lv.tpot_ms.p50 > 0 and lv.queue_ms.p50 is not None
         assert lv.kv_usage_max is not None and lv.rss_bytes_max > 0
+        # distinct prompts: the cache serves the shared system prompt, not the requests themselves
+        assert lv.cached_share is not None and lv.cached_share < 0.6
     cap = profile.capacity
     assert cap["bytes_per_token"] == 23_040 and cap["predicted_kv_buffer_bytes"] == cap["reported_kv_buffer_bytes"]
     assert cap["probe"]["confirmed"], cap["probe"]
@@ -216,3 +218,15 @@ def test_open_loop_poisson_level(server):
     assert lv.requests == 4 and lv.errors == 0 and lv.output_tokens == 24
     with pytest.raises(ValueError, match="arrival rates"):
         run_sweep(client, SweepConfig(mode="open"))
+
+
+def test_sweep_prompts_differ_unless_asked_not_to():
+    from magnitude_jupyter.calibrate.sweep import messages_for
+
+    varied = SweepConfig()
+    assert messages_for(varied, 1) != messages_for(varied, 2) and messages_for(varied, 3) == messages_for(varied, 3)
+    assert messages_for(varied, 1)[0] == messages_for(varied, 2)[0]  # the same system prompt
+    assert len(messages_for(SweepConfig(prompt_words=80), 1)[1]["content"]) > len(messages_for(varied, 1)[1]["content"])
+    mine = SweepConfig(prompts=("a", "b"))
+    assert [messages_for(mine, i)[0]["content"] for i in range(4)] == ["a", "b", "a", "b"]
+    assert messages_for(SweepConfig(prompt="same"), 7) == [{"role": "user", "content": "same"}]

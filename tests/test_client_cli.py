@@ -15,6 +15,8 @@ from magnitude_jupyter.batch import BatchError, BatchOptions, backoff_seconds, c
 from magnitude_jupyter.client import discover, iter_sse
 from magnitude_jupyter.runtime import serve_runtime_files
 
+from .conftest import wait_for
+
 
 def test_backoff_is_exponential_capped_and_honours_retry_after():
     assert [backoff_seconds(k) for k in range(4)] == [0.5, 1.0, 2.0, 4.0]
@@ -155,3 +157,74 @@ def test_a_checkpoint_is_reused_only_by_the_same_job(server, tmp_path):
         said, tokens = batch(*changed)
         assert "reused from the checkpoint" not in said and tokens >= 6, (changed, said)
         assert "rows of a different job" in said and "not reused" in said
+
+
+@pytest.mark.model
+def test_cli_chat_reads_a_piped_prompt(server):
+    env = {**os.environ, "MAGNITUDE_URL": server.url, "MAGNITUDE_TOKEN": server.token}
+    done = subprocess.run(
+        [sys.executable, "-m", "magnitude_jupyter.cli", "chat", "--max-tokens", "8", "--format", "json"],
+        input="Say hello to the pipe.",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["message"] == {"role": "assistant", "content": answer["text"]} and answer["text"]
+    assert answer["usage"]["prompt_tokens"] > 5
+
+
+@pytest.mark.model
+def test_cli_chat_holds_a_conversation_at_a_terminal(server):
+    import pexpect
+
+    def recent(n: int = 1) -> list[dict]:
+        status = httpx.get(server.url + "/status", headers={"Authorization": f"Bearer {server.token}"}).json()
+        return status["recent"][:n]
+
+    env = {**os.environ, "MAGNITUDE_URL": server.url, "MAGNITUDE_TOKEN": server.token}
+    child = pexpect.spawn(
+        sys.executable, ["-m", "magnitude_jupyter.cli", "chat", "--max-tokens", "12"], env=env, timeout=120
+    )
+    try:
+        child.expect("you> ")
+        child.sendline("My name is Ada.")
+        child.expect("you> ")
+        (first,) = recent()
+        child.sendline("What is my name?")
+        child.expect("you> ")
+        (second,) = recent()
+        # the second turn carried the first one with it
+        assert second["prompt_tokens"] > first["prompt_tokens"] + first["completion_tokens"]
+        child.sendline("/reset")
+        child.expect("forgotten")
+        child.expect("you> ")
+        child.sendline("What is my name?")
+        child.expect("you> ")
+        (fresh,) = recent()
+        assert fresh["prompt_tokens"] < second["prompt_tokens"]
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+
+    # Ctrl-C stops the answer being written (and its generation on the server), not the session
+    long = ["-m", "magnitude_jupyter.cli", "chat", "--max-tokens", "3000", "--ignore-eos"]
+    child = pexpect.spawn(sys.executable, long, env=env, timeout=120)
+    try:
+        child.expect("you> ")
+        child.sendline("Count from one to one thousand, in words.")
+        child.expect("in words\\.\r\n")  # the terminal's echo of the question
+        child.expect(r"\w+\W+\w+\W+\w+", timeout=60)  # the answer is being written
+        child.sendintr()
+        child.expect(r"\(stopped")
+        child.expect("you> ")
+        wait_for(lambda: recent()[0]["finish_reason"] == "cancelled", timeout=30, what="the cancel on the server")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0

@@ -12,13 +12,6 @@ from .proxy import DroppingProxy
 pytestmark = pytest.mark.model
 
 
-@pytest.fixture
-def connected(server, monkeypatch):
-    monkeypatch.setenv("MAGNITUDE_URL", server.url)
-    monkeypatch.setenv("MAGNITUDE_TOKEN", server.token)
-    return server
-
-
 def test_prompt_streams_interpolates_and_stores(connected, tmp_path):
     nb = run_notebook(
         [
@@ -188,3 +181,47 @@ def test_kernel_interrupt_cancels_the_generation_on_the_server(connected, tmp_pa
     (error,) = [o for o in nb.cells[2].outputs if o.output_type == "error"]
     assert error.ename == "KeyboardInterrupt"
     assert text_outputs(nb.cells[3]).split() == ["0", "cancelled"]
+
+
+def display_meta(cell) -> dict:
+    """The provenance a %%magnitude cell saved with its answer."""
+    return next(o for o in cell.outputs if o.output_type == "display_data").metadata["magnitude"]
+
+
+def test_a_conversation_sends_its_history_and_a_rerun_replaces_its_turn(connected, tmp_path):
+    first = "%%magnitude --chat trip -s 'You are a travel agent.' --max-tokens 16\nI want to visit Lisbon."
+    long_turn = "%%magnitude --chat long --max-tokens 4 {}\n{}: " + "word " * 4200
+    nb = run_notebook(
+        [
+            "%load_ext magnitude_jupyter",
+            first,
+            "%%magnitude --chat trip --max-tokens 16 -o talk\nWhat should I eat there?",
+            "h = %magnitude history trip\nprint(len(h), list(h.role), len(talk), talk[-1]['role'])",
+            first,  # the cell that made turn 1 runs again: it replaces turn 1 and drops turn 2
+            "h = %magnitude history trip\nprint(len(h))",
+            "%magnitude chats",
+            "%magnitude reset trip\n%magnitude chats",
+            long_turn.format("", "First"),
+            long_turn.format("", "Second"),  # 2 × 4,200 tokens do not fit 8,192 cells
+            long_turn.format("--trim", "Second"),
+        ],
+        tmp_path,
+        allow_errors=True,
+        timeout=600,
+    )
+    one, two = (display_meta(nb.cells[i]) for i in (1, 2))
+    assert one["conversation"] == {"name": "trip", "turn": 1, "trimmed": 0} and two["conversation"]["turn"] == 2
+    # the second turn sent the first one with it, and found it in the prefix cache
+    assert two["usage"]["prompt_tokens"] > one["usage"]["prompt_tokens"] + one["usage"]["completion_tokens"]
+    assert two["usage"]["prompt_tokens_details"]["cached_tokens"] >= one["usage"]["prompt_tokens"]
+    assert text_outputs(nb.cells[3]).split()[:2] == ["5", "['system',"] and text_outputs(nb.cells[3]).split()[-2:] == [
+        "5",
+        "assistant",
+    ]
+    assert text_outputs(nb.cells[5]).strip() == "3"  # system + one turn again
+    assert "trip: 1 turns" in text_outputs(nb.cells[6])
+    assert "no conversations yet" in text_outputs(nb.cells[7])
+    (error,) = [o for o in nb.cells[9].outputs if o.output_type == "error"]
+    assert len(error.traceback) == 1 and "no longer fits" in error.traceback[0] and "--trim" in error.traceback[0]
+    trimmed = display_meta(nb.cells[10])
+    assert trimmed["conversation"]["trimmed"] == 1 and trimmed["conversation"]["turn"] == 1

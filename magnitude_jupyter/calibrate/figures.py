@@ -102,3 +102,23 @@ def capacity_figure(profile: Any) -> go.Figure:
         x=t["probe_x"], y=t["probe_y"], mode="markers", name="probe: ran at once", marker={"size": 10, "symbol": "x"}
     )
     return fig
+
+
+def workflow_figure(result: Any) -> go.Figure:
+    """p95 round latency against the round, one line per number of sessions, with the SLO."""
+    fig = go.Figure(
+        layout={
+            "title": "Round latency (p95) by round, per number of concurrent sessions",
+            "xaxis": {"title": "round", "dtick": 1},
+            "yaxis": {"title": "p95 round latency, ms"},
+        }
+    )
+    for level in result.levels:
+        fig.add_scatter(
+            x=[r.round for r in level.rounds],
+            y=[r.e2e_ms.p95 for r in level.rounds],
+            mode="lines+markers",
+            name=f"{level.sessions} sessions" + ("" if level.meets_slo else " (misses the SLO)"),
+        )
+    fig.add_hline(y=result.slo_round_p95_ms, line_dash="dash", annotation_text="SLO")
+    return fig

@@ -17,6 +17,7 @@ from typing import Any
 
 from .records import Level, Summary
 from .stats import knee, recommend_parallel, scaling_efficiency
+from .workflow import WorkflowResult
 
 PROFILE_VERSION = 1
 
@@ -78,6 +79,7 @@ class Profile:
     summary: Summary
     capacity: dict[str, Any] | None = None
     stopped_because: str | None = None
+    workflow: WorkflowResult | None = None  # the agent-workflow sweep, when one ran
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     name: str = ""
     version: int = PROFILE_VERSION
@@ -85,7 +87,9 @@ class Profile:
     # -- files -------------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)  # nested records become plain dicts
+        data = asdict(self)  # nested records become plain dicts
+        data["workflow"] = self.workflow.to_json() if self.workflow else None
+        return data
 
     def save_json(self, path: str | Path) -> Path:
         path = Path(path)
@@ -97,7 +101,9 @@ class Profile:
         if data.get("version") != PROFILE_VERSION:
             raise ValueError(f"profile version {data.get('version')!r} is not {PROFILE_VERSION}")
         levels = [Level.from_json(lv) for lv in data.get("levels") or []]
-        return cls(**{**data, "levels": levels, "summary": Summary.from_json(data.get("summary") or {})})
+        workflow = WorkflowResult.from_json(data["workflow"]) if data.get("workflow") else None
+        summary = Summary.from_json(data.get("summary") or {})
+        return cls(**{**data, "levels": levels, "summary": summary, "workflow": workflow})
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
@@ -108,15 +114,41 @@ class Profile:
 
         return pd.DataFrame([lv.flat() for lv in self.levels])
 
+    def workflow_frame(self) -> Any:
+        """One row per (sessions, round) of the workflow sweep."""
+        import pandas as pd
+
+        rows = []
+        for level in self.workflow.levels if self.workflow else ():
+            for r in level.rounds:
+                rows.append(
+                    {
+                        "sessions": level.sessions,
+                        "round": r.round,
+                        "e2e_ms_p50": r.e2e_ms.p50,
+                        "e2e_ms_p95": r.e2e_ms.p95,
+                        "e2e_ms_p99": r.e2e_ms.p99,
+                        "ttft_ms_p50": r.ttft_ms.p50,
+                        "prompt_tokens": r.prompt_tokens,
+                        "cached_tokens": r.cached_tokens,
+                        "meets_slo": level.meets_slo,
+                    }
+                )
+        return pd.DataFrame(rows)
+
     def save_csv(self, path: str | Path) -> Path:
+        """The levels, one row each (or, for a workflow profile, its rounds)."""
         path = Path(path)
-        self.levels_frame().to_csv(path, index=False)
+        frame = self.levels_frame() if self.levels or not self.workflow else self.workflow_frame()
+        frame.to_csv(path, index=False)
         return path
 
     def save_html(self, path: str | Path) -> Path:
-        from .figures import capacity_figure, latency_figure, throughput_figure
+        from .figures import capacity_figure, latency_figure, throughput_figure, workflow_figure
 
-        figures = [throughput_figure([self]), latency_figure([self]), capacity_figure(self)]
+        figures = [throughput_figure([self]), latency_figure([self]), capacity_figure(self)] if self.levels else []
+        if self.workflow:
+            figures.append(workflow_figure(self.workflow))
         parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
         rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in self.summary.to_json().items())
         html = (

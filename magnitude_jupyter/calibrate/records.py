@@ -43,6 +43,7 @@ class Level:
     kv_usage_mean: float | None = None
     rss_bytes_max: int | None = None
     waiting_max: int | None = None
+    cached_share: float | None = None  # prompt tokens the server took from its prefix cache / all prompt tokens
 
     @property
     def step(self) -> float | None:

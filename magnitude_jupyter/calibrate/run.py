@@ -10,8 +10,9 @@ from typing import Any
 from ..client import Client, ClientError, discover
 from .capacity import capacity_report, probe
 from .profile import Profile, machine_info, summarize_levels
-from .records import Level
+from .records import Level, Summary
 from .sweep import SweepConfig, run_sweep
+from .workflow import DEFAULT_SLO_ROUND_P95_MS, WorkflowLevel, run_workflow
 
 
 def server_facts(client: Client) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None, dict[str, Any]]:
@@ -73,5 +74,32 @@ def calibrate(
         summary=summarize_levels(levels, engine, model, config.latency_target_ms),
         capacity=capacity,
         stopped_because=reason,
+        name=name,
+    )
+
+
+def calibrate_workflow(
+    client: Client | None = None,
+    sessions: tuple[int, ...] = (1, 4, 8),
+    rounds: int = 6,
+    max_tokens: int = 48,
+    slo_round_p95_ms: float = DEFAULT_SLO_ROUND_P95_MS,
+    on_level: Callable[[WorkflowLevel], None] | None = None,
+    stop: threading.Event | None = None,
+    name: str = "",
+) -> Profile:
+    """The agent-workflow sweep (see workflow.py), recorded as a profile with the machine and model."""
+    client = client or discover()
+    model, engine, _, _ = server_facts(client)
+    result = run_workflow(client, sessions, rounds, max_tokens, slo_round_p95_ms, on_level=on_level, stop=stop)
+    return Profile(
+        machine=machine_info(),
+        server={"url": client.api_base, "engine": "magnitude" if engine else "openai-compatible"},
+        model=model,
+        engine=engine,
+        config={"workflow": {"sessions": list(sessions), "rounds": rounds, "max_tokens": max_tokens}},
+        levels=[],
+        summary=Summary(),
+        workflow=result,
         name=name,
     )

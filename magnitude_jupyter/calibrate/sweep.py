@@ -19,6 +19,73 @@ from .records import Level, Percentiles
 from .stats import percentiles, saturated
 
 DEFAULT_PROMPT = "Write a detailed story about a lighthouse keeper who finds a message in a bottle."
+SWEEP_SYSTEM = "You are a helpful assistant. Answer the request below in plain prose."
+# Words the synthetic prompts are drawn from: each request gets its own sequence of them, so no two
+# requests share more than the system prompt (one prompt for all would be a cache hit after the first).
+_WORDS = (
+    "river",
+    "market",
+    "lantern",
+    "copper",
+    "orchard",
+    "harbor",
+    "violin",
+    "meadow",
+    "thunder",
+    "pepper",
+    "canyon",
+    "marble",
+    "engine",
+    "garden",
+    "pilot",
+    "ribbon",
+    "saddle",
+    "glacier",
+    "compass",
+    "cottage",
+    "falcon",
+    "velvet",
+    "quarry",
+    "pebble",
+    "trumpet",
+    "meteor",
+    "blanket",
+    "island",
+    "cinnamon",
+    "ladder",
+    "mirror",
+    "forest",
+    "signal",
+    "barrel",
+    "rocket",
+    "candle",
+    "shadow",
+    "puzzle",
+    "ferry",
+    "tunnel",
+    "hammer",
+    "lemon",
+    "feather",
+    "castle",
+    "beacon",
+    "walnut",
+    "tiger",
+    "painter",
+    "bridge",
+    "winter",
+    "cradle",
+    "sponge",
+    "anchor",
+    "circus",
+    "kettle",
+    "magnet",
+)
+
+
+def synthetic_prompt(index: int, words: int = 40) -> str:
+    """The distinct user text of request `index`: a topic and `words` words of its own (as guidellm's data)."""
+    rng = random.Random(index)
+    return f"Request {index}: write about " + " ".join(rng.choice(_WORDS) for _ in range(words)) + "."
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -38,7 +105,9 @@ class SweepConfig:
     seconds_per_level: float | None = None  # if set, run each level this long instead of a request count
     warmup_requests: int = 2
     max_tokens: int = 64
-    prompt: str = DEFAULT_PROMPT
+    prompt: str | None = None  # one prompt for every request: a prefix-cache hit after the first, which flatters
+    prompts: tuple[str, ...] = ()  # your own prompts (a list, a DataFrame column), cycled
+    prompt_words: int = 40  # without either: a fixed system prompt and this many distinct words per request
     temperature: float = 0.0
     ignore_eos: bool = True  # every request generates max_tokens: levels compare like with like
     ttft_p95_limit_ms: float | None = None  # stop when a level's p95 TTFT is over this
@@ -67,6 +136,8 @@ class Sample:
     itl_s: list[float] = field(default_factory=list)
     queued_ms: float | None = None
     error: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
 
     @property
     def tpot_s(self) -> float | None:
@@ -75,7 +146,19 @@ class Sample:
         return (self.e2e_s - self.ttft_s) / (self.tokens - 1)
 
 
-def one_request(client: Client, config: SweepConfig) -> Sample:
+def messages_for(config: SweepConfig, index: int) -> list[dict[str, str]]:
+    """Request `index`'s messages: your prompts cycled, the one prompt, or a synthetic distinct one."""
+    if config.prompts:
+        return [{"role": "user", "content": config.prompts[index % len(config.prompts)]}]
+    if config.prompt:
+        return [{"role": "user", "content": config.prompt}]
+    return [
+        {"role": "system", "content": SWEEP_SYSTEM},
+        {"role": "user", "content": synthetic_prompt(index, config.prompt_words)},
+    ]
+
+
+def one_request(client: Client, config: SweepConfig, index: int = 0) -> Sample:
     body: dict[str, Any] = {"max_tokens": config.max_tokens, "temperature": config.temperature}
     if config.ignore_eos:
         body["ignore_eos"] = True
@@ -87,7 +170,7 @@ def one_request(client: Client, config: SweepConfig) -> Sample:
     itl: list[float] = []
     pieces = 0
     try:
-        for _ in client.stream_chat([{"role": "user", "content": config.prompt}], result=result, **body):
+        for _ in client.stream_chat(messages_for(config, index), result=result, **body):
             now = time.perf_counter()
             if ttft is None:
                 ttft = now - start
@@ -100,7 +183,18 @@ def one_request(client: Client, config: SweepConfig) -> Sample:
     e2e = time.perf_counter() - start
     tokens = int((result.usage or {}).get("completion_tokens") or pieces)
     queued = (result.timings or {}).get("queued_ms")
-    return Sample(ok=True, ttft_s=ttft, e2e_s=e2e, tokens=tokens, itl_s=itl, queued_ms=queued)
+    usage = result.usage or {}
+    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    return Sample(
+        ok=True,
+        ttft_s=ttft,
+        e2e_s=e2e,
+        tokens=tokens,
+        itl_s=itl,
+        queued_ms=queued,
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        cached_tokens=cached,
+    )
 
 
 class _StatusSampler:
@@ -166,31 +260,45 @@ def summarize(samples: list[Sample], elapsed_s: float, **extra: Any) -> Level:
         itl_ms=pct([gap for s in ok for gap in s.itl_s]),
         e2e_ms=pct([s.e2e_s for s in ok]),
         queue_ms=percentiles([s.queued_ms for s in ok if s.queued_ms is not None]),
+        cached_share=cached_share(ok),
         **extra,
     )
 
 
-def run_closed_level(client: Client, config: SweepConfig, concurrency: int, stop: threading.Event) -> Level:
-    """`concurrency` clients, each sending its next request as soon as its last one completes."""
+def cached_share(samples: list[Sample]) -> float | None:
+    """Share of the prompt tokens the server took from its prefix cache (None if it does not say)."""
+    prompt = sum(s.prompt_tokens for s in samples)
+    return sum(s.cached_tokens for s in samples) / prompt if prompt else None
+
+
+def run_closed_level(
+    client: Client, config: SweepConfig, concurrency: int, stop: threading.Event, config_offset: int = 0
+) -> Level:
+    """`concurrency` clients, each sending its next request as soon as its last one completes.
+    Request indexes start after `config_offset`, so levels never repeat each other's prompts."""
     samples: list[Sample] = []
     lock = threading.Lock()
     remaining = [config.requests_per_level]
     deadline = time.perf_counter() + config.seconds_per_level if config.seconds_per_level else None
 
-    def take() -> bool:
+    issued = [0]
+
+    def take() -> int | None:
+        """The next request's index, or None when the level is over."""
         with lock:
             if stop.is_set():
-                return False
-            if deadline is not None:
-                return time.perf_counter() < deadline
-            if remaining[0] <= 0:
-                return False
+                return None
+            if deadline is not None and time.perf_counter() >= deadline:
+                return None
+            if deadline is None and remaining[0] <= 0:
+                return None
             remaining[0] -= 1
-            return True
+            issued[0] += 1
+            return config_offset + issued[0]
 
     def worker() -> None:
-        while take():
-            sample = one_request(client, config)
+        while (index := take()) is not None:
+            sample = one_request(client, config, index)
             with lock:
                 samples.append(sample)
 
@@ -212,20 +320,20 @@ def run_open_level(client: Client, config: SweepConfig, rate: float, stop: threa
     lock = threading.Lock()
     threads = []
 
-    def fire() -> None:
-        sample = one_request(client, config)
+    def fire(index: int) -> None:
+        sample = one_request(client, config, index)
         with lock:
             samples.append(sample)
 
     with _StatusSampler(client) as sampler:
         start = time.perf_counter()
         next_at = start
-        for _ in range(config.requests_per_level):
+        for i in range(config.requests_per_level):
             if stop.is_set():
                 break
             next_at += rng.expovariate(rate)
             time.sleep(max(0.0, next_at - time.perf_counter()))
-            thread = threading.Thread(target=fire, daemon=True)
+            thread = threading.Thread(target=fire, args=(seed * 1_000_003 + i,), daemon=True)
             thread.start()
             threads.append(thread)
         for thread in threads:
@@ -243,10 +351,10 @@ def run_sweep(
     """Every level in turn (after a warm-up); returns the levels measured and why it stopped early, if it did."""
     config.validate()
     stop = stop or threading.Event()
-    for _ in range(config.warmup_requests):
+    for i in range(config.warmup_requests):
         if stop.is_set():
             break
-        one_request(client, config)
+        one_request(client, config, -1 - i)
     levels: list[Level] = []
     steps = config.concurrency if config.mode == "closed" else config.rates
     reason = None
@@ -254,10 +362,11 @@ def run_sweep(
         if stop.is_set():
             reason = "stopped"
             break
+        offset = 1_000_000 * (len(levels) + 1)  # every level its own prompts
         if config.mode == "closed":
-            level = run_closed_level(client, config, int(step), stop)
+            level = run_closed_level(client, config, int(step), stop, offset)
         else:
-            level = run_open_level(client, config, float(step), stop)
+            level = run_open_level(client, config, float(step), stop, seed=len(levels) + 1)
         if stop.is_set() and level.requests == 0:
             reason = "stopped"
             break

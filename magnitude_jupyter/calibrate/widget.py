@@ -17,7 +17,7 @@ from .figures import capacity_figure, capacity_traces, latency_figure, latency_t
 from .profile import Profile
 from .records import Level
 from .run import calibrate
-from .sweep import DEFAULT_PROMPT, SweepConfig, parse_levels
+from .sweep import SweepConfig, parse_levels
 
 
 class CalibrationWidget:
@@ -36,7 +36,9 @@ class CalibrationWidget:
         self.concurrency = w.Text(",".join(map(str, config.concurrency)), description="concurrency")
         self.requests = w.BoundedIntText(config.requests_per_level, min=1, max=10_000, description="requests/level")
         self.max_tokens = w.BoundedIntText(config.max_tokens, min=1, max=32_768, description="max tokens")
-        self.prompt = w.Textarea(config.prompt or DEFAULT_PROMPT, description="prompt")
+        self.prompt = w.Textarea(
+            config.prompt or "", description="prompt", placeholder="(empty: a distinct prompt for every request)"
+        )
         self.target = w.FloatText(config.latency_target_ms or 2000.0, description="target ms")
         self.start_button = w.Button(description="Start", button_style="primary", icon="play")
         self.stop_button = w.Button(description="Stop", button_style="warning", icon="stop", disabled=True)
@@ -84,7 +86,7 @@ class CalibrationWidget:
             concurrency=parse_levels(self.concurrency.value),
             requests_per_level=int(self.requests.value),
             max_tokens=int(self.max_tokens.value),
-            prompt=self.prompt.value,
+            prompt=self.prompt.value.strip() or None,
             latency_target_ms=float(self.target.value) or None,
             model=self.model.value if self.model.value != "(server default)" else None,
         )

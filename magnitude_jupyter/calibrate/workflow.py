@@ -1,0 +1,274 @@
+"""Agent-workflow calibration: many sessions, many rounds, each round resending the whole conversation.
+
+Single calls do not say how a service holds up for agents and notebook conversations; multi-round
+workflows do. S sessions run at once, R rounds each; every round sends the conversation so far plus
+a new message (different for every session) and streams the answer. Per round: TTFT, end-to-end,
+prompt and cached tokens; per S: output tokens/s and round latency percentiles. The verdict is the
+largest S whose every round meets the service-level objective (p95 round latency), and whether the
+largest S asked for meets it (a regression gate for CI).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..client import Client, ClientError, StreamResult
+from .records import Percentiles
+from .stats import percentiles
+
+SYSTEM = (
+    "You are a careful assistant inside a data notebook. Answer in plain sentences, keep every answer "
+    "short, name the assumptions you make, and say when you are not sure."
+)
+TOPICS = (
+    "lighthouses",
+    "bread baking",
+    "bicycle repair",
+    "tide pools",
+    "chess openings",
+    "beekeeping",
+    "city markets",
+    "printing presses",
+    "river deltas",
+    "violin making",
+    "mountain huts",
+    "paper folding",
+    "night trains",
+    "tea gardens",
+    "glass blowing",
+    "weather balloons",
+)
+FOLLOW_UPS = ("Tell me more.", "Why is that?", "Give an example.", "What is often misunderstood?", "Summarize.")
+DEFAULT_SLO_ROUND_P95_MS = 3000.0
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    round: int
+    ttft_ms: Percentiles
+    e2e_ms: Percentiles
+    prompt_tokens: float  # mean over sessions
+    cached_tokens: float  # mean over sessions: how much of the history the prefix cache held
+
+
+@dataclass(frozen=True)
+class WorkflowLevel:
+    sessions: int
+    rounds: tuple[RoundStats, ...]
+    seconds: float
+    output_tokens: int
+    errors: int
+    meets_slo: bool
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds if self.seconds else 0.0
+
+    def worst_round_p95_ms(self) -> float | None:
+        values = [r.e2e_ms.p95 for r in self.rounds if r.e2e_ms.p95 is not None]
+        return max(values) if values else None
+
+
+@dataclass(frozen=True)
+class WorkflowResult:
+    slo_round_p95_ms: float
+    rounds: int
+    max_tokens: int
+    levels: tuple[WorkflowLevel, ...] = field(default_factory=tuple)
+
+    @property
+    def largest_sessions_within_slo(self) -> int | None:
+        within = [lv.sessions for lv in self.levels if lv.meets_slo]
+        return max(within) if within else None
+
+    @property
+    def passed(self) -> bool:
+        """The SLO holds at the largest number of sessions measured."""
+        return bool(self.levels) and max(self.levels, key=lambda lv: lv.sessions).meets_slo
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["largest_sessions_within_slo"] = self.largest_sessions_within_slo
+        data["passed"] = self.passed
+        for level, raw in zip(self.levels, data["levels"], strict=True):
+            raw["output_tokens_per_s"] = level.output_tokens_per_s
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> WorkflowResult:
+        levels = tuple(
+            WorkflowLevel(
+                sessions=lv["sessions"],
+                rounds=tuple(
+                    RoundStats(
+                        round=r["round"],
+                        ttft_ms=Percentiles(**r["ttft_ms"]),
+                        e2e_ms=Percentiles(**r["e2e_ms"]),
+                        prompt_tokens=r["prompt_tokens"],
+                        cached_tokens=r["cached_tokens"],
+                    )
+                    for r in lv["rounds"]
+                ),
+                seconds=lv["seconds"],
+                output_tokens=lv["output_tokens"],
+                errors=lv["errors"],
+                meets_slo=lv["meets_slo"],
+            )
+            for lv in data["levels"]
+        )
+        return cls(data["slo_round_p95_ms"], data["rounds"], data["max_tokens"], levels)
+
+    def verdict(self) -> str:
+        largest = self.largest_sessions_within_slo
+        if largest is None:
+            return f"no number of sessions met the SLO (p95 round latency <= {self.slo_round_p95_ms:.0f} ms)"
+        gate = "meets" if self.passed else "FAILS"
+        top = max(lv.sessions for lv in self.levels)
+        return (
+            f"{largest} concurrent sessions meet the SLO (every round's p95 <= {self.slo_round_p95_ms:.0f} ms); "
+            f"{top} sessions {gate} it"
+        )
+
+
+@dataclass
+class _Sample:
+    round: int
+    ttft_s: float | None
+    e2e_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+
+
+def session_message(session: int, round_index: int) -> str:
+    """The user's message in round `round_index` of session `session`: different for every session."""
+    if round_index == 0:
+        return f"Let us talk about {TOPICS[session % len(TOPICS)]} (conversation {session + 1})."
+    return FOLLOW_UPS[(round_index + session) % len(FOLLOW_UPS)]
+
+
+def run_level(client: Client, sessions: int, rounds: int, max_tokens: int, stop: threading.Event) -> list[_Sample]:
+    samples: list[_Sample] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def session(index: int) -> None:
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+        for k in range(rounds):
+            if stop.is_set():
+                return
+            messages.append({"role": "user", "content": session_message(index, k)})
+            result = StreamResult()
+            start = time.perf_counter()
+            ttft = None
+            try:
+                for _ in client.stream_chat(
+                    messages, result=result, max_tokens=max_tokens, temperature=0, ignore_eos=True
+                ):
+                    ttft = ttft if ttft is not None else time.perf_counter() - start
+            except ClientError as exc:
+                with lock:
+                    errors.append(str(exc))
+                return
+            usage = result.usage or {}
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            sample = _Sample(
+                k + 1,
+                ttft,
+                time.perf_counter() - start,
+                int(usage.get("prompt_tokens") or 0),
+                int(cached),
+                int(usage.get("completion_tokens") or 0),
+            )
+            with lock:
+                samples.append(sample)
+            messages.append({"role": "assistant", "content": result.text})
+
+    threads = [threading.Thread(target=session, args=(i,), daemon=True) for i in range(sessions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    samples.extend(_Sample(0, None, 0.0, 0, 0, 0) for _ in errors)  # round 0 marks a failed session
+    return samples
+
+
+def summarize_level(sessions: int, samples: list[_Sample], seconds: float, rounds: int, slo_ms: float) -> WorkflowLevel:
+    done = [s for s in samples if s.round]
+    by_round = []
+    for r in range(1, rounds + 1):
+        these = [s for s in done if s.round == r]
+        if not these:
+            continue
+        by_round.append(
+            RoundStats(
+                round=r,
+                ttft_ms=percentiles([s.ttft_s * 1000 for s in these if s.ttft_s is not None]),
+                e2e_ms=percentiles([s.e2e_s * 1000 for s in these]),
+                prompt_tokens=sum(s.prompt_tokens for s in these) / len(these),
+                cached_tokens=sum(s.cached_tokens for s in these) / len(these),
+            )
+        )
+    errors = len(samples) - len(done)
+    meets = errors == 0 and len(by_round) == rounds and all((r.e2e_ms.p95 or 0) <= slo_ms for r in by_round)
+    return WorkflowLevel(
+        sessions=sessions,
+        rounds=tuple(by_round),
+        seconds=seconds,
+        output_tokens=sum(s.output_tokens for s in done),
+        errors=errors,
+        meets_slo=meets,
+    )
+
+
+def run_workflow(
+    client: Client,
+    sessions: Sequence[int] = (1, 4, 8),
+    rounds: int = 6,
+    max_tokens: int = 48,
+    slo_round_p95_ms: float = DEFAULT_SLO_ROUND_P95_MS,
+    on_level: Callable[[WorkflowLevel], None] | None = None,
+    stop: threading.Event | None = None,
+) -> WorkflowResult:
+    """Each number of sessions in turn; returns every level and the verdict."""
+    if not sessions or min(sessions) < 1 or rounds < 1 or max_tokens < 1:
+        raise ValueError("sessions, rounds and max tokens must be at least 1")
+    stop = stop or threading.Event()
+    levels = []
+    for count in sessions:
+        if stop.is_set():
+            break
+        start = time.perf_counter()
+        samples = run_level(client, count, rounds, max_tokens, stop)
+        level = summarize_level(count, samples, time.perf_counter() - start, rounds, slo_round_p95_ms)
+        levels.append(level)
+        if on_level is not None:
+            on_level(level)
+    return WorkflowResult(slo_round_p95_ms, rounds, max_tokens, tuple(levels))
+
+
+def format_workflow(result: WorkflowResult) -> str:
+    lines = [
+        f"workflow: sessions × {result.rounds} rounds, {result.max_tokens} tokens per answer; "
+        f"SLO: p95 round latency <= {result.slo_round_p95_ms:.0f} ms"
+    ]
+    header = (
+        f"{'sessions':>8}  {'tok/s':>7}  {'worst round p95 ms':>18}  {'p95 by round ms':<40}  {'cached share':>12}  SLO"
+    )
+    lines.append(header)
+    for lv in result.levels:
+        by_round = " / ".join(f"{r.e2e_ms.p95 or 0:.0f}" for r in lv.rounds)
+        prompt = sum(r.prompt_tokens for r in lv.rounds)
+        cached = sum(r.cached_tokens for r in lv.rounds)
+        share = f"{cached / prompt:.0%}" if prompt else "—"
+        worst = lv.worst_round_p95_ms()
+        lines.append(
+            f"{lv.sessions:>8}  {lv.output_tokens_per_s:>7.1f}  {worst or 0:>18.0f}  {by_round:<40}  {share:>12}  "
+            f"{'ok' if lv.meets_slo else 'MISSED'}"
+        )
+    lines.append(result.verdict())
+    return "\n".join(lines)

@@ -1,0 +1,98 @@
+"""Conversations in a notebook: named message histories owned by the kernel, one turn per cell.
+
+The server keeps no session state: each turn sends the whole history, and the engine's prefix cache
+makes that cheap (everything up to the last answer is already in the KV cache). Notebook semantics
+decide where a turn goes: a cell that made turn k and runs again replaces turn k and drops the turns
+after it, as re-running a cell replaces its output, instead of appending a duplicate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+DEFAULT_CHAT = "default"
+
+
+@dataclass
+class Turn:
+    user: str
+    assistant: str
+    cell: str  # the cell that made it: its id (JupyterLab sends one), else its text
+    usage: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
+
+
+@dataclass
+class Conversation:
+    name: str
+    system: str | None = None
+    turns: list[Turn] = field(default_factory=list)
+
+    def slot_for(self, cell: str) -> int:
+        """Where a turn from `cell` goes: the turn this cell made before, else after the last one."""
+        return next((i for i, turn in enumerate(self.turns) if turn.cell == cell), len(self.turns))
+
+    def messages(self, turns: list[Turn] | None = None, user: str | None = None) -> list[dict[str, str]]:
+        """The history as chat messages (system prompt first), with `user` as the next turn if given."""
+        out = [{"role": "system", "content": self.system}] if self.system else []
+        for turn in self.turns if turns is None else turns:
+            out += [{"role": "user", "content": turn.user}, {"role": "assistant", "content": turn.assistant}]
+        if user is not None:
+            out.append({"role": "user", "content": user})
+        return out
+
+    def record(self, slot: int, turn: Turn) -> None:
+        """Turn `slot` is `turn` now; the turns after it belonged to the old one and go."""
+        self.turns[slot:] = [turn]
+
+    def history(self) -> pd.DataFrame:
+        """One row per message: role, content, tokens, cached tokens, TTFT and the cell that made it."""
+        import pandas as pd
+
+        rows: list[dict[str, Any]] = []
+        if self.system:
+            rows.append({"role": "system", "content": self.system})
+        for turn in self.turns:
+            usage, timings = turn.usage or {}, turn.timings or {}
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            rows.append(
+                {"role": "user", "content": turn.user, "tokens": usage.get("prompt_tokens"), "cached_tokens": cached}
+            )
+            rows.append(
+                {
+                    "role": "assistant",
+                    "content": turn.assistant,
+                    "tokens": usage.get("completion_tokens"),
+                    "ttft_ms": timings.get("ttft_ms"),
+                    "cell": turn.cell[:40],
+                }
+            )
+        columns = ["role", "content", "tokens", "cached_tokens", "ttft_ms", "cell"]
+        return pd.DataFrame(rows, columns=columns)
+
+
+class Conversations:
+    """The kernel's conversations, by name."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, Conversation] = {}
+
+    def get(self, name: str, system: str | None = None) -> Conversation:
+        conversation = self.by_name.setdefault(name, Conversation(name))
+        if system is not None:
+            conversation.system = system
+        return conversation
+
+    def find(self, name: str) -> Conversation:
+        if name not in self.by_name:
+            known = ", ".join(sorted(self.by_name)) or "none yet"
+            raise KeyError(f"no conversation called {name!r} (conversations: {known})")
+        return self.by_name[name]
+
+    def reset(self, name: str) -> None:
+        self.find(name)
+        del self.by_name[name]
