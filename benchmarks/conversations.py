@@ -26,32 +26,9 @@ import httpx
 import psutil
 from _common import TOKEN, MagnitudeServer, free_port, stop_process, table
 
+from magnitude_jupyter.calibrate.workflow import SYSTEM, session_message
 from magnitude_jupyter.client import iter_sse
 from magnitude_jupyter.models import bundled_model_path
-
-SYSTEM = (
-    "You are a careful assistant inside a data notebook. Answer in plain sentences, keep every answer "
-    "short, name the assumptions you make, and say when you are not sure. Never invent numbers."
-)
-TOPICS = [
-    "lighthouses",
-    "bread baking",
-    "bicycle repair",
-    "tide pools",
-    "chess openings",
-    "beekeeping",
-    "city markets",
-    "printing presses",
-    "river deltas",
-    "violin making",
-    "mountain huts",
-    "paper folding",
-    "night trains",
-    "tea gardens",
-    "glass blowing",
-    "weather balloons",
-]
-FOLLOW_UPS = ["Tell me more.", "Why is that?", "Give an example.", "What is often misunderstood?", "Summarize."]
 
 
 @dataclass
@@ -107,8 +84,7 @@ def run_workload(name: str, url: str, sessions: int, rounds: int, max_tokens: in
         messages = [{"role": "system", "content": SYSTEM}]
         with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=600) as http:
             for k in range(rounds):
-                ask = f"Let us talk about {TOPICS[i % len(TOPICS)]}." if k == 0 else FOLLOW_UPS[(k + i) % 5]
-                messages.append({"role": "user", "content": ask})
+                messages.append({"role": "user", "content": session_message(i, k)})
                 try:
                     ttft, tokens, answer = one_round(http, url, messages, max_tokens)
                 except httpx.HTTPError:

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import random
 
+from magnitude_jupyter.engine.core import apply_kv_ops
 from magnitude_jupyter.engine.prefix_cache import (
-    ClearSequence,
-    CopyCells,
     KVOp,
     PrefixCache,
-    RestoreSequence,
-    SaveSequence,
 )
 from magnitude_jupyter.engine.scheduler import DecodeItem
 
@@ -20,21 +17,8 @@ REQUEST_SEQ = 0  # the request slot the tests compute tokens in
 
 
 def apply(runner: FakeRunner, cache: PrefixCache, ops: list[KVOp]) -> None:
-    """What the engine does with the cache's operations."""
-    for op in ops:
-        if isinstance(op, CopyCells):
-            runner.copy_cells(op.src_seq, op.dst_seq, op.start, op.end)
-        elif isinstance(op, ClearSequence):
-            runner.end_sequence(op.seq_id)
-        elif isinstance(op, SaveSequence):
-            assert cache.ram is not None
-            cache.ram.put(op.tokens, runner.save_sequence(op.seq_id))
-        elif isinstance(op, RestoreSequence):
-            runner.restore_sequence(op.seq_id, op.data)
-            if op.shared:
-                assert op.shared_from is not None
-                runner.drop_cells(op.seq_id, 0, op.shared)
-                runner.copy_cells(op.shared_from, op.seq_id, 0, op.shared)
+    """What the engine does with the cache's operations (the engine's own function)."""
+    apply_kv_ops(runner, ops, cache.ram)
     ops.clear()
 
 

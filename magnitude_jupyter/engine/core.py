@@ -31,7 +31,7 @@ from ..kvmath import kv_bytes_per_token
 from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
 from .chat import render_chat
 from .metrics import EngineMetrics
-from .prefix_cache import ClearSequence, CopyCells, KVOp, RestoreSequence, SaveSequence
+from .prefix_cache import ClearSequence, CopyCells, KVOp, RamTier, RestoreSequence, SaveSequence
 from .request import FinishReason, Priority, Request, SamplingParams, invalid_param
 from .scheduler import DecodeItem, ScheduledChunk, Scheduler, SchedulerOutput, SchedulerStats
 from .stats import EngineStats, FinishedRequest, LiveRequest, rss_bytes
@@ -41,6 +41,26 @@ from .threads import ThreadGovernor
 
 log = logging.getLogger(__name__)
 LLAMA_MAX_SEQ = 256  # sequences one llama.cpp context can hold (llama-cparams.h)
+
+
+def apply_kv_ops(runner: Runner, ops: list[KVOp], ram: RamTier | None) -> None:
+    """Carry out the prefix cache's decisions on the runner, in order (on the engine thread)."""
+    for op in ops:
+        if isinstance(op, CopyCells):
+            runner.copy_cells(op.src_seq, op.dst_seq, op.start, op.end)
+        elif isinstance(op, ClearSequence):
+            runner.end_sequence(op.seq_id)
+        elif isinstance(op, SaveSequence):
+            if ram is not None:
+                ram.put(op.tokens, runner.save_sequence(op.seq_id))
+        elif isinstance(op, RestoreSequence):
+            if not runner.restore_sequence(op.seq_id, op.data):
+                raise RuntimeError(f"llama.cpp could not restore a saved sequence ({len(op.data)} bytes)")
+            if op.shared:
+                assert op.shared_from is not None
+                # The tree's own cells for the part it held already: never the same tokens twice.
+                runner.drop_cells(op.seq_id, 0, op.shared)
+                runner.copy_cells(op.shared_from, op.seq_id, 0, op.shared)
 
 
 def cache_sequences(es: EngineSettings) -> int:
@@ -454,24 +474,8 @@ class Engine:
             self._notify_step()
 
     def _apply_kv_ops(self, runner: Runner, ops: list[KVOp]) -> None:
-        """Carry out the prefix cache's decisions, in order, on the engine thread."""
         cache = self.scheduler.cache if self.scheduler is not None else None
-        for op in ops:
-            if isinstance(op, CopyCells):
-                runner.copy_cells(op.src_seq, op.dst_seq, op.start, op.end)
-            elif isinstance(op, ClearSequence):
-                runner.end_sequence(op.seq_id)
-            elif isinstance(op, SaveSequence):
-                if cache is not None and cache.ram is not None:
-                    cache.ram.put(op.tokens, runner.save_sequence(op.seq_id))
-            elif isinstance(op, RestoreSequence):
-                if not runner.restore_sequence(op.seq_id, op.data):
-                    raise RuntimeError(f"llama.cpp could not restore a saved sequence ({len(op.data)} bytes)")
-                if op.shared:
-                    assert op.shared_from is not None
-                    # The tree's own cells for the part it held already: never the same tokens twice.
-                    runner.drop_cells(op.seq_id, 0, op.shared)
-                    runner.copy_cells(op.shared_from, op.seq_id, 0, op.shared)
+        apply_kv_ops(runner, ops, cache.ram if cache is not None else None)
 
     def _end_sequences(self, runner: Runner, seq_ids: list[int]) -> None:
         """Clear finished sequences, after the scheduler has kept what it wants of them (the prefix slot)."""

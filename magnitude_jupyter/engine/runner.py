@@ -199,7 +199,7 @@ class LlamaRunner:
         size = llama_cpp.llama_state_seq_get_size(self.ctx, seq_id)
         buf = (ctypes.c_uint8 * size)()
         written = llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, seq_id)
-        return bytes(buf[:written])
+        return ctypes.string_at(buf, written)  # one copy (slicing a ctypes array would build a list of ints)
 
     def restore_sequence(self, seq_id: int, data: bytes) -> bool:
         """Load a saved state into an empty sequence; False if llama.cpp could not place it."""
