@@ -4,8 +4,10 @@
 and non-streamed chat requests, streams dropped mid-answer and resumed with `Last-Event-ID`,
 cancels, and small DataFrame batches. It prints errors by kind, text lost across resumes (every
 resumed answer is compared with a full replay of its stream: must be 0), the KV cells still held
-once it drains (must be only the prefix cache's), RSS at the start and the end (growth <= 5%) and
-the p95 end-to-end latency of the first and the last minute.
+once it drains (must be only the prefix cache's), RSS at the start (after one prompt as long as
+the cache has made the KV buffer resident) and at the end, and its growth less the prefix cache's
+RAM tier (bounded by `prefix_cache_ram_mib`, kept on purpose): <= 5%, and the p95 end-to-end
+latency of the first and the last minute.
 
     python benchmarks/soak.py [--clients 16] [--minutes 10]
 """
@@ -160,7 +162,10 @@ def main() -> None:
 
     with LocalServer(("--parallel", "8", "--ctx-size", "8192"), token=TOKEN, config="") as server:
         client = Client(server.url, TOKEN)
-        client.chat([{"role": "user", "content": "warm up"}], max_tokens=8)
+        # Warm up: one prompt as long as the cache, so that every page of the KV buffer (allocated
+        # whole, mapped by the OS as it is first written) is resident before the start reading.
+        filler = " ".join(f"w{i % 97}x{i}" for i in range(1030))  # about 7,700 tokens
+        client.chat([{"role": "user", "content": filler}], max_tokens=4)
         rss_start = client.status()["rss_bytes"]
         soak = Soak(server, seconds)
         threads = [threading.Thread(target=soak.client_loop, args=(i,)) for i in range(args.clients)]
@@ -196,7 +201,8 @@ def main() -> None:
         ["... of which the prefix cache's", status["prefix_cache_cells"]],
         ["RSS start -> end", f"{rss_start / 2**20:.0f} -> {status['rss_bytes'] / 2**20:.0f} MiB ({growth:+.1%})"],
         ["... of which the prefix cache's RAM tier (bounded)", f"{ram_tier / 2**20:.0f} MiB"],
-        ["RSS growth beyond the RAM tier", f"{growth_net:+.1%}"],
+        ["RSS at the end less the RAM tier", f"{(status['rss_bytes'] - ram_tier) / 2**20:.0f} MiB"],
+        ["growth beyond the RAM tier (leaks)", f"{growth_net:+.1%}"],
         ["p95 end-to-end, first minute", f"{percentiles(first).p95 or 0:.0f} ms ({len(first)} requests)"],
         ["p95 end-to-end, last minute", f"{percentiles(last).p95 or 0:.0f} ms ({len(last)} requests)"],
     ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PACKAGED = Path(__file__).resolve().parent / "workshop"  # in the wheel (pyproject: force-include)
+PACKAGED = Path(__file__).resolve().parent / "notebooks"  # in the wheel (pyproject: force-include)
 SOURCE = Path(__file__).resolve().parent.parent / "notebooks"  # in a source checkout (editable install)
 COPY_FOLDER = "magnitude-workshop"  # where they are copied in a person's Jupyter root
 
