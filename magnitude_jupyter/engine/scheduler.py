@@ -18,10 +18,9 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from .budget import KVBudget
-from .prefix_cache import CopyCells, KVOp, Pins, PrefixCache, common_prefix_len
+from .prefix_cache import CopyCells, KVOp, Match, Pins, PrefixCache, common_prefix_len
 from .request import FinishReason, Priority, Request, RequestStatus
 
 CACHE_KEY = "<prefix cache>"  # the cache's cells in the KV budget
@@ -231,7 +230,7 @@ class Scheduler:
                 best = (other.seq_id, n, False)
         return best if best[1] >= self.min_prefix_tokens else (None, 0, False)
 
-    def _restore_from_ram(self, request: Request, have: int, limit: int, out: SchedulerOutput) -> Any:
+    def _restore_from_ram(self, request: Request, have: int, limit: int, out: SchedulerOutput) -> Match | None:
         """Bring back a saved entry that covers more of the prompt than the tree does; the new match."""
         assert self.cache is not None and self.cache.ram is not None
         tokens, n = self.cache.ram.best(request.prompt_tokens, limit)
