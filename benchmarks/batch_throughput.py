@@ -25,7 +25,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import llama_cpp
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -34,7 +33,7 @@ from magnitude_jupyter.engine.prefix import common_prefix_len
 
 from magnitude_jupyter.batch import render_prompts, score_dataframe
 from magnitude_jupyter.engine.core import chat_prompt_tokens
-from magnitude_jupyter.engine.runner import LlamaRunner
+from magnitude_jupyter.engine.runner import LlamaRunner, requantize
 from magnitude_jupyter.engine.scheduler import DecodeItem
 from magnitude_jupyter.models import bundled_model_path, read_model_info
 
@@ -168,18 +167,6 @@ def concurrency_rows(label: str, model: Path, df: pd.DataFrame, repeats: int) ->
     return rows
 
 
-def reencode_q8_0(source: Path, target: Path) -> Path:
-    """The same weights re-encoded to Q8_0, a type llama.cpp's CPU backend multiplies in batches (Q4_1 it
-    multiplies one row at a time). Its answers differ a little from the original's: a comparison, not what
-    magnitude serves."""
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
-    params.allow_requantize = True
-    if llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), params) != 0:
-        raise RuntimeError(f"could not re-encode {source}")
-    return target
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=64)
@@ -194,7 +181,7 @@ def main() -> None:
     rows = concurrency_rows(f"{model.name} ({model.stat().st_size / 2**20:.0f} MiB)", model, df, args.repeats)
     if not args.no_q8_0 and info.quantization != "Q8_0":
         with tempfile.TemporaryDirectory() as tmp:
-            q8 = reencode_q8_0(model, Path(tmp) / f"{model.stem}.Q8_0.gguf")
+            q8 = requantize(model, Path(tmp) / f"{model.stem}.Q8_0.gguf")
             label = f"the same, re-encoded to Q8_0 ({q8.stat().st_size / 2**20:.0f} MiB)"
             rows += concurrency_rows(label, q8, df, args.repeats)
     with MagnitudeServer("engine:\n  prefix_reuse: true\n", model=model) as server:

@@ -338,7 +338,7 @@ def serve(
     import asyncio
     import logging
 
-    from .engine import Engine
+    from .engine.pool import ModelPool
     from .server.standalone import is_loopback, resolve_token
     from .server.standalone import serve as run_server
 
@@ -359,14 +359,15 @@ def serve(
         if v is not None
     }
     try:
-        engine = Engine(model, settings=settings, verbose=verbose, **overrides)
+        pool = ModelPool(settings, model, overrides=overrides, verbose=verbose)
+        pool.engine_settings(pool.default_entry)  # bad overrides fail here, before listening
     except (ModelNotFoundError, ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     token, generated = resolve_token(token, no_auth)
     if generated:
         click.echo(f"token: {token}  (clients on this machine also find it in ~/.magnitude/runtime)")
     try:
-        asyncio.run(run_server(engine, host, port, token, announce=lambda line: click.echo(line)))
+        asyncio.run(run_server(pool, host, port, token, announce=lambda line: click.echo(line)))
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
 

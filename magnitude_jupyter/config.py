@@ -40,6 +40,7 @@ class EngineSettings:
     prefix_reuse: bool = True  # the prefix cache: start a prompt from cells already computed (prefix_cache.py)
     min_prefix_tokens: int = 4
     prefix_cache_ram_mib: int = 256  # evicted cache entries kept in host memory, restored when they come back
+    gpu_layers: int = 0  # layers offloaded to a GPU (GPU builds of llama-cpp-python; a CPU build ignores it)
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefix_reuse, bool):
@@ -54,8 +55,10 @@ class EngineSettings:
                 raise ConfigError(f"engine setting {name!r} must be a positive integer, got {value!r}")
         if self.parallel > 255:  # llama.cpp holds 256 sequences; the prefix cache needs one at least
             raise ConfigError(f"engine setting 'parallel' must be at most 255, got {self.parallel!r}")
-        if not isinstance(self.threads, int) or self.threads < 0:
-            raise ConfigError(f"engine setting 'threads' must be an integer >= 0, got {self.threads!r}")
+        for name in ("threads", "gpu_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"engine setting {name!r} must be an integer >= 0, got {value!r}")
         for name in ("grace_seconds", "retention_seconds"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
@@ -67,15 +70,55 @@ class EngineSettings:
 
 
 @dataclass(frozen=True)
+class ModelSettings:
+    """One model's own settings (`models: {alias: {...}}`): engine settings that differ for it, and
+    a chat template that replaces the one in its file."""
+
+    engine: dict[str, Any] = field(default_factory=dict)
+    chat_template: str | None = None
+
+
+@dataclass(frozen=True)
 class Settings:
     default_model: str = "smollm2-135m"
     models_dir: Path | None = None
     engine: EngineSettings = field(default_factory=EngineSettings)
     source: Path | None = None  # the file these came from, if any
+    # Many models behind one server (engine/pool.py):
+    max_loaded_models: int = 2  # resident at once; the least recently used idle one makes room
+    keep_alive: float = 300.0  # seconds an idle model stays loaded; -1: until it must make room
+    memory_reserve_mib: int = 512  # memory a model load must leave free for everything else
+    models: dict[str, ModelSettings] = field(default_factory=dict)
+
+    def model_settings(self, alias: str) -> ModelSettings:
+        return self.models.get(alias.lower()) or ModelSettings()
 
 
 ENGINE_KEYS = {f.name: f.type for f in dataclasses.fields(EngineSettings)}
-TOP_KEYS = {"default_model", "models_dir", "engine"}
+MODEL_KEYS = {"parallel", "ctx_size", "threads", "gpu_layers", "n_batch", "max_waiting", "chat_template"}
+MODEL_KEYS |= {"default_max_tokens", "prefix_reuse", "prefix_cache_ram_mib", "min_prefix_tokens"}
+TOP_KEYS = {"default_model", "models_dir", "engine", "max_loaded_models", "keep_alive", "memory_reserve_mib", "models"}
+DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_keep_alive(value: Any) -> float:
+    """Seconds from a number or Ollama's duration strings ("30s", "5m", "1h"); -1 (or any negative)
+    means "no time limit"."""
+    if isinstance(value, bool):
+        raise ValueError(f"keep_alive must be seconds or a duration like '5m', got {value!r}")
+    if isinstance(value, (int, float)):
+        return -1.0 if value < 0 else float(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        unit = DURATION_UNITS.get(text[-1:]) if text else None
+        try:
+            number = float(text[:-1]) if unit else float(text)
+        except ValueError:
+            number = None
+        if number is not None:
+            return -1.0 if number < 0 else number * (unit or 1.0)
+    raise ValueError(f"keep_alive must be seconds or a duration like '5m', got {value!r}")
+
 
 # Environment overrides: variable -> (section, key, parser)
 ENV_OVERRIDES: dict[str, tuple[str | None, str, type]] = {
@@ -85,6 +128,8 @@ ENV_OVERRIDES: dict[str, tuple[str | None, str, type]] = {
     "MAGNITUDE_CTX_SIZE": ("engine", "ctx_size", int),
     "MAGNITUDE_THREADS": ("engine", "threads", int),
     "MAGNITUDE_GRACE_SECONDS": ("engine", "grace_seconds", float),
+    "MAGNITUDE_MAX_LOADED_MODELS": (None, "max_loaded_models", int),
+    "MAGNITUDE_KEEP_ALIVE": (None, "keep_alive", str),
 }
 
 
@@ -154,4 +199,49 @@ def load_settings(path: Path | None = None, environ: dict[str, str] | None = Non
         if not isinstance(models_dir, str):
             raise ConfigError(f"{where}: key 'models_dir' must be a folder path")
         models_dir = Path(models_dir).expanduser()
-    return Settings(default_model=default_model, models_dir=models_dir, engine=engine, source=source)
+    return Settings(
+        default_model=default_model,
+        models_dir=models_dir,
+        engine=engine,
+        source=source,
+        **_pool_settings(raw, engine, where),
+    )
+
+
+def _pool_settings(raw: dict[str, Any], engine: EngineSettings, where: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, least in (("max_loaded_models", 1), ("memory_reserve_mib", 0)):
+        if key in raw:
+            value = raw[key]
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ConfigError(f"{where}: key {key!r} must be an integer >= {least}, got {value!r}")
+            out[key] = value
+    if "keep_alive" in raw:
+        try:
+            out["keep_alive"] = parse_keep_alive(raw["keep_alive"])
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    models_raw = raw.get("models") or {}
+    if not isinstance(models_raw, dict):
+        raise ConfigError(f"{where}: key 'models' must map model aliases to their settings")
+    models: dict[str, ModelSettings] = {}
+    for alias, entry in models_raw.items():
+        entry = entry or {}
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: 'models.{alias}' must be a mapping of settings")
+        unknown = set(entry) - MODEL_KEYS
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown key 'models.{alias}.{sorted(unknown)[0]}' (known: {', '.join(sorted(MODEL_KEYS))})"
+            )
+        overrides = {k: v for k, v in entry.items() if k != "chat_template"}
+        template = entry.get("chat_template")
+        if template is not None and (not isinstance(template, str) or not template.strip()):
+            raise ConfigError(f"{where}: 'models.{alias}.chat_template' must be a Jinja template (text)")
+        try:
+            dataclasses.replace(engine, **overrides)  # validates each value
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: models.{alias}: {exc}") from None
+        models[str(alias).lower()] = ModelSettings(engine=overrides, chat_template=template)
+    out["models"] = models
+    return out

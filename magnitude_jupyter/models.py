@@ -244,7 +244,14 @@ def read_model_info(path: str | Path) -> ModelInfo:
     return info
 
 
-def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+def file_sha256(path: str | Path) -> str:
+    """A file's SHA-256, computed once per path, size and modification time (it reads the whole file)."""
+    stat = Path(path).stat()
+    return _file_sha256(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _file_sha256(path: str, size: int, mtime_ns: int, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         while block := fh.read(chunk):

@@ -29,6 +29,20 @@ def engine():
     eng.shutdown()
 
 
+SECOND_MODEL = "smollm2-135m-q8_0"
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory, model_path):
+    """A models_dir with a second model: the bundled weights re-encoded as Q8_0 (different numbers, same
+    tokenizer), made in seconds; nothing is downloaded."""
+    from magnitude_jupyter.engine.runner import requantize
+
+    folder = tmp_path_factory.mktemp("models")
+    requantize(model_path, folder / f"{SECOND_MODEL}.gguf")
+    return folder
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -76,6 +90,7 @@ class InProcessServer:
         import tornado.httpserver
         import tornado.netutil
 
+        from magnitude_jupyter.engine.pool import ModelPool
         from magnitude_jupyter.server.standalone import make_app
 
         self.engine = engine
@@ -86,8 +101,9 @@ class InProcessServer:
         async def start() -> None:
             self.servers = []
             self.urls = []
+            pool = ModelPool.serving(engine)
             for app_token in (token, None):
-                server = tornado.httpserver.HTTPServer(make_app(engine, app_token), max_body_size=4 << 20)
+                server = tornado.httpserver.HTTPServer(make_app(pool, app_token), max_body_size=4 << 20)
                 sockets = tornado.netutil.bind_sockets(0, address="127.0.0.1")
                 server.add_sockets(sockets)
                 self.servers.append(server)

@@ -184,6 +184,7 @@ class Engine:
             n_seq_max=es.parallel + cache_sequences(es),
             n_batch=es.n_batch,
             n_threads=es.n_threads,
+            gpu_layers=es.gpu_layers,
             verbose=self._verbose,
         )
 
@@ -205,6 +206,10 @@ class Engine:
             raise EngineError(f"the model did not load within {timeout} s")
         if self.state == "failed":
             raise EngineError(f"the model failed to load: {self.load_error}")
+
+    def wait_ready_quietly(self, timeout: float | None = None) -> bool:
+        """Wait until the load has ended, well or not (the caller reads `state`); False on timeout."""
+        return self._ready.wait(timeout)
 
     @property
     def ready(self) -> bool:
@@ -259,9 +264,12 @@ class Engine:
         params: SamplingParams | None = None,
         priority: Priority | str = Priority.INTERACTIVE,
         request_id: str | None = None,
+        arrival_time: float | None = None,
+        load_ms: float | None = None,
     ) -> Request:
         """Queue one generation; returns at once. Raises ValueError (bad input), PromptTooLongError,
-        OverloadedError or EngineError; never blocks on the model."""
+        OverloadedError or EngineError; never blocks on the model. `arrival_time` (monotonic) and
+        `load_ms` let a request that waited for its model to load count that wait in its timings."""
         runner, scheduler = self._require_ready()
         params = replace(params or SamplingParams(), stop=list((params.stop if params else []) or []))
         params.validate()
@@ -285,7 +293,10 @@ class Engine:
             max_tokens=max_tokens,
             priority=Priority.parse(priority),
             text=TextAssembler(params.stop),
+            load_ms=load_ms,
         )
+        if arrival_time is not None:
+            request.arrival_time = arrival_time
         with self._lock:
             if self._stop:
                 raise EngineError("the engine is shutting down")
@@ -337,6 +348,11 @@ class Engine:
                 callback()
             except Exception:  # a broken host must never stop the engine thread
                 log.exception("step listener failed")
+
+    def active_requests(self) -> int:
+        """Requests queued or running now."""
+        with self._lock:
+            return sum(1 for request in self._requests.values() if not request.is_finished)
 
     def get_request(self, request_id: str) -> Request | None:
         with self._lock:

@@ -150,7 +150,8 @@ class SamplingParams:
 
 @dataclass
 class Timings:
-    queued_ms: float | None = None
+    load_ms: float | None = None  # waiting for the model to load (many models: it was not resident)
+    queued_ms: float | None = None  # arrival to admission: the load included
     ttft_ms: float | None = None  # arrival to first token, queue time included
     prompt_ms: float | None = None  # admission to first token: prefill
     decode_ms: float | None = None
@@ -181,6 +182,7 @@ class Request:
     admitted_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
+    load_ms: float | None = None
     stream: TokenStream | None = None
     text: TextAssembler | None = None
 
@@ -206,7 +208,7 @@ class Request:
         }
 
     def timings(self) -> Timings:
-        t = Timings()
+        t = Timings(load_ms=self.load_ms)
         if self.admitted_time is not None:
             t.queued_ms = (self.admitted_time - self.arrival_time) * 1000
         if self.first_token_time is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..engine import EngineError, OverloadedError, PromptTooLongError, StreamGoneError, UnknownStreamError
 from ..engine.chat import ChatFormatError
+from ..engine.pool import ModelLoadError, NoRoomError
 from ..models import ModelNotFoundError
 from .protocol import ApiError
 
@@ -25,6 +26,11 @@ def api_error_from(exc: Exception, prompt_param: str = "messages") -> ApiError:
         return ApiError(404, str(exc), code="stream_not_found")
     if isinstance(exc, StreamGoneError):
         return ApiError(410, str(exc), code="stream_gone")
+    if isinstance(exc, NoRoomError):
+        headers = {"Retry-After": str(round(exc.retry_after))}
+        return ApiError(503, str(exc), type="server_error", code="model_busy", headers=headers)
+    if isinstance(exc, ModelLoadError):
+        return ApiError(500, str(exc), type="server_error", param="model", code="model_load_failed")
     if isinstance(exc, EngineError):
         return ApiError(503, str(exc), type="server_error", code="model_not_ready", headers={"Retry-After": "2"})
     if isinstance(exc, ValueError):  # SamplingParams.validate and friends name the field

@@ -12,10 +12,11 @@ from tornado import web
 from traitlets import Float, Integer, Unicode
 
 from ..config import EngineSettings, load_settings
-from ..engine import Engine
+from ..engine.pool import ModelPool
 from ..workshop import COPY_FOLDER, workshop_notebook
-from .handlers import DEFAULT_MAX_BODY_BYTES, ENGINE_KEY, MAX_BODY_KEY, ApiMixin, make_routes
+from .handlers import DEFAULT_MAX_BODY_BYTES, MAX_BODY_KEY, ApiMixin, make_routes
 from .protocol import ApiError
+from .sse import POOL_KEY
 
 AUTH_RESOURCE = "magnitude"
 
@@ -77,18 +78,18 @@ class MagnitudeApp(ExtensionApp):
         overrides: dict[str, Any] = {
             name: getattr(self, name) for name in names if self.has_trait(name) and getattr(self, name) is not None
         }
-        self.engine = Engine(self.model, settings=settings, **overrides)
-        self.settings.update({ENGINE_KEY: self.engine, MAX_BODY_KEY: self.max_body_bytes})
+        self.pool = ModelPool(settings, self.model, overrides=overrides)
+        self.settings.update({POOL_KEY: self.pool, MAX_BODY_KEY: self.max_body_bytes})
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(make_routes(JupyterAuthHandler, "/magnitude/"))
         self.handlers.append((r"/magnitude/workshop/([A-Za-z0-9_.\-]+)", WorkshopHandler))
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
-        # The model loads on the engine thread; the server answers /health with 503 until it is ready.
-        self.engine.start(wait=False)
+        # The default model loads on its engine thread; /health answers 503 until it is ready.
+        self.pool.start()
 
     async def stop_extension(self) -> None:
         import asyncio
 
-        await asyncio.get_running_loop().run_in_executor(None, self.engine.shutdown)
+        await asyncio.get_running_loop().run_in_executor(None, self.pool.shutdown)

@@ -13,6 +13,7 @@ import asyncio
 import inspect
 import json
 import re
+import time
 import uuid
 from collections import OrderedDict
 from typing import Any
@@ -21,6 +22,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from tornado.web import HTTPError, RequestHandler, stream_request_body
 
 from ..engine import Engine, Request
+from ..engine.pool import ROOM_POLL_SECONDS, ROOM_WAIT_SECONDS, ModelPool, NoRoomError, Resident
 from .errors import api_error_from
 from .metrics import make_registry, render_metrics
 from .protocol import (
@@ -32,8 +34,8 @@ from .protocol import (
     parse_json_body,
     stream_chunks,
 )
-from .sse import ENGINE_KEY, send_sse, step_hub, wait_final
-from .status import status_json
+from .sse import POOL_KEY, send_sse, step_hub, wait_final
+from .status import model_json, pool_json, status_json
 
 MAX_BODY_KEY = "magnitude_max_body_bytes"
 SHAPES_KEY = "magnitude_response_shapes"
@@ -59,8 +61,8 @@ class ApiMixin(RequestHandler):
     _wake: asyncio.Event | None = None
 
     @property
-    def engine(self) -> Engine:
-        return self.settings[ENGINE_KEY]
+    def pool(self) -> ModelPool:
+        return self.settings[POOL_KEY]
 
     def _request_summary(self) -> str:
         return f"{self.request.method} {redact_token(self.request.uri or '')} ({self.request.remote_ip})"
@@ -74,6 +76,31 @@ class ApiMixin(RequestHandler):
     def wake_on_close(self, wake: asyncio.Event | None) -> None:
         """Set `wake` when the client goes away, so a waiting reader notices at once."""
         self._wake = wake
+
+    async def checkout_model(self, name: str | None, keep_alive: float | None) -> tuple[Resident, float | None]:
+        """The model for one request, loaded, and the milliseconds its load took (None when it was
+        resident), without blocking the loop: waits for room while busy models leave none, and for
+        the load. The caller hands it back with `pool.checkin`."""
+        loop = asyncio.get_running_loop()
+        pool = self.pool
+        started = time.monotonic()
+        while True:
+            try:
+                resident = await loop.run_in_executor(None, pool.checkout, name, keep_alive)
+                break
+            except NoRoomError:
+                if time.monotonic() - started > ROOM_WAIT_SECONDS:
+                    raise
+                await asyncio.sleep(ROOM_POLL_SECONDS)
+        waited = resident.engine.state == "loading"
+        try:
+            while resident.engine.state == "loading":
+                await asyncio.sleep(0.05)
+            pool.check_loaded(resident)
+        except BaseException:
+            pool.checkin(resident)
+            raise
+        return resident, ((time.monotonic() - started) * 1000 if waited else None)
 
     def send_json(self, body: Any, status: int = 200) -> None:
         self.set_status(status)
@@ -105,31 +132,18 @@ class ApiMixin(RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(err.body()))
 
-    def check_model(self, model: str | None) -> None:
-        engine = self.engine
-        accepted = {engine.model_id}
-        if engine.model_entry is not None:
-            accepted |= {engine.model_entry.path.name, str(engine.model_entry.path)}
-        if model is not None and model not in accepted:
-            raise ApiError(
-                404,
-                f"model {model!r} is not served here; this server serves {engine.model_id!r}",
-                param="model",
-                code="model_not_found",
-            )
-
     def remember_shape(self, shape: ResponseShape) -> None:
         shapes: OrderedDict[str, ResponseShape] = self.settings.setdefault(SHAPES_KEY, OrderedDict())
         shapes[shape.id] = shape
         while len(shapes) > 10_000:  # about as many as the engine keeps streams for
             shapes.popitem(last=False)
 
-    def shape_of(self, completion_id: str) -> ResponseShape:
+    def shape_of(self, completion_id: str, engine: Engine) -> ResponseShape:
         """The shape a generation's chunks were sent in, so a resumed stream continues it."""
         shape = self.settings.get(SHAPES_KEY, {}).get(completion_id)
         if shape is None:
             kind = "chat" if completion_id.startswith("chatcmpl-") else "completion"
-            shape = ResponseShape(completion_id, kind, self.engine.model_id)
+            shape = ResponseShape(completion_id, kind, engine.model_id)
         return shape
 
 
@@ -169,42 +183,52 @@ class GenerationHandler(ApiMixin):
             413, f"the request body is {size} bytes; the limit is {self.body_limit}", code="request_too_large"
         )
 
-    def _accept(self, body: bytes) -> tuple[GenerationRequest, Request]:
-        """Parse and submit (on a worker thread: JSON, schema grammars, chat template, tokenizing)."""
-        req = parse_generation(parse_json_body(body), self.kind)
-        self.check_model(req.model)
-        request = self.engine.submit(
+    def _parse(self, body: bytes) -> GenerationRequest:
+        return parse_generation(parse_json_body(body), self.kind)
+
+    def _submit(self, engine: Engine, req: GenerationRequest, arrival: float, load_ms: float | None) -> Request:
+        return engine.submit(
             req.prompt,
             messages=req.messages,
             params=req.params,
             priority=req.priority,
             request_id=f"{self.id_prefix}-{uuid.uuid4().hex[:24]}",
+            arrival_time=arrival,
+            load_ms=load_ms,
         )
-        return req, request
 
     async def post(self) -> None:
+        # On worker threads: parsing (JSON, schema grammars), then submitting (chat template,
+        # tokenizing); between them, on the loop, waiting for the model if it is not resident.
         try:
             if self._body_size > self.body_limit:
                 raise self.too_large(self._body_size)
             loop = asyncio.get_running_loop()
-            req, request = await loop.run_in_executor(None, self._accept, bytes(self._body))
+            arrival = time.monotonic()
+            req = await loop.run_in_executor(None, self._parse, bytes(self._body))
+            resident, load_ms = await self.checkout_model(req.model, req.keep_alive)
+            engine = resident.engine
+            try:
+                request = await loop.run_in_executor(None, self._submit, engine, req, arrival, load_ms)
+            finally:
+                self.pool.checkin(resident)
         except Exception as exc:
             self.send_error_json(exc, self.prompt_param)
             return
         shape = ResponseShape(
-            request.request_id, self.kind, self.engine.model_id, include_usage=req.include_usage, logprobs=req.logprobs
+            request.request_id, self.kind, engine.model_id, include_usage=req.include_usage, logprobs=req.logprobs
         )
         self.remember_shape(shape)
         assert request.stream is not None
         if req.stream:
             # The id comes first, in a header: a client can re-attach or cancel before the first token.
             self.set_header("X-Completion-Id", request.request_id)
-            await send_sse(self, step_hub(self), request.stream, 0, lambda event: stream_chunks(shape, event))
+            await send_sse(self, step_hub(self, engine), request.stream, 0, lambda e: stream_chunks(shape, e))
             return
-        final = await wait_final(self, step_hub(self), request.stream)
+        final = await wait_final(self, step_hub(self, engine), request.stream)
         if final is None:
             # Nobody can read a non-streamed answer once its client has gone: stop generating it now.
-            self.engine.cancel(request.request_id, "the client closed its connection before the answer was ready")
+            engine.cancel(request.request_id, "the client closed its connection before the answer was ready")
             return
         self.send_json(completion_response(shape, request.output_text, request.stream.events_after(0)))
 
@@ -235,7 +259,7 @@ class StreamHandler(ApiMixin):
 
     async def get(self, stream_id: str) -> None:
         try:
-            stream = self.engine.streams.get(stream_id)
+            engine, stream = self.pool.find_stream(stream_id)
             header = self.request.headers.get("Last-Event-ID")
             after = parse_event_id(header if header is not None else self.get_query_argument("starting_after", "0"))
             if after > stream.last_id:
@@ -248,59 +272,87 @@ class StreamHandler(ApiMixin):
         except Exception as exc:
             self.send_error_json(exc)
             return
-        shape = self.shape_of(stream_id)
-        await send_sse(self, step_hub(self), stream, after, lambda event: stream_chunks(shape, event))
+        shape = self.shape_of(stream_id, engine)
+        await send_sse(self, step_hub(self, engine), stream, after, lambda event: stream_chunks(shape, event))
 
     def delete(self, stream_id: str) -> None:
         try:
-            self.engine.streams.get(stream_id)
+            engine, _ = self.pool.find_stream(stream_id)
         except Exception as exc:
             self.send_error_json(exc)
             return
-        self.send_json({"id": stream_id, "object": "stream.cancelled", "cancelled": self.engine.cancel(stream_id)})
+        self.send_json({"id": stream_id, "object": "stream.cancelled", "cancelled": engine.cancel(stream_id)})
 
 
 class ModelsHandler(ApiMixin):
-    async def get(self) -> None:
-        engine = self.engine
-        info = engine.model_info
-        sha256 = await asyncio.get_running_loop().run_in_executor(None, engine.model_sha256)
-        self.send_json(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": engine.model_id,
-                        "object": "model",
-                        "created": int(engine.started_at_wall),
-                        "owned_by": "magnitude",
-                        "meta": {**info.to_json(), "sha256": sha256} if info else None,
-                    }
-                ],
-            }
-        )
+    """Every model this server can serve, resident or not, with its memory and settings."""
+
+    async def get(self, model_id: str | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            if model_id is not None:
+                entry = self.pool.resolve(model_id)
+                self.send_json(await loop.run_in_executor(None, model_json, self.pool, entry))
+                return
+            self.send_json({"object": "list", "data": await loop.run_in_executor(None, pool_json, self.pool)})
+        except Exception as exc:
+            self.send_error_json(exc, "model")
+
+
+class ModelActionHandler(ApiMixin):
+    """POST models/{id}/load (waits until it is ready) and models/{id}/unload (now, or once idle)."""
+
+    async def post(self, model_id: str, action: str) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            if action == "load":
+                resident, load_ms = await self.checkout_model(model_id, None)
+                self.pool.checkin(resident)
+                body = {"id": resident.entry.alias, "loaded": True, "load_ms": round(load_ms, 1) if load_ms else None}
+            else:
+                entry = self.pool.resolve(model_id)
+                unloaded = await loop.run_in_executor(None, self.pool.unload, model_id)
+                body = {"id": entry.alias, "loaded": not unloaded, "unload_when_idle": not unloaded}
+        except Exception as exc:
+            self.send_error_json(exc, "model")
+            return
+        self.send_json(body)
 
 
 class HealthHandler(ApiMixin):
+    """200 when the default model is ready (or deliberately unloaded: it loads on demand)."""
+
     def get(self) -> None:
-        engine = self.engine
-        if engine.ready:
-            self.send_json({"status": "ok", "model": engine.model_id})
-        else:
-            self.set_header("Retry-After", "2")
-            self.send_json({"status": engine.state, "model": engine.model_id, "error": engine.load_error}, 503)
+        pool = self.pool
+        resident = pool.resident(None)
+        if resident is None or resident.engine.ready:
+            self.send_json({"status": "ok", "model": pool.default_model})
+            return
+        engine = resident.engine
+        self.set_header("Retry-After", "2")
+        self.send_json({"status": engine.state, "model": engine.model_id, "error": engine.load_error}, 503)
 
 
 class StatusHandler(ApiMixin):
+    """The default model's engine (or `?model=`'s), plus every resident model in `models`."""
+
     def get(self) -> None:
-        self.send_json(status_json(self.engine.stats()))
+        pool = self.pool
+        try:
+            name = self.get_query_argument("model", None)
+            engine = pool.status_engine(name)
+            stats = engine.stats() if engine is not None else pool.unloaded_stats(name)
+        except Exception as exc:
+            self.send_error_json(exc, "model")
+            return
+        self.send_json(status_json(stats, pool))
 
 
 class MetricsHandler(ApiMixin):
     def get(self) -> None:
         registry = self.settings.get(REGISTRY_KEY)
         if registry is None:
-            registry = self.settings[REGISTRY_KEY] = make_registry(self.engine)
+            registry = self.settings[REGISTRY_KEY] = make_registry(self.pool)
         body, content_type = render_metrics(registry)
         self.set_header("Content-Type", content_type)
         self.finish(body)
@@ -310,6 +362,8 @@ ROUTES: list[tuple[str, type[ApiMixin]]] = [
     (r"v1/chat/completions", ChatCompletionsHandler),
     (r"v1/completions", CompletionsHandler),
     (r"v1/models", ModelsHandler),
+    (r"v1/models/([A-Za-z0-9_.\-]+)", ModelsHandler),
+    (r"models/([A-Za-z0-9_.\-]+)/(load|unload)", ModelActionHandler),
     (r"v1/streams/([A-Za-z0-9_\-]+)", StreamHandler),
     (r"health", HealthHandler),
     (r"status", StatusHandler),

@@ -1,44 +1,61 @@
 """`/metrics`: the engine's counters in Prometheus' text format, through `prometheus_client`.
 
-A collector reads the engine when scraped (nothing is copied on the hot path), into a registry of
-its own per engine, so two servers in one process never mix their figures.
+A collector reads the pool's engines when scraped (nothing is copied on the hot path), into a
+registry of its own per server, so two servers in one process never mix their figures.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from ..engine import Engine
 from ..engine.metrics import Histogram
+from ..engine.pool import ModelPool
 
 OUTCOMES = ("stop", "length", "cancelled", "error")
 
 
-def _histogram(name: str, help_text: str, model: str, hist: Histogram) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(name, help_text, labels=["model"])
+def _add_histogram(family: HistogramMetricFamily, model: str, hist: Histogram) -> None:
     buckets = [("+Inf" if bound == float("inf") else f"{bound:g}", count) for bound, count in hist.cumulative()]
     family.add_metric([model], buckets=buckets, sum_value=hist.total)
-    return family
 
 
-class EngineCollector:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+class PoolCollector:
+    """Every resident model's figures, one label value per model (a model that unloads leaves)."""
+
+    def __init__(self, pool: ModelPool) -> None:
+        self.pool = pool
 
     def collect(self) -> Iterator[Metric]:
-        stats = self.engine.stats()
-        metrics = self.engine.metrics
-        model, sched = stats.model, stats.scheduler
+        families: dict[str, Metric] = {}
 
-        requests = CounterMetricFamily(
-            "magnitude_requests", "Finished requests by outcome.", labels=["model", "outcome"]
+        def family(kind: type, name: str, help_text: str, labels: tuple[str, ...] = ("model",)) -> Any:
+            if name not in families:
+                families[name] = kind(name, help_text, labels=list(labels))
+            return families[name]
+
+        loaded = family(GaugeMetricFamily, "magnitude_model_loaded", "1 for each resident model.")
+        memory = family(GaugeMetricFamily, "magnitude_model_memory_bytes", "Planned memory of a resident model.")
+        for resident in self.pool.residents():
+            engine = resident.engine
+            loaded.add_metric([engine.model_id], 1.0 if engine.ready else 0.0)
+            memory.add_metric([engine.model_id], resident.plan.resident)
+            self._engine(engine, family)
+        yield from families.values()
+
+    def _engine(self, engine: Engine, family: Callable[..., Any]) -> None:
+        stats = engine.stats()
+        metrics = engine.metrics
+        model, sched = stats.model, stats.scheduler
+        requests = family(
+            CounterMetricFamily, "magnitude_requests", "Finished requests by outcome.", ("model", "outcome")
         )
         for outcome in OUTCOMES:
             requests.add_metric([model, outcome], metrics.requests_by_outcome.get(outcome, 0))
-        yield requests
         for counter_name, counter_help, count in (
             ("magnitude_prompt_tokens", "Prompt tokens of finished requests.", metrics.prompt_tokens_total),
             ("magnitude_generation_tokens", "Tokens generated.", metrics.generation_tokens_total),
@@ -58,11 +75,12 @@ class EngineCollector:
                 sched.prompt_tokens_restored,
             ),
         ):
-            counter = CounterMetricFamily(counter_name, counter_help, labels=["model"])
-            counter.add_metric([model], count)
-            yield counter
-        yield _histogram("magnitude_time_to_first_token_seconds", "Arrival to first token.", model, metrics.ttft)
-        yield _histogram("magnitude_e2e_request_latency_seconds", "Arrival to last token.", model, metrics.e2e)
+            family(CounterMetricFamily, counter_name, counter_help).add_metric([model], count)
+        for name, help_text, hist in (
+            ("magnitude_time_to_first_token_seconds", "Arrival to first token.", metrics.ttft),
+            ("magnitude_e2e_request_latency_seconds", "Arrival to last token.", metrics.e2e),
+        ):
+            _add_histogram(family(HistogramMetricFamily, name, help_text), model, hist)
         total = sched.kv_cells_total
         gauges: tuple[tuple[str, str, float], ...] = (
             (
@@ -83,14 +101,12 @@ class EngineCollector:
             ),
         )
         for name, help_text, value in gauges:
-            gauge = GaugeMetricFamily(name, help_text, labels=["model"])
-            gauge.add_metric([model], value)
-            yield gauge
+            family(GaugeMetricFamily, name, help_text).add_metric([model], value)
 
 
-def make_registry(engine: Engine) -> CollectorRegistry:
+def make_registry(pool: ModelPool) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(engine))
+    registry.register(PoolCollector(pool))
     return registry
 
 

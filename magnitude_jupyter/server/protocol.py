@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import parse_keep_alive
 from ..engine import Priority, SamplingParams
 from ..engine.grammar import GrammarError, json_grammar
 from ..engine.streams import StreamEvent, TokenLogprob
@@ -51,6 +52,7 @@ class GenerationRequest:
     prompt: str | None = None
     stream: bool = False
     include_usage: bool = False
+    keep_alive: float | None = None  # seconds the model stays loaded after this (Ollama's); None: as set
 
     @property
     def logprobs(self) -> bool:
@@ -87,6 +89,7 @@ COMMON_FIELDS = {
     "response_format",
     "grammar",
     "priority",
+    "keep_alive",  # Ollama's: how long the model stays loaded once idle ("5m", seconds, 0 = unload now)
     "user",  # an end-user id for the caller's own records: it changes nothing in the answer
 }
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"}
@@ -258,6 +261,12 @@ def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
     include_usage = _boolean(options or {}, "include_usage")
 
     params.grammar = _grammar(data)
+    keep_alive = None
+    if data.get("keep_alive") is not None:
+        try:
+            keep_alive = parse_keep_alive(data["keep_alive"])
+        except ValueError as exc:
+            raise bad_param("keep_alive", str(exc)) from None
 
     return GenerationRequest(
         model=model,
@@ -267,6 +276,7 @@ def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
         prompt=prompt,
         stream=stream,
         include_usage=include_usage,
+        keep_alive=keep_alive,
     )
 
 

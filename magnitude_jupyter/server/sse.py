@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -14,8 +15,8 @@ from tornado.web import RequestHandler
 from ..engine import Engine
 from ..engine.streams import StreamEvent, TokenStream
 
-ENGINE_KEY = "magnitude_engine"
-HUB_KEY = "magnitude_step_hub"
+POOL_KEY = "magnitude_pool"
+HUB_KEY = "magnitude_step_hubs"
 
 Render = Callable[[StreamEvent], list[dict[str, Any]]]
 
@@ -54,10 +55,12 @@ class StepHub:
             stream.detach()
 
 
-def step_hub(handler: RequestHandler) -> StepHub:
-    hub = handler.settings.get(HUB_KEY)
+def step_hub(handler: RequestHandler, engine: Engine) -> StepHub:
+    """The hub of one engine on this loop (one per resident model; forgotten with the engine)."""
+    hubs: weakref.WeakKeyDictionary[Engine, StepHub] = handler.settings.setdefault(HUB_KEY, weakref.WeakKeyDictionary())
+    hub = hubs.get(engine)
     if hub is None:
-        hub = handler.settings[HUB_KEY] = StepHub(handler.settings[ENGINE_KEY])
+        hub = hubs[engine] = StepHub(engine)
     return hub
 
 

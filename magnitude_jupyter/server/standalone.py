@@ -16,9 +16,10 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
-from ..engine import Engine
+from ..engine.pool import ModelPool
 from ..runtime import write_runtime_file
-from .handlers import DEFAULT_MAX_BODY_BYTES, ENGINE_KEY, MAX_BODY_KEY, ApiMixin, make_routes
+from .handlers import DEFAULT_MAX_BODY_BYTES, MAX_BODY_KEY, ApiMixin, make_routes
+from .sse import POOL_KEY
 
 log = logging.getLogger("magnitude.serve")
 TOKEN_KEY = "magnitude_token"
@@ -73,16 +74,20 @@ class TokenAuthHandler(tornado.web.RequestHandler):
 
 class RootHandler(ApiMixin, TokenAuthHandler):
     def get(self) -> None:
+        pool = self.pool
+        resident = pool.resident(None)
+        state = resident.engine.state if resident else "unloaded"
+        models = [r.entry.alias for r in pool.residents()]
         self.send_json(
-            {"service": "magnitude", "model": self.engine.model_id, "api": "/v1", "state": self.engine.state}
+            {"service": "magnitude", "model": pool.default_model, "api": "/v1", "state": state, "loaded": models}
         )
 
 
 def make_app(
-    engine: Engine, token: str | None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, allow_remote: bool = False
+    pool: ModelPool, token: str | None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, allow_remote: bool = False
 ) -> tornado.web.Application:
     routes = [(r"/", RootHandler), *make_routes(TokenAuthHandler, "/"), *make_routes(TokenAuthHandler, "/magnitude/")]
-    settings: dict[str, Any] = {ENGINE_KEY: engine, TOKEN_KEY: token, MAX_BODY_KEY: max_body_bytes}
+    settings: dict[str, Any] = {POOL_KEY: pool, TOKEN_KEY: token, MAX_BODY_KEY: max_body_bytes}
     settings[REMOTE_KEY] = allow_remote
     return tornado.web.Application(routes, **settings)
 
@@ -98,24 +103,24 @@ def resolve_token(token: str | None, no_auth: bool) -> tuple[str | None, bool]:
 
 
 async def serve(
-    engine: Engine,
+    pool: ModelPool,
     host: str,
     port: int,
     token: str | None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     announce: Any = print,
 ) -> None:
-    """Listen at once, load the model in the background, serve until SIGINT/SIGTERM, then shut down."""
-    app = make_app(engine, token, max_body_bytes, allow_remote=not is_loopback(host))
+    """Listen at once, load the default model in the background, serve until SIGINT/SIGTERM, then shut down."""
+    app = make_app(pool, token, max_body_bytes, allow_remote=not is_loopback(host))
     server = tornado.httpserver.HTTPServer(
         app, max_body_size=max(max_body_bytes * 4, 1 << 20), idle_connection_timeout=60
     )
     sockets = tornado.netutil.bind_sockets(port, address=host)
     server.add_sockets(sockets)
     port = sockets[0].getsockname()[1]  # the real one when asked for port 0
-    runtime_file = write_runtime_file(host, port, token, engine.model_id)
-    engine.start(wait=False)
-    announce(f"magnitude serving {engine.model_id} at http://{host}:{port}/v1 (model loading in the background)")
+    runtime_file = write_runtime_file(host, port, token, pool.default_model)
+    pool.start()
+    announce(f"magnitude serving {pool.default_model} at http://{host}:{port}/v1 (model loading in the background)")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -125,5 +130,5 @@ async def serve(
     finally:
         announce("magnitude: shutting down")
         server.stop()
-        await loop.run_in_executor(None, engine.shutdown)
+        await loop.run_in_executor(None, pool.shutdown)
         runtime_file.unlink(missing_ok=True)

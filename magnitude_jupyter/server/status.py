@@ -1,16 +1,22 @@
-"""`/status`: the engine's snapshot as the JSON the Lab panel, the magics and calibration read."""
+"""`/status` and `/v1/models`: the pool's and engines' snapshots as the JSON that the Lab panel,
+the magics, calibration and OpenAI clients read."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 from typing import Any
 
+from ..engine.pool import ModelPool, Resident
 from ..engine.stats import EngineStats
+from ..models import ModelEntry, file_sha256, read_model_info
+
+SETTINGS_SHOWN = ("parallel", "ctx_size", "threads", "gpu_layers", "n_batch", "prefix_cache_ram_mib")
 
 
-def status_json(stats: EngineStats) -> dict[str, Any]:
+def status_json(stats: EngineStats, pool: ModelPool | None = None) -> dict[str, Any]:
+    """One engine's figures (the shape one-model clients read), and every resident model's summary."""
     sched = stats.scheduler
-    return {
+    body = {
         "model": stats.model,
         "state": stats.state,
         "error": stats.error,
@@ -44,3 +50,60 @@ def status_json(stats: EngineStats) -> dict[str, Any]:
         "requests": [asdict(r) for r in stats.live],
         "recent": [asdict(r) for r in stats.recent],
     }
+    if pool is not None:
+        body["default_model"] = pool.default_model
+        body["models"] = [resident_json(pool, r) for r in pool.residents()]
+        body["max_loaded_models"] = pool.settings.max_loaded_models
+    return body
+
+
+def resident_json(pool: ModelPool, resident: Resident) -> dict[str, Any]:
+    """A resident model in brief, for the panel's list and `magnitude list`."""
+    sched = resident.engine.stats().scheduler
+    return {
+        "id": resident.entry.alias,
+        **resident.to_json(),
+        "memory": resident.plan.to_json(),
+        "prefix_cache_ram_bytes": sched.prefix_cache_ram_bytes,
+        "running": sched.running,
+        "waiting": sched.waiting,
+        "kv_cells_used": sched.kv_cells_used,
+        "kv_cells_total": sched.kv_cells_total,
+        "recent_tokens_per_s": round(resident.engine.metrics.recent_tokens_per_s(), 2),
+        "default": resident.entry.alias == pool.default_model,
+    }
+
+
+def model_json(pool: ModelPool, entry: ModelEntry) -> dict[str, Any]:
+    """One model as `/v1/models` lists it: OpenAI's fields, then whether it is loaded, what memory it
+    holds (or would hold), its settings, and its file's metadata. Reads files: call off the loop."""
+    resident = pool.resident(entry.alias)
+    settings = pool.engine_settings(entry)
+    body: dict[str, Any] = {
+        "id": entry.alias,
+        "object": "model",
+        "created": int(entry.path.stat().st_mtime) if entry.path.exists() else int(pool.started_at_wall),
+        "owned_by": "magnitude",
+        "loaded": resident is not None and resident.engine.ready,
+        "state": resident.engine.state if resident is not None else "unloaded",
+        "default": entry.alias == pool.default_model,
+        "source": entry.source,
+        "settings": {name: getattr(settings, name) for name in SETTINGS_SHOWN},
+        "error": pool.failure(entry.alias),
+    }
+    if resident is not None:
+        body |= resident.to_json()
+    try:
+        info = read_model_info(entry.path)
+        body["memory"] = pool.plan(entry).to_json()
+        body["meta"] = {**info.to_json(), "sha256": file_sha256(entry.path)}
+    except Exception as exc:  # a broken file is listed, with why it cannot be served
+        body["memory"] = body["meta"] = None
+        body["error"] = body["error"] or f"cannot read {entry.path}: {exc}"
+    return body
+
+
+def pool_json(pool: ModelPool) -> list[dict[str, Any]]:
+    """Every model, the default first (clients that know one model read the first)."""
+    entries = sorted(pool.entries(), key=lambda e: e.alias != pool.default_model)
+    return [model_json(pool, entry) for entry in entries]
