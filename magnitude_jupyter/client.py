@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -92,10 +93,18 @@ def iter_sse(lines: Iterator[str]) -> Iterator[tuple[int | None, str]]:
 class Client:
     """One server: `api_base` is the URL that `/v1/...` hangs from."""
 
-    def __init__(self, api_base: str, token: str | None = None, timeout: float = 600.0, source: str = "") -> None:
+    def __init__(
+        self,
+        api_base: str,
+        token: str | None = None,
+        timeout: float = 600.0,
+        source: str = "",
+        model: str | None = None,
+    ) -> None:
         self.api_base = api_base.rstrip("/")
         self.token = token
         self.source = source
+        self.model = model  # asked for by every generation that names none, and by status()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout, connect=5.0))
 
@@ -116,11 +125,37 @@ class Client:
             raise _error_from(response)
         return response
 
+    def _post(self, path: str) -> httpx.Response:
+        try:
+            response = self.http.post(self.api_base + path)
+        except httpx.TransportError as exc:
+            raise ClientError(f"cannot reach {self.api_base}: {exc}") from None
+        if response.status_code >= 400:
+            raise _error_from(response)
+        return response
+
     def health(self) -> dict[str, Any]:
         return self._get("/health").json()
 
-    def status(self) -> dict[str, Any]:
-        return self._get("/status").json()
+    def status(self, model: str | None = None) -> dict[str, Any]:
+        """The engine's figures: the default model's, or `model`'s (a magnitude server with many models)."""
+        model = model or self.model
+        return self._get("/status" + (f"?model={quote(model)}" if model else "")).json()
+
+    def for_model(self, model: str | None) -> Client:
+        """The same server, every request on `model` (calibration of one model of many)."""
+        return Client(self.api_base, self.token, source=self.source, model=model) if model else self
+
+    def _with_model(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"model": self.model, **body} if self.model else body
+
+    def load_model(self, model: str) -> dict[str, Any]:
+        """Make a model resident on a magnitude server (waits for the load): {id, loaded, load_ms}."""
+        return self._post(f"/models/{quote(model, safe='')}/load").json()
+
+    def unload_model(self, model: str) -> dict[str, Any]:
+        """Unload a model now, or once its requests end: {id, loaded, unload_when_idle}."""
+        return self._post(f"/models/{quote(model, safe='')}/unload").json()
 
     def models(self) -> list[dict[str, Any]]:
         return self._get("/v1/models").json().get("data", [])
@@ -152,7 +187,7 @@ class Client:
     def open_chat_stream(self, messages: list[dict[str, Any]], **body: Any) -> httpx.Response:
         """Start a streamed chat completion and return once the server answered, its body unread: the
         status, and (from our server) the completion id in `X-Completion-Id` before any token."""
-        payload = {**body, "messages": messages, "stream": True}
+        payload = {**self._with_model(body), "messages": messages, "stream": True}
         try:
             request = self.http.build_request("POST", self.api_base + "/v1/chat/completions", json=payload)
             return self.http.send(request, stream=True)
@@ -168,7 +203,12 @@ class Client:
         (an interrupt, an error, closing the iterator) cancels the generation on the server.
         """
         result = result if result is not None else StreamResult()
-        payload = {**body, "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
+        payload = {
+            **self._with_model(body),
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         return self._attach(
             result, lambda: self.http.stream("POST", self.api_base + "/v1/chat/completions", json=payload), max_resumes
         )

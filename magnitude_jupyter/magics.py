@@ -95,6 +95,7 @@ def cell_parser() -> _Parser:
     p.add_argument("--chat", nargs="?", const=DEFAULT_CHAT, default=None, help="continue a named conversation")
     p.add_argument("--trim", action="store_true", help="with --chat: drop the oldest turns when the history overflows")
     p.add_argument("--df", default=None, help="score this DataFrame, the cell being the row template")
+    p.add_argument("--compare", default=None, help="models, comma-separated: the same prompt to each, side by side")
     add_batch_arguments(p, skip=SHARED_WITH_BATCH)
     return p
 
@@ -126,6 +127,7 @@ def line_parser() -> _Parser:
     calibrate.add_argument("--sessions", default="1,4,8")
     calibrate.add_argument("--rounds", type=int, default=6)
     calibrate.add_argument("--slo-round-p95-ms", type=float, default=3000.0)
+    calibrate.add_argument("--model", "-m", default=None, help="calibrate this model (loaded first)")
     batch = sub.add_parser("batch")
     batch.add_argument("df")
     batch.add_argument("--template", required=True)
@@ -194,6 +196,8 @@ class MagnitudeMagics(Magics):
         if cell is None:
             return self._line(argv)
         args = cell_parser().parse_args(argv)
+        if args.compare is not None and (args.chat is not None or args.model):
+            raise MagnitudeError("--compare names the models itself; it does not combine with --chat or -m")
         if args.df:
             return self._batch(args.df, cell.strip(), args)
         batch_only = sorted(given_options(args).keys() - SHARED_WITH_BATCH)
@@ -216,14 +220,18 @@ class MagnitudeMagics(Magics):
             return None
         if args.command == "list":
             models = self._call(self.client.models)
+            chosen = self.model or next((m["id"] for m in models if m.get("default")), None)
             for model in models:
-                mark = "*" if model["id"] == (self.model or model["id"]) else " "
-                print(f"{mark} {model['id']}")
+                mark = "*" if model["id"] == (chosen or model["id"]) else " "
+                resident = ""
+                if "loaded" in model:  # a magnitude server says which models are in memory
+                    memory = (model.get("memory") or {}).get("resident")
+                    held = f", {memory / 2**20:,.0f} MiB" if memory else ""
+                    resident = f"  (loaded{held})" if model["loaded"] else "  (not loaded)"
+                print(f"{mark} {model['id']}{resident}")
             return None
         if args.command == "use":
-            self.model = args.model
-            print(f"magnitude: using model {args.model!r}")
-            return None
+            return self._use(args.model)
         if args.command == "connect":
             client = Client(args.url, args.token, source="connect")
             self._call(client.models)
@@ -256,6 +264,35 @@ class MagnitudeMagics(Magics):
         if args.command == "calibrate":
             return self._calibrate(args)
         raise MagnitudeError(f"unknown command {args.command!r}")
+
+    def _use(self, model: str) -> None:
+        """Pick the model for the cells that follow; a magnitude server loads it now, not on the next cell."""
+        client = self.client
+        ours, _ = self._server_facts(client)
+        if ours:
+            print(f"magnitude: loading {model!r}...", end="", flush=True)
+            loaded = self._call(lambda: client.load_model(model))
+            took = f"loaded in {loaded['load_ms'] / 1000:.1f} s" if loaded.get("load_ms") else "already loaded"
+            print(f"\rmagnitude: using model {loaded['id']!r} ({took})")
+            self.model = loaded["id"]
+            self._facts = None  # its listing changed
+            return
+        self.model = model
+        print(f"magnitude: using model {model!r}")
+
+    def _compare(self, args: argparse.Namespace, messages: list[dict[str, Any]], body: dict[str, Any]) -> None:
+        from .compare import answers_frame, answers_html, answers_text, compare_prompt, parse_model_list
+
+        try:
+            models = parse_model_list(args.compare)
+        except ValueError as exc:
+            raise MagnitudeError(str(exc)) from None
+        answers = compare_prompt(self.client, models, messages, body)
+        display({"text/html": answers_html(answers), "text/plain": answers_text(answers)}, raw=True)
+        frame = answers_frame(answers)
+        self.user_ns[LAST_ANSWER] = frame
+        if args.output:
+            self.user_ns[args.output] = frame
 
     def _call(self, fn: Any) -> Any:
         try:
@@ -299,6 +336,8 @@ class MagnitudeMagics(Magics):
             if args.ignore_eos:
                 body["ignore_eos"] = True
             body["priority"] = "interactive"
+        if args.compare is not None:
+            return self._compare(args, messages, body)
 
         handle = None if args.no_stream else display({"text/plain": ""}, raw=True, display_id=True)
         trimmed = 0
@@ -384,62 +423,12 @@ class MagnitudeMagics(Magics):
     # -- calibration ------------------------------------------------------------------------------
 
     def _calibrate(self, args: argparse.Namespace) -> Any:
-        from .calibrate.sweep import SweepConfig, parse_levels
-        from .calibrate.widget import CalibrationWidget
-
-        if args.workflow:
-            return self._calibrate_workflow(args)
+        from .magics_calibrate import calibrate_cell
 
         try:
-            config = SweepConfig(
-                concurrency=parse_levels(args.concurrency),
-                requests_per_level=args.requests,
-                max_tokens=args.max_tokens,
-                latency_target_ms=args.latency_target_ms,
-            )
-            config.validate()
-        except ValueError as exc:
-            raise MagnitudeError(str(exc)) from None
-        widget = CalibrationWidget(self.client, config, probe=not args.no_probe)
-        self.user_ns["_magnitude_calibration"] = widget
-        if args.start:
-            widget.start()
-        return widget
-
-    def _calibrate_workflow(self, args: argparse.Namespace) -> None:
-        """The workflow sweep in the cell: its plot grows a line per number of sessions as they finish."""
-        import plotly.graph_objects as go
-
-        from .calibrate.figures import workflow_figure
-        from .calibrate.run import calibrate_workflow
-        from .calibrate.sweep import parse_levels
-        from .calibrate.workflow import WorkflowLevel, WorkflowResult, format_workflow
-
-        try:
-            sessions = parse_levels(args.sessions)
-        except ValueError as exc:
-            raise MagnitudeError(str(exc).replace("concurrency", "session")) from None
-        done: list[WorkflowLevel] = []
-        plot = go.FigureWidget(workflow_figure(WorkflowResult(args.slo_round_p95_ms, args.rounds, args.max_tokens)))
-        display(plot)
-
-        def on_level(level: WorkflowLevel) -> None:
-            done.append(level)
-            fresh = workflow_figure(WorkflowResult(args.slo_round_p95_ms, args.rounds, args.max_tokens, tuple(done)))
-            with plot.batch_update():
-                plot.data = ()
-                for trace in fresh.data:
-                    plot.add_trace(trace)
-
-        try:
-            profile = calibrate_workflow(
-                self.client, sessions, args.rounds, args.max_tokens, args.slo_round_p95_ms, on_level=on_level
-            )
+            return calibrate_cell(self.client, args, self.user_ns)
         except (ClientError, ValueError) as exc:
             raise MagnitudeError(str(exc)) from None
-        assert profile.workflow is not None
-        print(format_workflow(profile.workflow))
-        self.user_ns["_magnitude_calibration"] = profile
 
     # -- DataFrame batches ------------------------------------------------------------------------
 
@@ -464,11 +453,19 @@ class MagnitudeMagics(Magics):
         options.setdefault("model", self.model)
         if args.json_schema is not None:
             options["json_schema"] = self._json_schema(args.json_schema)
+        compare = getattr(args, "compare", None)
         try:
-            result = score_dataframe(df, template, client=self.client, **options)
-        except BatchError as exc:
+            if compare is not None:
+                from .compare import compare_dataframe, parse_model_list
+
+                options.pop("model", None)
+                result = compare_dataframe(df, template, parse_model_list(compare), client=self.client, **options)
+            else:
+                result = score_dataframe(df, template, client=self.client, **options)
+        except (BatchError, ValueError) as exc:
             raise MagnitudeError(str(exc)) from None
-        print("magnitude: " + summary_line(result, options.get("checkpoint")))
+        if compare is None:
+            print("magnitude: " + summary_line(result, options.get("checkpoint")))
         self.user_ns[LAST_ANSWER] = result
         if args.output:
             self.user_ns[args.output] = result

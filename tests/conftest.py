@@ -40,6 +40,7 @@ def models_dir(tmp_path_factory, model_path):
 
     folder = tmp_path_factory.mktemp("models")
     requantize(model_path, folder / f"{SECOND_MODEL}.gguf")
+    (folder / "broken.gguf").write_bytes(b"GGUF" + b"\0" * 64)  # listed, and fails only its own requests
     return folder
 
 
@@ -53,13 +54,17 @@ SERVE_TOKEN = "test-token-123"
 
 
 @pytest.fixture(scope="session")
-def serve():
+def serve(models_dir):
     """One `magnitude serve` child process for every test that needs a real server, with its own config
-    and runtime folder: 16 slots, 8 waiting at most, finished streams kept 3 s (the 410 test)."""
+    and runtime folder: 16 slots, 8 waiting at most, finished streams kept 3 s (the 410 test); a second
+    model (and a broken file) in its models_dir, the second model loaded on demand with settings of its own."""
     server = LocalServer(
         ("--parallel", "16", "--ctx-size", "8192"),
         token=SERVE_TOKEN,
-        config="engine:\n  max_waiting: 8\n  retention_seconds: 3\n",
+        config=(
+            "engine:\n  max_waiting: 8\n  retention_seconds: 3\n"
+            f"models_dir: {models_dir}\nmodels:\n  {SECOND_MODEL}:\n    parallel: 4\n    ctx_size: 2048\n"
+        ),
     )
     yield server
     server.stop()

@@ -18,7 +18,7 @@ from .workflow import DEFAULT_SLO_ROUND_P95_MS, WorkflowLevel, run_workflow
 def server_facts(client: Client) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None, dict[str, Any]]:
     """(model, engine, status, GGUF metadata) as far as the server tells; ours tells all of them."""
     models = client.models()
-    first = models[0] if models else {}
+    first = next((m for m in models if m.get("id") == client.model), models[0] if models else {})
     meta = first.get("meta") or {}
     model = {
         "id": first.get("id"),

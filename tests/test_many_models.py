@@ -1,0 +1,137 @@
+"""Many models through one real `magnitude serve`: OpenAI clients pick them by name, the server loads
+them on demand, lists and reports each, loads and unloads on request, and a broken file fails only
+its own requests."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from .conftest import SECOND_MODEL, wait_for
+
+
+@pytest.fixture
+def oai(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=server.token, max_retries=0)
+
+
+@pytest.fixture
+def http(server):
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.token}"}, timeout=120) as c:
+        yield c
+
+
+def listing(http: httpx.Client) -> dict[str, dict]:
+    return {m["id"]: m for m in http.get("/v1/models").json()["data"]}
+
+
+def ask(oai: openai.OpenAI, model: str, **extra: object):
+    return oai.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Name a colour."}],
+        max_tokens=6,
+        temperature=0,
+        extra_body=extra or None,
+    )
+
+
+def test_two_models_answer_through_one_server(oai, http):
+    first = ask(oai, "smollm2-135m")
+    second = ask(oai, SECOND_MODEL)
+    assert first.model == "smollm2-135m" and second.model == SECOND_MODEL
+    assert first.choices[0].message.content and second.choices[0].message.content
+    assert ask(oai, f"{SECOND_MODEL}.gguf").model == SECOND_MODEL, "the file name picks it too"
+
+    models = listing(http)
+    assert list(models)[0] == "smollm2-135m", "the default comes first"
+    for name in ("smollm2-135m", SECOND_MODEL):
+        assert models[name]["loaded"] is True
+        memory = models[name]["memory"]
+        assert memory["resident"] == memory["weights"] + memory["kv_cache"] + memory["buffers"]
+    assert models[SECOND_MODEL]["settings"]["parallel"] == 4, "its own entry in the config file"
+    assert models[SECOND_MODEL]["settings"]["ctx_size"] == 2048
+    assert models["smollm2-135m"]["settings"]["parallel"] == 16, "the server's flag"
+    assert models[SECOND_MODEL]["meta"]["quantization"] == "Q8_0"
+    assert {m.id for m in oai.models.list()} >= {"smollm2-135m", SECOND_MODEL, "broken"}
+
+    status = http.get("/status").json()
+    assert status["model"] == "smollm2-135m", "one-model clients still read the default's engine"
+    assert {m["id"] for m in status["models"]} == {"smollm2-135m", SECOND_MODEL}
+    assert http.get("/status", params={"model": SECOND_MODEL}).json()["parallel"] == 4
+    metrics = http.get("/metrics").text
+    assert f'magnitude_generation_tokens_total{{model="{SECOND_MODEL}"}}' in metrics
+    assert 'magnitude_model_loaded{model="smollm2-135m"} 1.0' in metrics
+
+
+def test_load_unload_and_keep_alive(oai, http):
+    ask(oai, SECOND_MODEL)
+    unloaded = http.post(f"/models/{SECOND_MODEL}/unload").json()
+    assert unloaded == {"id": SECOND_MODEL, "loaded": False, "unload_when_idle": False}
+    assert listing(http)[SECOND_MODEL]["loaded"] is False
+    assert listing(http)[SECOND_MODEL]["state"] == "unloaded"
+    assert http.get("/status", params={"model": SECOND_MODEL}).json()["state"] == "unloaded"
+
+    loaded = http.post(f"/models/{SECOND_MODEL}/load").json()
+    assert loaded["loaded"] is True and loaded["load_ms"] > 0
+    assert listing(http)[SECOND_MODEL]["loaded"] is True
+
+    http.post(f"/models/{SECOND_MODEL}/unload")
+    cold = ask(oai, SECOND_MODEL, keep_alive=0)
+    timings = cold.model_extra["timings"] if cold.model_extra else None
+    assert timings and timings["load_ms"] > 0, "the request's timings show the load it waited for"
+    wait_for(lambda: not listing(http)[SECOND_MODEL]["loaded"], timeout=15, what="keep_alive 0 to unload it")
+    assert listing(http)["smollm2-135m"]["loaded"] is True
+
+
+def test_bad_model_names_and_broken_files(oai, http):
+    with pytest.raises(openai.NotFoundError) as err:
+        ask(oai, "no-such-model")
+    assert "this server serves" in str(err.value)
+    with pytest.raises(openai.NotFoundError):
+        ask(oai, "/etc/passwd.gguf")
+
+    with pytest.raises(openai.InternalServerError) as err:
+        ask(oai, "broken")
+    body = err.value.response.json()["error"]
+    assert body["code"] == "model_load_failed" and body["param"] == "model"
+    assert "broken.gguf" in body["message"]
+    assert listing(http)["broken"]["error"], "the listing says why it cannot be served"
+    assert ask(oai, "smollm2-135m").choices[0].message.content, "the others keep serving"
+
+    response = http.post("/models/no-such-model/load")
+    assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
+    response = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "keep_alive": "soon"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "keep_alive"
+
+
+@pytest.mark.model
+def test_notebook_use_compare_and_batch_compare(connected, tmp_path):
+    from .notebook_helpers import run_notebook, text_outputs
+
+    nb = run_notebook(
+        [
+            "%load_ext magnitude_jupyter",
+            f"%magnitude use {SECOND_MODEL}",
+            "%%magnitude --max-tokens 8\nName a fruit.",
+            "%magnitude list",
+            f"%%magnitude --compare smollm2-135m,{SECOND_MODEL} --max-tokens 8 -o side\nName a fruit.",
+            "print(list(side.index), side['completion_tokens'].tolist(), side['error'].isna().all())",
+            "import pandas as pd\ndf = pd.DataFrame({'thing': ['apple', 'sky']})",
+            f"%%magnitude --df df --compare smollm2-135m,{SECOND_MODEL} --max-tokens 4 -o both\n"
+            "What colour is {{ thing }}?",
+            "print(list(both.columns))",
+        ],
+        tmp_path,
+    )
+    assert f"using model '{SECOND_MODEL}'" in text_outputs(nb.cells[1])
+    (answer,) = [o for o in nb.cells[2].outputs if o.output_type == "display_data"]
+    assert answer.metadata["magnitude"]["model"] == SECOND_MODEL, "the cell after `use` asks the chosen model"
+    listed = text_outputs(nb.cells[3]).splitlines()
+    assert f"* {SECOND_MODEL}  (loaded" in "\n".join(listed) and any(line.startswith("  smollm2-135m") for line in listed)
+    (table,) = [o for o in nb.cells[4].outputs if o.output_type == "display_data"]
+    html = table.data["text/html"]
+    assert html.count("<th>smollm2-135m</th>") == 1 and f"<th>{SECOND_MODEL}</th>" in html and "TTFT" in html
+    printed = text_outputs(nb.cells[5]).strip()
+    assert printed.startswith(f"['smollm2-135m', '{SECOND_MODEL}'] [") and printed.endswith("] True")
+    assert text_outputs(nb.cells[8]).strip() == f"['thing', 'answer[smollm2-135m]', 'answer[{SECOND_MODEL}]']"
