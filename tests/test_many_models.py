@@ -44,7 +44,7 @@ def test_two_models_answer_through_one_server(oai, http):
     assert ask(oai, f"{SECOND_MODEL}.gguf").model == SECOND_MODEL, "the file name picks it too"
 
     models = listing(http)
-    assert list(models)[0] == "smollm2-135m", "the default comes first"
+    assert next(iter(models)) == "smollm2-135m", "the default comes first"
     for name in ("smollm2-135m", SECOND_MODEL):
         assert models[name]["loaded"] is True
         memory = models[name]["memory"]
@@ -101,7 +101,8 @@ def test_bad_model_names_and_broken_files(oai, http):
 
     response = http.post("/models/no-such-model/load")
     assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
-    response = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "keep_alive": "soon"})
+    body = {"messages": [{"role": "user", "content": "x"}], "keep_alive": "soon"}
+    response = http.post("/v1/chat/completions", json=body)
     assert response.status_code == 400 and response.json()["error"]["param"] == "keep_alive"
 
 
@@ -128,7 +129,8 @@ def test_notebook_use_compare_and_batch_compare(connected, tmp_path):
     (answer,) = [o for o in nb.cells[2].outputs if o.output_type == "display_data"]
     assert answer.metadata["magnitude"]["model"] == SECOND_MODEL, "the cell after `use` asks the chosen model"
     listed = text_outputs(nb.cells[3]).splitlines()
-    assert f"* {SECOND_MODEL}  (loaded" in "\n".join(listed) and any(line.startswith("  smollm2-135m") for line in listed)
+    assert f"* {SECOND_MODEL}  (loaded" in "\n".join(listed)
+    assert any(line.startswith("  smollm2-135m") for line in listed)
     (table,) = [o for o in nb.cells[4].outputs if o.output_type == "display_data"]
     html = table.data["text/html"]
     assert html.count("<th>smollm2-135m</th>") == 1 and f"<th>{SECOND_MODEL}</th>" in html and "TTFT" in html

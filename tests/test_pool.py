@@ -71,13 +71,10 @@ def test_a_busy_model_is_never_unloaded_under_its_requests(models_dir):
     pool = ModelPool(small_settings(models_dir, max_loaded_models=1)).start()
     try:
         with pool.use(None) as (engine, _):
-            long = engine.submit(
-                "Count:", params=SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
-            )
+            long = engine.submit("Count:", params=SamplingParams(max_tokens=400, temperature=0, ignore_eos=True))
         wait_for(lambda: long.output_tokens, what="the long request to start")
-        with pytest.raises(NoRoomError, match="busy"):
-            with pool.use(SECOND, timeout=0.5):
-                pass
+        with pytest.raises(NoRoomError, match="busy"), pool.use(SECOND, timeout=0.5):
+            pass
         assert not long.is_finished, "the running request was not cut short"
         assert resident(pool) == ["smollm2-135m"]
         engine.cancel(long.request_id)
@@ -159,11 +156,13 @@ def test_per_model_settings_win_and_validate(tmp_path, models_dir):
     config = tmp_path / "config.yaml"
     config.write_text(
         f"models_dir: {models_dir}\nmax_loaded_models: 3\nkeep_alive: 2m\n"
-        f"models:\n  {SECOND}:\n    parallel: 3\n    ctx_size: 2048\n    chat_template: '{{{{ messages[0].content }}}}'\n"
+        f"models:\n  {SECOND}:\n    parallel: 3\n    ctx_size: 2048\n"
+        "    chat_template: '{{ messages[0].content }}'\n"
     )
     settings = load_settings(config, environ={})
     assert settings.keep_alive == 120.0 and settings.max_loaded_models == 3
-    assert settings.model_settings(SECOND) == ModelSettings({"parallel": 3, "ctx_size": 2048}, "{{ messages[0].content }}")
+    own = ModelSettings({"parallel": 3, "ctx_size": 2048}, "{{ messages[0].content }}")
+    assert settings.model_settings(SECOND) == own
     pool = ModelPool(settings, overrides={"parallel": 5})
     entry = pool.resolve(SECOND)
     assert (pool.engine_settings(entry).parallel, pool.engine_settings(entry).ctx_size) == (3, 2048)
