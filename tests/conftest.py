@@ -13,6 +13,14 @@ from magnitude_jupyter.runtime import LocalServer
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 
+@pytest.fixture(autouse=True)
+def profile_archive(tmp_path_factory, monkeypatch):
+    """Calibrations archive their profiles in a folder of the test's own, never in ~/.magnitude."""
+    folder = tmp_path_factory.mktemp("profiles")
+    monkeypatch.setenv("MAGNITUDE_PROFILES_DIR", str(folder))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def model_path():
     path = bundled_model_path()

