@@ -18,6 +18,7 @@ import yaml
 
 CONFIG_ENV = "MAGNITUDE_CONFIG"
 DEFAULT_CONFIG_PATH = Path("~/.magnitude/config.yaml")
+DEFAULT_MODELS_DIR = "~/.magnitude/models"  # a .gguf placed here is served by name, no restart needed
 
 
 class ConfigError(ValueError):
@@ -194,7 +195,7 @@ def load_settings(path: Path | None = None, environ: dict[str, str] | None = Non
     default_model = raw.get("default_model", Settings.default_model)
     if not isinstance(default_model, str) or not default_model:
         raise ConfigError(f"{where}: key 'default_model' must be a model alias or a .gguf path")
-    models_dir = raw.get("models_dir")
+    models_dir = raw.get("models_dir", DEFAULT_MODELS_DIR)
     if models_dir is not None:
         if not isinstance(models_dir, str):
             raise ConfigError(f"{where}: key 'models_dir' must be a folder path")

@@ -71,7 +71,8 @@ def serve(models_dir):
         token=SERVE_TOKEN,
         config=(
             "engine:\n  max_waiting: 8\n  retention_seconds: 3\n"
-            f"models_dir: {models_dir}\nmodels:\n  {SECOND_MODEL}:\n    parallel: 4\n    ctx_size: 2048\n"
+            f"models_dir: {models_dir}\nmodels:\n  {SECOND_MODEL}:\n"
+            "    parallel: 4\n    ctx_size: 2048\n    gpu_layers: 2\n"
         ),
     )
     yield server

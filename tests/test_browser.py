@@ -14,7 +14,7 @@ import httpx
 import nbformat
 import pytest
 
-from .conftest import free_port
+from .conftest import SECOND_MODEL, free_port
 
 pytestmark = pytest.mark.model
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,8 +37,9 @@ def require_browser() -> None:
 
 
 @pytest.fixture
-def lab(tmp_path):
+def lab(tmp_path, models_dir):
     require_browser()
+    (tmp_path / "magnitude.yaml").write_text(f"models_dir: {models_dir}\n")
     root = tmp_path / "root"
     root.mkdir()
     nb = nbformat.v4.new_notebook()
@@ -54,7 +55,7 @@ def lab(tmp_path):
         "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
         "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
         "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
-        "MAGNITUDE_CONFIG": str(tmp_path / "none.yaml"),
+        "MAGNITUDE_CONFIG": str(tmp_path / "magnitude.yaml"),
         "MAGNITUDE_RUNTIME_DIR": str(tmp_path / "magnitude-runtime"),
     }
     for var in ("MAGNITUDE_URL", "MAGNITUDE_TOKEN"):
@@ -109,6 +110,13 @@ def test_labextension_is_installed_and_enabled():
 def test_panel_and_streaming_cell_in_a_real_browser(lab):
     shots = ROOT / "docs"
     shots.mkdir(exist_ok=True)
+    # A second model in memory beside the default: the panel lists both and can show either.
+    loaded = httpx.post(
+        f"{lab['url']}magnitude/models/{SECOND_MODEL}/load",
+        headers={"Authorization": f"token {lab['token']}"},
+        timeout=120,
+    )
+    assert loaded.status_code == 200 and loaded.json()["loaded"], loaded.text
     done = subprocess.run(
         ["node", "panel.test.mjs"],
         cwd=UI_TESTS,
@@ -121,9 +129,11 @@ def test_panel_and_streaming_cell_in_a_real_browser(lab):
             "LAB_TOKEN": lab["token"],
             "SCREENSHOT_DIR": str(shots),
             "CHROMIUM": CHROMIUM,
+            "SECOND_MODEL": SECOND_MODEL,
         },
     )
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["ok"] and "tok/s" in result["status"]
+    assert result["residents"] == 2 and result["shown"] == SECOND_MODEL
     assert (shots / "jupyterlab-magnitude.png").stat().st_size > 10_000

@@ -15,6 +15,7 @@ import pytest
 
 from magnitude_jupyter.calibrate.archive import compare_to_baseline
 from magnitude_jupyter.calibrate.profile import Profile
+from magnitude_jupyter.engine.runner import gpu_offload_supported
 
 from .conftest import SECOND_MODEL, wait_for
 
@@ -61,6 +62,8 @@ def test_two_models_answer_through_one_server(oai, http):
     assert models[SECOND_MODEL]["settings"]["ctx_size"] == 2048
     assert models["smollm2-135m"]["settings"]["parallel"] == 16, "the server's flag"
     assert models[SECOND_MODEL]["meta"]["quantization"] == "Q8_0"
+    if not gpu_offload_supported():  # the pinned CPU build says so instead of pretending
+        assert "no GPU support" in models[SECOND_MODEL]["settings"]["gpu_layers_ignored"]
     assert {m.id for m in oai.models.list()} >= {"smollm2-135m", SECOND_MODEL, "broken"}
 
     status = http.get("/status").json()

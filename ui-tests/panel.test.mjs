@@ -55,13 +55,29 @@ try {
   const status = await page.locator('.mg-statusbar').textContent();
   assert.match(status ?? '', /tok\/s · KV \d+%/);
 
+  // Both resident models are listed with their memory; picking the second shows its engine.
+  const second = process.env.SECOND_MODEL;
+  await page.waitForFunction(() => document.querySelectorAll('#magnitude-panel .mg-resident').length === 2);
+  const residents = await panel.locator('.mg-resident').allTextContents();
+  assert.ok(residents.some(line => line.startsWith(second) && /MiB/.test(line)), residents.join(' | '));
+  await panel.locator('.mg-model-select').selectOption(second);
+  await page.waitForFunction(
+    name => document.querySelector('#magnitude-panel .mg-model')?.textContent === name,
+    second
+  );
+  const shown = await panel.locator('.mg-model').textContent();
+  await panel.locator('.mg-model-select').selectOption('');
+  await page.waitForFunction(() => document.querySelector('#magnitude-panel .mg-model')?.textContent === 'smollm2-135m');
+
   if (shots) {
     // Decline JupyterLab's "news" question so that it does not cover the screenshot.
     await page.locator('.jp-toast-button', { hasText: /^No$/ }).click({ timeout: 2000 }).catch(() => {});
     await page.screenshot({ path: path.join(shots, 'jupyterlab-magnitude.png') });
     await panel.screenshot({ path: path.join(shots, 'magnitude-panel.png') });
   }
-  console.log(JSON.stringify({ ok: true, tokensBefore, answer: answer.slice(0, 80), recent, status }));
+  console.log(
+    JSON.stringify({ ok: true, tokensBefore, answer: answer.slice(0, 80), recent, status, residents: residents.length, shown })
+  );
 } catch (error) {
   // Leave a picture of what the browser showed when it failed.
   const [context] = browser.contexts();

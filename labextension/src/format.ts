@@ -15,8 +15,22 @@ export interface RequestSummary {
   total_ms?: number | null;
 }
 
+/** A model resident on the server (`/status`'s `models`). */
+export interface ResidentModel {
+  id: string;
+  state: string;
+  default?: boolean;
+  running?: number;
+  waiting?: number;
+  recent_tokens_per_s?: number;
+  memory?: { resident: number; ceiling?: number } | null;
+  prefix_cache_ram_bytes?: number;
+}
+
 export interface EngineStatus {
   model: string;
+  default_model?: string;
+  models?: ResidentModel[];
   state: string;
   parallel: number;
   running: number;
@@ -110,4 +124,34 @@ export function sparklinePoints(values: number[], width: number, height: number)
       return `${x.toFixed(1)},${y.toFixed(1)}`;
     })
     .join(' ');
+}
+
+export function formatBytes(bytes: number | null | undefined): string {
+  if (bytes === null || bytes === undefined || !Number.isFinite(bytes)) {
+    return '—';
+  }
+  const mib = bytes / 2 ** 20;
+  return mib >= 1024 ? `${(mib / 1024).toFixed(1)} GiB` : `${Math.round(mib)} MiB`;
+}
+
+/** One resident model in a line: state, memory it holds, requests, tok/s. */
+export function residentLine(model: ResidentModel): string {
+  const memory = (model.memory?.resident ?? 0) + (model.prefix_cache_ram_bytes ?? 0);
+  const parts = [model.id + (model.default ? ' (default)' : ''), model.state, formatBytes(memory)];
+  const busy = (model.running ?? 0) + (model.waiting ?? 0);
+  if (busy) {
+    parts.push(`${busy} request${busy === 1 ? '' : 's'}`);
+  }
+  if (model.recent_tokens_per_s) {
+    parts.push(formatRate(model.recent_tokens_per_s));
+  }
+  return parts.join(' · ');
+}
+
+/** The model the panel should show: the one picked if it is still resident, else the server's choice. */
+export function chosenModel(picked: string | null, status: EngineStatus | null): string | null {
+  if (!picked || !status?.models) {
+    return null;
+  }
+  return status.models.some(m => m.id === picked) ? picked : null;
 }

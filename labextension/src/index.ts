@@ -10,7 +10,7 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Poll } from '@lumino/polling';
 
-import { EngineStatus, pushHistory, statusLine } from './format';
+import { EngineStatus, chosenModel, pushHistory, statusLine } from './format';
 import { MagnitudePanel, MagnitudeStatusItem } from './panel';
 
 const POLL_MS = 1000;
@@ -54,7 +54,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
         const { path } = await requestAPI<{ path: string }>(`workshop/${CALIBRATION_NOTEBOOK}`, { method: 'POST' });
         await app.commands.execute('docmanager:open', { path });
       },
-      cancel: id => void requestAPI(`v1/streams/${encodeURIComponent(id)}`, { method: 'DELETE' })
+      cancel: id => void requestAPI(`v1/streams/${encodeURIComponent(id)}`, { method: 'DELETE' }),
+      selectModel: id => {
+        picked = id;
+        history = [];
+        void poll.refresh();
+      }
     });
     panel.title.icon = icon;
     shell.add(panel, 'left', { rank: 900 });
@@ -64,11 +69,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
     statusBar?.registerStatusItem('magnitude-jupyter:status', { item, align: 'left', rank: 100 });
 
     let history: number[] = [];
+    let picked: string | null = null; // the resident model the panel shows; null: the default
     // JupyterLab's own poller: it backs off while the server fails and slows down while the page is hidden.
     const poll = new Poll({
       factory: async () => {
         try {
-          const status = await requestAPI<EngineStatus>('status');
+          const query = picked ? `?model=${encodeURIComponent(picked)}` : '';
+          const status = await requestAPI<EngineStatus>(`status${query}`);
+          picked = chosenModel(picked, status); // a model that was unloaded: back to the default
           history = pushHistory(history, status.recent_tokens_per_s);
           panel.render(status, history);
           item.setText(statusLine(status));

@@ -11,6 +11,7 @@ import {
   formatMs,
   formatRate,
   kvShares,
+  residentLine,
   sparklinePoints
 } from './format';
 
@@ -27,6 +28,8 @@ function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls: string, text = '
 export interface PanelActions {
   openCalibration(): Promise<void>;
   cancel(id: string): void;
+  /** Show this resident model's engine (null: the server's default). */
+  selectModel(id: string | null): void;
 }
 
 export class MagnitudePanel extends Widget {
@@ -36,6 +39,8 @@ export class MagnitudePanel extends Widget {
   private readonly spark: SVGPolylineElement;
   private readonly running: HTMLElement;
   private readonly recent: HTMLElement;
+  private readonly modelSelect: HTMLSelectElement;
+  private readonly residents: HTMLElement;
 
   constructor(private readonly actions: PanelActions) {
     super();
@@ -45,6 +50,16 @@ export class MagnitudePanel extends Widget {
 
     const header = el('h2', 'mg-title', 'Magnitude');
     this.node.appendChild(header);
+
+    // Many models: the resident ones with the memory they hold, and which one the figures below show.
+    this.node.appendChild(el('h3', 'mg-subtitle', 'Models in memory'));
+    this.residents = el('ul', 'mg-residents');
+    this.node.appendChild(this.residents);
+    const pick = el('label', 'mg-label mg-model-pick', 'show ');
+    this.modelSelect = el('select', 'jp-mod-styled mg-model-select');
+    this.modelSelect.onchange = () => this.actions.selectModel(this.modelSelect.value || null);
+    pick.appendChild(this.modelSelect);
+    this.node.appendChild(pick);
     const grid = el('dl', 'mg-grid');
     for (const [key, label] of [
       ['model', 'model'],
@@ -99,6 +114,7 @@ export class MagnitudePanel extends Widget {
       return;
     }
     this.fields.model.textContent = status.model;
+    this.renderModels(status);
     this.fields.state.textContent = status.state;
     this.fields.slots.textContent = `${status.running} / ${status.parallel}`;
     this.fields.waiting.textContent = String(status.waiting);
@@ -115,6 +131,24 @@ export class MagnitudePanel extends Widget {
     this.spark.setAttribute('points', sparklinePoints(history, SPARK_W, SPARK_H));
     this.renderList(this.running, status.requests ?? [], true);
     this.renderList(this.recent, status.recent ?? [], false);
+  }
+
+  private renderModels(status: EngineStatus): void {
+    const models = status.models ?? [];
+    this.residents.replaceChildren(...models.map(m => el('li', 'mg-resident', residentLine(m))));
+    const wanted = ['', ...models.map(m => m.id)];
+    const have = Array.from(this.modelSelect.options).map(o => o.value);
+    if (wanted.join('\n') !== have.join('\n')) {
+      // Rebuilt only when the resident set changes: a choice being made is not reset by each poll.
+      this.modelSelect.replaceChildren(
+        ...wanted.map(id => {
+          const option = el('option', '', id ? id : `default (${status.default_model ?? status.model})`);
+          option.value = id;
+          return option;
+        })
+      );
+    }
+    this.modelSelect.value = wanted.includes(status.model) && status.model !== status.default_model ? status.model : '';
   }
 
   private renderList(list: HTMLElement, items: RequestSummary[], cancellable: boolean): void {

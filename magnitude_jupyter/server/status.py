@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..engine.pool import ModelPool, Resident
+from ..engine.runner import gpu_offload_supported
 from ..engine.stats import EngineStats
 from ..models import ModelEntry, file_sha256, read_model_info
 
@@ -54,6 +55,8 @@ def status_json(stats: EngineStats, pool: ModelPool | None = None) -> dict[str, 
         body["default_model"] = pool.default_model
         body["models"] = [resident_json(pool, r) for r in pool.residents()]
         body["max_loaded_models"] = pool.settings.max_loaded_models
+        models_dir = pool.settings.models_dir
+        body["models_dir"] = str(models_dir) if models_dir is not None else None
     return body
 
 
@@ -91,6 +94,8 @@ def model_json(pool: ModelPool, entry: ModelEntry) -> dict[str, Any]:
         "settings": {name: getattr(settings, name) for name in SETTINGS_SHOWN},
         "error": pool.failure(entry.alias),
     }
+    if settings.gpu_layers and not gpu_offload_supported():
+        body["settings"]["gpu_layers_ignored"] = "this build of llama-cpp-python has no GPU support"
     if resident is not None:
         body |= resident.to_json()
     try:

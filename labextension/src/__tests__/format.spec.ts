@@ -1,10 +1,13 @@
 import {
   cacheLine,
+  chosenModel,
+  formatBytes,
   formatMs,
   kvShares,
   formatRate,
   kvPercent,
   pushHistory,
+  residentLine,
   sparklinePoints,
   statusLine
 } from '../format';
@@ -64,5 +67,26 @@ describe('format', () => {
     expect(sparklinePoints([], 100, 20)).toBe('');
     expect(sparklinePoints([0, 5, 10], 100, 20)).toBe('0.0,20.0 50.0,10.0 100.0,0.0');
     expect(sparklinePoints([3], 100, 20)).toBe('0.0,0.0');
+  });
+});
+
+describe('many models', () => {
+  const models = [
+    { id: 'smollm2-135m', state: 'ready', default: true, memory: { resident: 420 * 2 ** 20 }, prefix_cache_ram_bytes: 10 * 2 ** 20 },
+    { id: 'smol-q8', state: 'loading', running: 1, waiting: 1, recent_tokens_per_s: 12.5, memory: { resident: 2.5 * 2 ** 30 } }
+  ];
+
+  it('describes a resident model in one line', () => {
+    expect(residentLine(models[0])).toBe('smollm2-135m (default) · ready · 430 MiB');
+    expect(residentLine(models[1])).toBe('smol-q8 · loading · 2.5 GiB · 2 requests · 12.5 tok/s');
+    expect(formatBytes(undefined)).toBe('—');
+  });
+
+  it('keeps a picked model only while it is resident', () => {
+    const status = { ...ready, models };
+    expect(chosenModel('smol-q8', status)).toBe('smol-q8');
+    expect(chosenModel('gone', status)).toBeNull();
+    expect(chosenModel(null, status)).toBeNull();
+    expect(chosenModel('smol-q8', null)).toBeNull();
   });
 });
