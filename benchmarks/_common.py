@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
+import httpx
+import psutil
+
 from magnitude_jupyter.client import Client
+from magnitude_jupyter.models import bundled_model_path
 from magnitude_jupyter.runtime import LocalServer
 
 TOKEN = "bench-token"
@@ -53,6 +60,39 @@ def stop_process(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+class LlamaServer:
+    """llama.cpp's own server (the peer that counts), built by ../shared/tools/build-llama-server.sh."""
+
+    def __init__(self, binary: str, parallel: int, ctx_size: int, threads: int) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [binary, "-m", str(bundled_model_path()), "--host", "127.0.0.1", "--port", str(self.port)]
+        cmd += ["-np", str(parallel), "--kv-unified", "-c", str(ctx_size), "-t", str(threads), "--api-key", TOKEN]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        self.close()
+        raise RuntimeError("llama-server did not start")
+
+    def rss_bytes(self) -> int:
+        return psutil.Process(self.proc.pid).memory_info().rss
+
+    def close(self) -> None:
+        stop_process(self.proc)
+
+
+def find_llama_server(given: str | None) -> str | None:
+    candidates = [given, os.environ.get("LLAMA_SERVER"), shutil.which("llama-server")]
+    candidates.append(str(Path.home() / ".cache/magnitude-peers/llama.cpp-0.3.36/bin/llama-server"))
+    return next((c for c in candidates if c and Path(c).is_file()), None)
 
 
 class MagnitudeServer(LocalServer):

@@ -14,21 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 import psutil
-from _common import TOKEN, MagnitudeServer, free_port, stop_process, table
+from _common import TOKEN, LlamaServer, MagnitudeServer, find_llama_server, table
 
 from magnitude_jupyter.calibrate.workflow import SYSTEM, session_message
 from magnitude_jupyter.client import iter_sse
-from magnitude_jupyter.models import bundled_model_path
 
 
 @dataclass
@@ -104,37 +100,6 @@ def run_workload(name: str, url: str, sessions: int, rounds: int, max_tokens: in
         t.join()
     run.seconds = time.perf_counter() - start
     return run
-
-
-class LlamaServer:
-    def __init__(self, binary: str, parallel: int, ctx_size: int, threads: int) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [binary, "-m", str(bundled_model_path()), "--host", "127.0.0.1", "--port", str(self.port)]
-        cmd += ["-np", str(parallel), "--kv-unified", "-c", str(ctx_size), "-t", str(threads), "--api-key", TOKEN]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
-        self.close()
-        raise RuntimeError("llama-server did not start")
-
-    def rss_bytes(self) -> int:
-        return psutil.Process(self.proc.pid).memory_info().rss
-
-    def close(self) -> None:
-        stop_process(self.proc)
-
-
-def find_llama_server(given: str | None) -> str | None:
-    candidates = [given, os.environ.get("LLAMA_SERVER"), shutil.which("llama-server")]
-    candidates.append(str(Path.home() / ".cache/magnitude-peers/llama.cpp-0.3.36/bin/llama-server"))
-    return next((c for c in candidates if c and Path(c).is_file()), None)
 
 
 def main() -> None:

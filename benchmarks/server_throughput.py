@@ -1,8 +1,12 @@
-"""Server throughput: closed-loop streaming clients against `magnitude serve` and llama-cpp-python's server.
+"""Server throughput: closed-loop streaming clients against `magnitude serve`, llama.cpp's own
+`llama-server` (the peer that counts; built by ../shared/tools/build-llama-server.sh) and
+llama-cpp-python's server.
 
-Both servers run as separate processes with the same model and threads, one after the other in the
-same run; each level sends at least 32 chat requests (64 new tokens, greedy) from `c` concurrent
-streaming clients, each sending its next request when its last answer is complete.
+The servers run as separate processes with the same model and threads, one after the other in the
+same run; each level sends at least 32 chat requests (64 new tokens, greedy), their prompts cycled
+from 16 distinct ones, from `c` concurrent streaming clients, each sending its next request when
+its last answer is complete. llama-server runs as the conversation benchmark runs it (`-np` the
+largest level, `--kv-unified -c 8192`).
 
 Output tokens come from the stream's usage where the server reports it (magnitude), else from the
 number of content chunks (llama-cpp-python's server sends one per token).
@@ -28,7 +32,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PROMPTS, TOKEN, MagnitudeServer, free_port, stop_process, table
+from _common import PROMPTS, TOKEN, LlamaServer, MagnitudeServer, find_llama_server, free_port, stop_process, table
 
 from magnitude_jupyter.models import bundled_model_path
 
@@ -123,13 +127,16 @@ async def measure(kind: str, args: argparse.Namespace, levels: list[int]) -> dic
     if kind == "magnitude":
         server = MagnitudeServer(parallel=max(levels), threads=args.threads)  # returns once the model is loaded
         url, stop = server.url, server.close
+    elif kind == "llama-server":
+        peer = LlamaServer(args.llama_server, parallel=max(levels), ctx_size=8192, threads=args.threads)
+        url, stop = peer.url, peer.close
     else:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         proc = start_llama_cpp_server(bundled_model_path(), port, args.threads)
         stop = functools.partial(stop_process, proc)
     try:
-        if kind != "magnitude":
+        if kind == "llama_cpp":
             await wait_up(url, proc)
         await run_level(url, 1, 1, 8)  # warm-up
         return {c: await run_level(url, c, args.requests, args.max_tokens) for c in levels}
@@ -144,14 +151,23 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--llama-server", default=None, help="path (default: the shared build's cache)")
+    ap.add_argument("--no-llama-cpp-python", action="store_true", help="skip llama-cpp-python's server")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
+    args.llama_server = find_llama_server(args.llama_server)
+    if args.llama_server is None:
+        raise SystemExit("llama-server not found: run ../shared/tools/build-llama-server.sh first")
 
+    peer = asyncio.run(measure("llama-server", args, levels))
     ours = asyncio.run(measure("magnitude", args, levels))
-    theirs = asyncio.run(measure("llama_cpp", args, levels))
+    theirs = {} if args.no_llama_cpp_python else asyncio.run(measure("llama_cpp", args, levels))
     rows = []
     for c in levels:
-        for name, result in (("llama_cpp.server", theirs[c]), ("magnitude serve", ours[c])):
+        results = [("llama-server", peer[c]), ("magnitude serve", ours[c])]
+        if theirs:
+            results.insert(0, ("llama_cpp.server", theirs[c]))
+        for name, result in results:
             rows.append(
                 [
                     c,
@@ -162,7 +178,8 @@ def main() -> None:
                     f"{result.tokens_per_s:.1f}",
                     f"{result.ttft_pct(50):.0f}",
                     f"{result.ttft_pct(95):.0f}",
-                    f"{result.tokens_per_s / theirs[c].tokens_per_s:.2f}×",
+                    f"{result.tokens_per_s / peer[c].tokens_per_s:.2f}×",
+                    f"{result.ttft_pct(50) / peer[c].ttft_pct(50):.2f}×",
                 ]
             )
     print(
@@ -180,7 +197,8 @@ def main() -> None:
                 "output tok/s",
                 "TTFT p50 ms",
                 "TTFT p95 ms",
-                "vs llama_cpp.server",
+                "tok/s vs llama-server",
+                "TTFT p50 vs llama-server",
             ],
             rows,
         )
@@ -198,7 +216,7 @@ def main() -> None:
                         }
                         for c, r in res.items()
                     }
-                    for name, res in (("magnitude", ours), ("llama_cpp", theirs))
+                    for name, res in (("magnitude", ours), ("llama-server", peer), ("llama_cpp", theirs))
                 },
                 indent=2,
             )

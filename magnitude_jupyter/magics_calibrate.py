@@ -32,6 +32,8 @@ def calibrate_cell(client: Client, args: argparse.Namespace, user_ns: dict[str, 
     )
     config.validate()
     widget = CalibrationWidget(client, config, probe=not args.no_probe)
+    if client.model in widget.model.options:
+        widget.model.value = (client.model,)
     user_ns[CALIBRATION_VARIABLE] = widget
     if args.start:
         widget.start()

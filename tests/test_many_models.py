@@ -197,3 +197,36 @@ def test_profiles_per_model_and_the_regression_gate(server, tmp_path, profile_ar
     assert auto.returncode == 0 and "against baseline" in auto.stdout, auto.stdout + auto.stderr
     bad = _calibrate(server, "--baseline", "auto", "--max-regression", "lots")
     assert bad.returncode != 0 and "--max-regression takes a percentage" in bad.stderr
+
+
+@pytest.mark.model
+def test_calibration_widget_overlays_several_models(server):
+    from magnitude_jupyter.calibrate.sweep import SweepConfig
+    from magnitude_jupyter.calibrate.widget import CalibrationWidget
+    from magnitude_jupyter.client import Client
+
+    client = Client(server.url, server.token)
+    widget = CalibrationWidget(client, SweepConfig(concurrency=(1, 2), requests_per_level=2, max_tokens=6), probe=False)
+    assert "broken" not in widget.model.options, "a model that cannot load is not offered"
+    widget.model.value = ("smollm2-135m", SECOND_MODEL)
+    widget.run()
+    assert widget.error is None
+    assert [p.model["id"] for p in widget.profiles] == ["smollm2-135m", SECOND_MODEL]
+    assert [p.engine["parallel"] for p in widget.profiles] == [16, 4], "each model's own engine"
+    lines = [t for t in widget.throughput.data if t.name != "knee"]
+    assert [t.name for t in lines] == ["smollm2-135m", SECOND_MODEL]
+    assert all(list(t.x) == [1, 2] for t in lines), "one line per model, overlaid"
+    assert [t.name for t in widget.latency.data][-1] == f"TTFT p95 ({SECOND_MODEL})"
+    assert widget.progress.value == widget.progress.max == 4
+
+
+def test_magnitude_list_marks_what_the_server_holds(connected, models_dir, tmp_path):
+    (tmp_path / "config.yaml").write_text(f"models_dir: {models_dir}\n")
+    env = {**os.environ, "MAGNITUDE_CONFIG": str(tmp_path / "config.yaml")}
+    command = [sys.executable, "-m", "magnitude_jupyter.cli", "list"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    default = next(line for line in done.stdout.splitlines() if line.startswith("* smollm2-135m "))
+    assert "[loaded, " in default and "MiB]" in default
+    rows = json.loads(subprocess.run([*command, "--json"], capture_output=True, text=True, env=env).stdout)["models"]
+    assert {r["id"]: r["loaded"] for r in rows}["smollm2-135m"] is True

@@ -1,12 +1,14 @@
 """The calibration widget: controls, three live plotly FigureWidgets, a progress bar and a Stop button.
 
 The sweep runs on a background thread, so the Stop button (and the rest of the notebook) stays
-live; each finished level updates the figures in place (`batch_update`).
+live; each finished level updates the figures in place (`batch_update`). Several models picked
+are swept one after the other, each with a line of its own on the throughput and TTFT plots.
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any
 
 import ipywidgets as w
@@ -19,6 +21,8 @@ from .records import Level
 from .run import calibrate
 from .sweep import SweepConfig, parse_levels
 
+SERVER_DEFAULT = "(server default)"
+
 
 class CalibrationWidget:
     def __init__(self, client: Client | None = None, config: SweepConfig | None = None, probe: bool = True) -> None:
@@ -26,13 +30,20 @@ class CalibrationWidget:
         config = config or SweepConfig()
         self.run_probe = probe
         self.profile: Profile | None = None
+        self.profiles: list[Profile] = []  # one per model swept, in order
         self.error: str | None = None
         self.levels: list[Level] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-        models = [m["id"] for m in self.client.models()]
-        self.model = w.Dropdown(options=models or ["(server default)"], description="model")
+        models = [m["id"] for m in self.client.models() if m.get("error") is None]
+        self.model = w.SelectMultiple(
+            options=models or [SERVER_DEFAULT],
+            value=(models[0] if models else SERVER_DEFAULT,),
+            rows=min(4, max(1, len(models))),
+            description="models",
+        )
+        self._line = 0  # the throughput trace of the model being swept
         self.concurrency = w.Text(",".join(map(str, config.concurrency)), description="concurrency")
         self.requests = w.BoundedIntText(config.requests_per_level, min=1, max=10_000, description="requests/level")
         self.max_tokens = w.BoundedIntText(config.max_tokens, min=1, max=32_768, description="max tokens")
@@ -88,8 +99,11 @@ class CalibrationWidget:
             max_tokens=int(self.max_tokens.value),
             prompt=self.prompt.value.strip() or None,
             latency_target_ms=float(self.target.value) or None,
-            model=self.model.value if self.model.value != "(server default)" else None,
         )
+
+    def models(self) -> list[str | None]:
+        picked = [m for m in self.model.value if m != SERVER_DEFAULT]
+        return list(picked) or [None]
 
     def start(self) -> None:
         """Run the sweep on a background thread (the widget's Start button)."""
@@ -115,31 +129,70 @@ class CalibrationWidget:
         except ValueError as exc:
             self.error = self.status.value = str(exc)
             return None
+        models = self.models()
         self._stop.clear()
         self.levels = []
+        self.profiles = []
         self.error = None
-        self.progress.max, self.progress.value = len(config.concurrency), 0
+        self.progress.max, self.progress.value = len(config.concurrency) * len(models), 0
+        self._reset_traces(models)
         self.start_button.disabled, self.stop_button.disabled = True, False
         self.status.value = "measuring capacity…" if self.run_probe else "warming up…"
         self.latency.layout.shapes = ()
         if config.latency_target_ms:
             self.latency.add_hline(y=config.latency_target_ms, line_dash="dash")
         try:
-            self.profile = calibrate(
-                self.client,
-                config,
-                run_probe=self.run_probe,
-                on_level=self._on_level,
-                on_capacity=self._on_capacity,
-                stop=self._stop,
-            )
+            for index, model in enumerate(models):
+                if self._stop.is_set():
+                    break
+                self._line, self.levels = index, []
+                client = self._client_for(model)
+                self.profile = calibrate(
+                    client,
+                    replace(config, model=client.model),
+                    run_probe=self.run_probe and index == 0,
+                    on_level=self._on_level,
+                    on_capacity=self._on_capacity,
+                    stop=self._stop,
+                )
+                self.profiles.append(self.profile)
+            assert self.profile is not None
             why = self.profile.stopped_because
-            self.status.value = f"done: {len(self.profile.levels)} levels" + (f" ({why})" if why else "")
+            done = sum(len(p.levels) for p in self.profiles)
+            self.status.value = f"done: {done} levels" + (f" ({why})" if why else "")
         except Exception as exc:  # shown in the widget: the sweep runs on a thread with no traceback to see
             self.error = self.status.value = f"failed: {exc}"
         finally:
             self.start_button.disabled, self.stop_button.disabled = False, True
         return self.profile
+
+    def _client_for(self, model: str | None) -> Client:
+        """The client on `model`; a magnitude server loads it first, so the sweep does not time a load."""
+        if model is None:
+            return self.client
+        self.status.value = f"loading {model}…"
+        if "kv_cells_total" in self.client.status():
+            model = self.client.load_model(model)["id"]
+        return self.client.for_model(model)
+
+    def _reset_traces(self, models: list[str | None]) -> None:
+        """Line 0 (and the knee, trace 1) for the first model, then one throughput line and one TTFT
+        p95 line for each further model."""
+        names = [m or "output tok/s" for m in models]
+        with self.throughput.batch_update():
+            self.throughput.data = self.throughput.data[:2]
+            self.throughput.data[0].name = names[0]
+            for trace in self.throughput.data:
+                trace.x, trace.y = [], []
+            for name in names[1:]:
+                self.throughput.add_scatter(x=[], y=[], mode="lines+markers", name=name)
+        with self.latency.batch_update():
+            self.latency.data = self.latency.data[:3]
+            for trace, stat in zip(self.latency.data, ("p50", "p95", "p99"), strict=True):
+                trace.x, trace.y = [], []
+                trace.name = f"TTFT {stat}" + (f" ({names[0]})" if len(names) > 1 else "")
+            for name in names[1:]:
+                self.latency.add_scatter(x=[], y=[], mode="lines+markers", name=f"TTFT p95 ({name})")
 
     def _on_capacity(self, capacity: dict[str, Any]) -> None:
         t = capacity_traces(capacity)
@@ -153,13 +206,17 @@ class CalibrationWidget:
         self.levels.append(level)
         t = throughput_traces(self.levels)
         lat = latency_traces(self.levels, "ttft_ms")
+        line = 0 if self._line == 0 else self._line + 1  # trace 1 is the knee
         with self.throughput.batch_update():
-            self.throughput.data[0].x, self.throughput.data[0].y = t["x"], t["y"]
+            self.throughput.data[line].x, self.throughput.data[line].y = t["x"], t["y"]
             self.throughput.data[1].x, self.throughput.data[1].y = t["knee_x"], t["knee_y"]
         with self.latency.batch_update():
-            for trace, stat in zip(self.latency.data, ("p50", "p95", "p99"), strict=True):
-                trace.x, trace.y = lat["x"], lat[stat]
-        self.progress.value = len(self.levels)
+            if self._line == 0:
+                for trace, stat in zip(self.latency.data[:3], ("p50", "p95", "p99"), strict=True):
+                    trace.x, trace.y = lat["x"], lat[stat]
+            else:
+                self.latency.data[self._line + 2].x, self.latency.data[self._line + 2].y = lat["x"], lat["p95"]
+        self.progress.value = sum(len(p.levels) for p in self.profiles) + len(self.levels)
         self.status.value = (
             f"concurrency {level.concurrency}: {level.output_tokens_per_s:.1f} tok/s, "
             f"TTFT p95 {level.ttft_ms.p95 or 0:.0f} ms"
