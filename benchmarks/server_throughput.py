@@ -75,6 +75,18 @@ async def wait_up(url: str, proc: subprocess.Popen) -> None:
 
 
 async def one_request(http: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) -> tuple[int, float]:
+    # llama-server (cpp-httplib) closes a kept-alive connection after a few requests; a request sent on
+    # one it has just closed gets no response at all, and is sent again on a fresh connection.
+    for attempt in range(3):
+        try:
+            return await _one_request(http, url, prompt, max_tokens)
+        except httpx.RemoteProtocolError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _one_request(http: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) -> tuple[int, float]:
     body = {
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,

@@ -116,23 +116,20 @@ class Client:
 
     # -- plain calls ----------------------------------------------------------------------
 
-    def _get(self, path: str) -> httpx.Response:
+    def _call(self, method: str, path: str) -> httpx.Response:
         try:
-            response = self.http.get(self.api_base + path)
+            response = self.http.request(method, self.api_base + path)
         except httpx.TransportError as exc:
             raise ClientError(f"cannot reach {self.api_base}: {exc}") from None
         if response.status_code >= 400:
             raise _error_from(response)
         return response
 
+    def _get(self, path: str) -> httpx.Response:
+        return self._call("GET", path)
+
     def _post(self, path: str) -> httpx.Response:
-        try:
-            response = self.http.post(self.api_base + path)
-        except httpx.TransportError as exc:
-            raise ClientError(f"cannot reach {self.api_base}: {exc}") from None
-        if response.status_code >= 400:
-            raise _error_from(response)
-        return response
+        return self._call("POST", path)
 
     def health(self) -> dict[str, Any]:
         return self._get("/health").json()

@@ -197,3 +197,17 @@ def test_load_time_shows_in_the_request_timings(models_dir):
         assert timings.queued_ms >= timings.load_ms > 0, "the queue time includes the load"
     finally:
         pool.shutdown()
+
+
+def test_a_models_own_chat_template_replaces_the_files(models_dir):
+    template = "{% for m in messages %}<<{{ m.content }}>>{% endfor %}"
+    settings = Settings(models_dir=models_dir, engine=SMALL, models={SECOND: ModelSettings(chat_template=template)})
+    pool = ModelPool(settings)
+    try:
+        messages = [{"role": "user", "content": "Hello there"}]
+        with pool.use(SECOND) as (own, _):
+            assert own.prompt_tokens_for(messages=messages) == own.tokenize("<<Hello there>>")
+        with pool.use(None) as (default, _):
+            assert default.prompt_tokens_for(messages=messages) != default.tokenize("<<Hello there>>")
+    finally:
+        pool.shutdown()

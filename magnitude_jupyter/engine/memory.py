@@ -1,9 +1,13 @@
 """What a model will hold in memory once loaded, planned from its GGUF metadata before loading it.
 
 llama.cpp allocates four things for a model and one context: the weights (the file, mapped), the KV
-cache (`ctx_size` cells x bytes per token), an output buffer (one logits row per sequence it may
-hold) and a compute buffer (sized for one `n_batch` step, dominated by that step's logits). The
-prefix cache's RAM tier comes on top, filled only as conversations are evicted, up to its limit.
+cache (`ctx_size` cells x bytes per token, written whole when it is cleared), an output buffer and
+a compute buffer (sized for one `n_batch` step, dominated by that step's logits). The plan counts
+what becomes resident, not what is reserved: the output buffer has a logits row for each of the
+256 sequences the engine asks for, but only the `parallel` running ones ever produce one in a step
+(prefix-cache sequences never do, and a prompt chunk outputs its last row only), and untouched
+pages of a buffer cost no memory. The prefix cache's RAM tier comes on top, filled only as
+conversations are evicted, up to its limit.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from ..config import EngineSettings
 from ..kvmath import kv_cache_bytes
 from ..models import ModelInfo
 
-LLAMA_SEQ_MAX = 256  # the engine always asks llama.cpp for all of them: parallel + prefix-cache sequences
 FLOAT_BYTES = 4
 KV_PADDING = 256  # llama.cpp rounds the cache up to whole blocks of cells
 
@@ -43,7 +46,7 @@ class MemoryPlan:
 
 def plan_memory(info: ModelInfo, es: EngineSettings) -> MemoryPlan:
     cells = -(-es.ctx_size // KV_PADDING) * KV_PADDING
-    output = LLAMA_SEQ_MAX * info.vocab_size * FLOAT_BYTES
+    output = es.parallel * info.vocab_size * FLOAT_BYTES
     # The compute buffer of one step: its logits, and a few activations per token of the embedding.
     compute = es.n_batch * (info.vocab_size + 4 * info.embedding_length) * FLOAT_BYTES
     return MemoryPlan(
