@@ -14,15 +14,31 @@ import json
 import math
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jinja2
 import jinja2.meta
 
-from .client import Client, ClientError, StreamResult, discover
+from .client import ClientError, StreamResult, discover
+
+
+class ChatClient(Protocol):
+    """What a batch needs of a client: `client.Client` over HTTP, or `inprocess.EngineClient`."""
+
+    api_base: str
+
+    def stream_chat(
+        self, messages: list[dict[str, Any]], result: StreamResult | None = None, max_resumes: int = 5, **body: Any
+    ) -> Iterator[str]: ...
+    def cancel(self, completion_id: str) -> None: ...
+    def models(self) -> list[dict[str, Any]]: ...
+    def close(self) -> None: ...
+    def with_timeout(self, timeout: float) -> ChatClient: ...
+
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -282,7 +298,7 @@ def _parse_json_answer(record: dict[str, Any], opts: BatchOptions) -> dict[str, 
 
 
 def _score_row(
-    client: Client,
+    client: ChatClient,
     messages: list[dict[str, str]],
     body: dict[str, Any],
     opts: BatchOptions,
@@ -338,21 +354,29 @@ def _score_row(
     return {"error": f"failed after {opts.retry + 1} attempts: {last_error}"}
 
 
-def score_dataframe(df: pd.DataFrame, template: str, client: Client | None = None, **options: Any) -> pd.DataFrame:
+def score_dataframe(df: pd.DataFrame, template: str, client: ChatClient | None = None, **options: Any) -> pd.DataFrame:
     """A new DataFrame (the input untouched, its index kept) with the answers and per-row figures.
 
     Options are `BatchOptions` fields. Rows go out with the engine's batch priority, so interactive
-    cells stay responsive while a batch runs.
+    cells stay responsive while a batch runs. A dask DataFrame is scored on the Dask workers' own
+    engines instead, lazily (see `dask.py`): the result is a dask DataFrame.
     """
     import pandas as pd
     from tqdm.auto import tqdm
+
+    if is_dask_dataframe(df):
+        if client is not None:
+            raise BatchError("a dask DataFrame is scored by the workers' engines: give no client")
+        from .dask import score_dask_dataframe
+
+        return score_dask_dataframe(df, template, **options)
 
     opts = BatchOptions(template=template, **options)
     opts.validate()
     opts.check_columns([str(c) for c in df.columns])
     prompts = render_prompts(df, template)
     base = client or discover()
-    worker = Client(base.api_base, base.token, timeout=opts.timeout, source=base.source)
+    worker = base.with_timeout(opts.timeout)
     checkpoint = Checkpoint(opts.checkpoint)
     model = opts.model or (served_model(worker) if checkpoint.path is not None else None)
     requests = {index: request_for(prompts[index], opts) for index in df.index}
@@ -424,7 +448,11 @@ def score_dataframe(df: pd.DataFrame, template: str, client: Client | None = Non
     return out
 
 
-def served_model(client: Client) -> str | None:
+def is_dask_dataframe(df: Any) -> bool:
+    return type(df).__module__.startswith("dask.") and hasattr(df, "map_partitions")
+
+
+def served_model(client: ChatClient) -> str | None:
     """The model a server answers with when none is named (for checkpoint keys)."""
     try:
         models = client.models()

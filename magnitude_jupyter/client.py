@@ -139,6 +139,10 @@ class Client:
         model = model or self.model
         return self._get("/status" + (f"?model={quote(model)}" if model else "")).json()
 
+    def with_timeout(self, timeout: float) -> Client:
+        """A client of its own on the same server, with another timeout (close it when done)."""
+        return Client(self.api_base, self.token, timeout=timeout, source=self.source, model=self.model)
+
     def for_model(self, model: str | None) -> Client:
         """The same server, every request on `model` (calibration of one model of many)."""
         return Client(self.api_base, self.token, source=self.source, model=model) if model else self

@@ -1,0 +1,109 @@
+"""Scoring beyond one machine: an engine in every Dask worker, and DataFrames scored where they lie.
+
+    from distributed import Client, LocalCluster
+    from magnitude_jupyter.dask import EnginePlugin, score_dask_dataframe
+
+    client = Client(LocalCluster(n_workers=2, threads_per_worker=1))
+    client.register_plugin(EnginePlugin(parallel=4, threads=1))   # every worker, now and later
+    scored = score_dask_dataframe(ddf, "Is this review positive? {{ review }}", max_tokens=4).compute()
+
+Each partition is a pure task: the worker that runs it scores its rows with its own engine, in
+process (`inprocess.EngineClient`: the batch code's retries, overflow policy and JSON schemas, no
+HTTP). If a worker dies, Dask runs its partitions again elsewhere and every row still appears once.
+Dask itself is an optional extra: `pip install "magnitude-jupyter[dask]"`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from distributed import WorkerPlugin, get_worker
+
+from .batch import BatchOptions, score_dataframe
+from .config import load_settings
+from .engine import Engine
+from .inprocess import EngineClient
+from .models import ModelNotFoundError
+
+if TYPE_CHECKING:
+    import dask.dataframe as dd
+    import pandas as pd
+
+PLUGIN_NAME = "magnitude-engine"
+WORKER_COLUMN = "worker"
+
+
+class EnginePlugin(WorkerPlugin):
+    """Starts an `Engine` when a worker starts (and in every worker that joins later), stops it with
+    the worker. The model resolves on the worker: the bundled model is wherever the package is; a
+    path must exist on every worker."""
+
+    name = PLUGIN_NAME
+
+    def __init__(self, model: str | None = None, **engine_settings: Any) -> None:
+        self.model = model
+        self.engine_settings = engine_settings
+        self.engine: Engine | None = None
+
+    def setup(self, worker: Any) -> None:
+        try:
+            engine = Engine(self.model, settings=load_settings(), **self.engine_settings)
+        except ModelNotFoundError as exc:
+            raise ModelNotFoundError(f"worker {worker.address}: {exc}") from None
+        self.engine = engine.start()
+
+    def teardown(self, worker: Any) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+
+
+def worker_engine() -> Engine:
+    """The engine of the worker this task runs on."""
+    worker = get_worker()
+    plugin = worker.plugins.get(PLUGIN_NAME)
+    if not isinstance(plugin, EnginePlugin) or plugin.engine is None:
+        raise RuntimeError(
+            f"worker {worker.address} has no magnitude engine: register one first, "
+            "client.register_plugin(EnginePlugin(...))"
+        )
+    return plugin.engine
+
+
+def _score_partition(part: pd.DataFrame, template: str, options: dict[str, Any]) -> pd.DataFrame:
+    if part.empty:
+        return _empty_result(part, options)
+    engine = worker_engine()
+    out = score_dataframe(part, template, client=EngineClient(engine), progress=False, **options)
+    out[WORKER_COLUMN] = get_worker().address
+    return out
+
+
+def _empty_result(df: pd.DataFrame, options: dict[str, Any]) -> pd.DataFrame:
+    import pandas as pd
+
+    opts = BatchOptions(template="", **options)
+    out = df.iloc[0:0].copy()
+    for column in (*opts.columns, WORKER_COLUMN):
+        out[column] = pd.Series(dtype=object)
+    return out
+
+
+def score_dask_dataframe(ddf: dd.DataFrame, template: str, **options: Any) -> dd.DataFrame:
+    """A lazy dask DataFrame with the pandas path's columns (and `worker`, who scored each row),
+    scored partition by partition on the workers' engines. The template and options are checked here,
+    before anything runs."""
+    from .batch import BatchError, render_prompts
+
+    if options.get("checkpoint") is not None:
+        raise BatchError("checkpoint is not supported for dask DataFrames yet: Dask recomputes lost partitions")
+    opts = BatchOptions(template=template, **options)
+    opts.validate()
+    opts.check_columns([str(c) for c in ddf.columns])
+    render_prompts(ddf._meta, template)  # a template error shows now, not inside a worker
+    return ddf.map_partitions(_score_partition, template, options, meta=_empty_result(ddf._meta, options))
+
+
+def rows_by_worker(scored: pd.DataFrame) -> dict[str, int]:
+    """How many rows each worker scored (of a computed result)."""
+    return dict(Counter(scored[WORKER_COLUMN]))

@@ -1,0 +1,88 @@
+"""`EngineClient`: the batch code's `Client`, over an `Engine` in this process instead of HTTP.
+
+A Dask worker scores its partitions with the engine it holds (see `dask.py`): the same request
+bodies go through the same protocol parsing, the same engine errors become the same `ClientError`s
+(so retries, the overflow policy and JSON schemas behave exactly as against a server), without a
+socket in between.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from .client import ClientError, StreamResult
+from .engine import Engine
+from .server.errors import api_error_from
+from .server.protocol import ApiError, parse_generation
+
+STREAM_TIMEOUT_S = 600.0
+
+
+def _client_error(exc: Exception) -> ClientError:
+    err = exc if isinstance(exc, ApiError) else api_error_from(exc)
+    retry = err.headers.get("Retry-After")
+    return ClientError(err.message, status=err.status, code=err.code, retry_after=float(retry) if retry else None)
+
+
+class EngineClient:
+    """Enough of `Client` for `score_dataframe`: `stream_chat`, `cancel`, `models`, `close`."""
+
+    def __init__(self, engine: Engine, source: str = "in-process") -> None:
+        self.engine = engine
+        self.api_base = f"inprocess://{engine.model_id}"
+        self.token: str | None = None
+        self.source = source
+        self.model: str | None = None
+
+    def with_timeout(self, timeout: float) -> EngineClient:
+        return self
+
+    def models(self) -> list[dict[str, Any]]:
+        info = self.engine.model_info
+        return [{"id": self.engine.model_id, "meta": info.to_json() if info else None}]
+
+    def cancel(self, completion_id: str) -> None:
+        self.engine.cancel(completion_id, "the batch was interrupted")
+
+    def close(self) -> None:
+        pass
+
+    def stream_chat(
+        self, messages: list[dict[str, Any]], result: StreamResult | None = None, max_resumes: int = 0, **body: Any
+    ) -> Iterator[str]:
+        result = result if result is not None else StreamResult()
+        try:
+            req = parse_generation({**body, "messages": messages}, "chat")
+            if req.model not in (None, self.engine.model_id):
+                raise ApiError(404, f"this worker's engine serves {self.engine.model_id!r}, not {req.model!r}")
+            request = self.engine.submit(
+                messages=req.messages,
+                params=req.params,
+                priority=req.priority,
+                request_id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            )
+        except Exception as exc:
+            raise _client_error(exc) from None
+        return self._follow(request.request_id, result)
+
+    def _follow(self, request_id: str, result: StreamResult) -> Iterator[str]:
+        result.id, result.model = request_id, self.engine.model_id
+        finished = False
+        try:
+            for event in self.engine.stream(request_id, timeout=STREAM_TIMEOUT_S):
+                result.logprobs += [
+                    {"token": lp.token.decode("utf-8", "replace"), "logprob": lp.logprob} for lp in event.logprobs
+                ]
+                if event.text:
+                    result.text += event.text
+                    yield event.text
+                if event.is_final:
+                    finished = True
+                    result.finish_reason = result.engine_finish_reason = event.finish_reason
+                    result.usage, result.timings = event.usage, event.timings
+                    result.raw_final = {"magnitude": {"finish_reason": event.finish_reason, "error": event.error}}
+        finally:
+            if not finished:  # left early (an interrupt, an error): stop generating it
+                self.engine.cancel(request_id, "the reader went away")

@@ -1,0 +1,81 @@
+"""DataFrames scored on a real Dask cluster: two worker processes, each with a real engine (one
+llama.cpp thread each) started by `EnginePlugin`."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pandas as pd
+import pytest
+
+dd = pytest.importorskip("dask.dataframe")
+distributed = pytest.importorskip("distributed")
+
+from magnitude_jupyter.batch import BatchError, score_dataframe  # noqa: E402
+from magnitude_jupyter.dask import EnginePlugin, rows_by_worker  # noqa: E402
+from magnitude_jupyter.models import ModelNotFoundError  # noqa: E402
+
+pytestmark = pytest.mark.model
+TEMPLATE = "Is this review positive or negative? Answer in one word. {{ review }}"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    local = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+    client = distributed.Client(local)
+    client.register_plugin(EnginePlugin(parallel=4, ctx_size=2048, threads=1))
+    yield client
+    client.close()
+    local.close()
+
+
+def reviews(n: int) -> pd.DataFrame:
+    texts = [f"Review {i}: the product was {'great' if i % 2 else 'bad'}." for i in range(n)]
+    return pd.DataFrame({"review": texts}, index=[f"r{i}" for i in range(n)])
+
+
+def test_every_row_once_in_order_with_errors_confined(cluster):
+    df = reviews(60)
+    df.loc["r17", "review"] = "word " * 3000  # longer than a worker's context: this row alone fails
+    lazy = score_dataframe(dd.from_pandas(df, npartitions=6, sort=False), TEMPLATE, max_tokens=3)
+    assert list(lazy.columns) == [
+        "review", "answer", "finish_reason", "prompt_tokens", "completion_tokens", "latency_ms", "error", "worker"
+    ]  # fmt: skip
+    out = lazy.compute()
+    assert list(out.index) == list(df.index), "every row exactly once, in order"
+    assert out.loc["r17", "error"] and "context" in out.loc["r17", "error"]
+    assert out.drop(index="r17")["error"].isna().all() and out.drop(index="r17")["answer"].str.len().gt(0).all()
+    counts = rows_by_worker(out)
+    assert sum(counts.values()) == 60 and set(counts) <= set(cluster.scheduler_info()["workers"])
+
+
+def test_a_killed_worker_loses_no_row(cluster):
+    df = reviews(48)
+    future = cluster.compute(score_dataframe(dd.from_pandas(df, npartitions=8, sort=False), TEMPLATE, max_tokens=6))
+    deadline = time.monotonic() + 60
+    while not any(cluster.processing().values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    victim = next(w for w, tasks in cluster.processing().items() if tasks)
+    # The nanny restarts it and the plugin equips the new one; its partitions run again somewhere.
+    cluster.run(os._exit, 1, workers=[victim], on_error="ignore")
+    out = future.result(timeout=300)
+    assert list(out.index) == list(df.index) and out["error"].isna().all()
+
+
+def test_template_checks_and_unsupported_options_fail_before_anything_runs(cluster):
+    ddf = dd.from_pandas(reviews(4), npartitions=2)
+    with pytest.raises(BatchError, match=r"column 'nosuchcolumn' that the DataFrame does not have"):
+        score_dataframe(ddf, "{{ nosuchcolumn }}")
+    with pytest.raises(BatchError, match="checkpoint is not supported for dask"):
+        score_dataframe(ddf, TEMPLATE, checkpoint="ck.jsonl")
+
+
+def test_a_missing_model_path_names_the_worker_and_the_path():
+    local = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0")
+    try:
+        with distributed.Client(local) as client, pytest.raises(ModelNotFoundError) as err:
+            client.register_plugin(EnginePlugin(model="/nowhere/model.gguf", parallel=2, ctx_size=512, threads=1))
+        assert "worker tcp://" in str(err.value) and "/nowhere/model.gguf" in str(err.value)
+    finally:
+        local.close()
