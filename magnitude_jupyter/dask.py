@@ -107,3 +107,11 @@ def score_dask_dataframe(ddf: dd.DataFrame, template: str, **options: Any) -> dd
 def rows_by_worker(scored: pd.DataFrame) -> dict[str, int]:
     """How many rows each worker scored (of a computed result)."""
     return dict(Counter(scored[WORKER_COLUMN]))
+
+
+def summary_line(scored: pd.DataFrame) -> str:
+    """One line for a person: rows scored and failed, and which worker scored how many."""
+    failed = int(scored["error"].notna().sum())
+    workers = rows_by_worker(scored)
+    spread = ", ".join(f"{n} on {address}" for address, n in sorted(workers.items()))
+    return f"{len(scored) - failed} of {len(scored)} rows scored, {failed} failed, by {len(workers)} workers ({spread})"

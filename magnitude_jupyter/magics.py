@@ -22,6 +22,7 @@ from .batch import (
     add_batch_arguments,
     batch_flags,
     given_options,
+    is_dask_dataframe,
     score_dataframe,
     summary_line,
 )
@@ -441,14 +442,36 @@ class MagnitudeMagics(Magics):
         except ValueError:
             raise MagnitudeError(f"--json-schema {ref!r} is neither a variable in the notebook nor JSON text") from None
 
+    def _dask_batch(self, ddf: Any, template: str, args: argparse.Namespace) -> Any:
+        """A dask DataFrame: scored on the workers' own engines (register `EnginePlugin` first)."""
+        options = given_options(args)
+        if args.model or getattr(args, "compare", None):
+            raise MagnitudeError("a dask DataFrame is scored by the model of each worker's engine: no -m/--compare")
+        if args.json_schema is not None:
+            options["json_schema"] = self._json_schema(args.json_schema)
+        try:
+            result = score_dataframe(ddf, template, **options).compute()
+        except (BatchError, ValueError, RuntimeError) as exc:
+            raise MagnitudeError(str(exc)) from None
+        from .dask import summary_line as dask_summary
+
+        print("magnitude: " + dask_summary(result))
+        self.user_ns[LAST_ANSWER] = result
+        if args.output:
+            self.user_ns[args.output] = result
+            return None
+        return result
+
     def _batch(self, df_name: str, template: str, args: argparse.Namespace) -> Any:
         import pandas as pd
 
         df = self.user_ns.get(df_name)
         if df is None:
             raise MagnitudeError(f"no DataFrame named {df_name!r} in the notebook")
+        if is_dask_dataframe(df):
+            return self._dask_batch(df, template, args)
         if not isinstance(df, pd.DataFrame):
-            raise MagnitudeError(f"{df_name!r} is a {type(df).__name__}, not a pandas DataFrame")
+            raise MagnitudeError(f"{df_name!r} is a {type(df).__name__}, not a pandas or dask DataFrame")
         options = given_options(args)
         options.setdefault("model", self.model)
         if args.json_schema is not None:

@@ -79,3 +79,27 @@ def test_a_missing_model_path_names_the_worker_and_the_path():
         assert "worker tcp://" in str(err.value) and "/nowhere/model.gguf" in str(err.value)
     finally:
         local.close()
+
+
+def test_magic_scores_a_dask_dataframe_in_a_real_kernel(tmp_path):
+    from .notebook_helpers import run_notebook, text_outputs
+
+    nb = run_notebook(
+        [
+            "%load_ext magnitude_jupyter",
+            "import pandas as pd, dask.dataframe as dd\n"
+            "from distributed import Client, LocalCluster\n"
+            "from magnitude_jupyter.dask import EnginePlugin\n"
+            "cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=':0')\n"
+            "client = Client(cluster)\n"
+            "client.register_plugin(EnginePlugin(parallel=2, ctx_size=1024, threads=1))\n"
+            "df = pd.DataFrame({'review': [f'Review {i}: fine.' for i in range(12)]})\n"
+            "ddf = dd.from_pandas(df, npartitions=4, sort=False)",
+            "%%magnitude --df ddf -o scored --max-tokens 2\nIs this positive? {{ review }}",
+            "print(type(scored).__name__, len(scored), list(scored.index) == list(df.index))",
+            "client.close(); cluster.close()",
+        ],
+        tmp_path,
+    )
+    assert "12 of 12 rows scored, 0 failed, by" in text_outputs(nb.cells[2])
+    assert text_outputs(nb.cells[3]).split() == ["DataFrame", "12", "True"]
