@@ -10,12 +10,18 @@
 Each partition is a pure task: the worker that runs it scores its rows with its own engine, in
 process (`inprocess.EngineClient`: the batch code's retries, overflow policy and JSON schemas, no
 HTTP). If a worker dies, Dask runs its partitions again elsewhere and every row still appears once.
+With `checkpoint=FOLDER` (one every worker reaches), each partition whose rows all succeeded is
+written there as parquet when it finishes; a rerun of the same job reads it instead of scoring.
 Dask itself is an optional extra: `pip install "magnitude-jupyter[dask]"`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from collections import Counter
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distributed import WorkerPlugin, get_worker
@@ -70,12 +76,55 @@ def worker_engine() -> Engine:
     return plugin.engine
 
 
-def _score_partition(part: pd.DataFrame, template: str, options: dict[str, Any]) -> pd.DataFrame:
+def partition_file(
+    folder: str, number: int, part: pd.DataFrame, template: str, options: dict[str, Any], model: str
+) -> Path:
+    """Where a partition's finished rows are kept: named by its number and a hash of what made them (its
+    rows, the template, every option, the model), so a rerun of the same job finds it and another
+    job never does."""
+    import pandas as pd
+
+    made_of = json.dumps({"template": template, "options": options, "model": model}, sort_keys=True, default=str)
+    digest = hashlib.sha256(made_of.encode())
+    digest.update(pd.util.hash_pandas_object(part, index=True).to_numpy().tobytes())
+    digest.update(json.dumps([str(c) for c in part.columns]).encode())
+    return Path(folder) / f"part-{number:05d}-{digest.hexdigest()[:20]}.parquet"
+
+
+def _score_partition(
+    part: pd.DataFrame,
+    template: str,
+    options: dict[str, Any],
+    checkpoint: str | None,
+    partition_info: dict[str, Any] | None = None,
+) -> pd.DataFrame:
+    import pandas as pd
+
     if part.empty:
         return _empty_result(part, options)
     engine = worker_engine()
+    saved = None
+    if checkpoint is not None and partition_info is not None:
+        number = int(partition_info["number"])
+        saved = partition_file(checkpoint, number, part, template, options, engine.model_id)
+        if saved.exists():
+            return _restored(part, pd.read_parquet(saved), options)
     out = score_dataframe(part, template, client=EngineClient(engine), progress=False, **options)
-    out[WORKER_COLUMN] = get_worker().address
+    out[WORKER_COLUMN] = pd.Series(get_worker().address, index=out.index, dtype=object)
+    if saved is not None and out["error"].isna().all():  # a partition with failed rows runs again next time
+        tmp = saved.with_suffix(f".{os.getpid()}.tmp")
+        out.to_parquet(tmp)
+        tmp.replace(saved)
+    return out
+
+
+def _restored(part: pd.DataFrame, stored: pd.DataFrame, options: dict[str, Any]) -> pd.DataFrame:
+    """A checkpointed partition: the input as it is now (its dtypes untouched by parquet), the saved answers."""
+    import pandas as pd
+
+    out = part.copy()
+    for column in (*BatchOptions(template="", **options).columns, WORKER_COLUMN):
+        out[column] = pd.Series(stored[column].to_numpy(dtype=object), index=part.index, dtype=object)
     return out
 
 
@@ -95,13 +144,17 @@ def score_dask_dataframe(ddf: dd.DataFrame, template: str, **options: Any) -> dd
     before anything runs."""
     from .batch import BatchError, render_prompts
 
-    if options.get("checkpoint") is not None:
-        raise BatchError("checkpoint is not supported for dask DataFrames yet: Dask recomputes lost partitions")
+    checkpoint = options.pop("checkpoint", None)
+    if checkpoint is not None:
+        if not Path(checkpoint).is_dir():
+            raise BatchError(f"checkpoint {checkpoint!r}: for a dask DataFrame, a folder every worker can reach")
+        checkpoint = str(Path(checkpoint).resolve())
     opts = BatchOptions(template=template, **options)
     opts.validate()
     opts.check_columns([str(c) for c in ddf.columns])
     render_prompts(ddf._meta, template)  # a template error shows now, not inside a worker
-    return ddf.map_partitions(_score_partition, template, options, meta=_empty_result(ddf._meta, options))
+    meta = _empty_result(ddf._meta, options)
+    return ddf.map_partitions(_score_partition, template, options, checkpoint, meta=meta)
 
 
 def rows_by_worker(scored: pd.DataFrame) -> dict[str, int]:

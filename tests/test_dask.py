@@ -67,8 +67,31 @@ def test_template_checks_and_unsupported_options_fail_before_anything_runs(clust
     ddf = dd.from_pandas(reviews(4), npartitions=2)
     with pytest.raises(BatchError, match=r"column 'nosuchcolumn' that the DataFrame does not have"):
         score_dataframe(ddf, "{{ nosuchcolumn }}")
-    with pytest.raises(BatchError, match="checkpoint is not supported for dask"):
-        score_dataframe(ddf, TEMPLATE, checkpoint="ck.jsonl")
+    with pytest.raises(BatchError, match="a folder every worker can reach"):
+        score_dataframe(ddf, TEMPLATE, checkpoint="/nowhere/ck")
+
+
+def generated_tokens(cluster) -> int:
+    """Tokens generated so far by every worker's engine."""
+
+    def count(dask_worker) -> int:
+        return dask_worker.plugins["magnitude-engine"].engine.metrics.generation_tokens_total
+
+    return sum(cluster.run(count).values())
+
+
+def test_a_checkpoint_folder_skips_finished_partitions_of_the_same_job_only(cluster, tmp_path):
+    df = reviews(24)
+    ddf = dd.from_pandas(df, npartitions=4, sort=False)
+    first = score_dataframe(ddf, TEMPLATE, max_tokens=3, checkpoint=tmp_path).compute()
+    assert len(list(tmp_path.glob("part-*.parquet"))) == 4
+    before = generated_tokens(cluster)
+    again = score_dataframe(ddf, TEMPLATE, max_tokens=3, checkpoint=tmp_path).compute()
+    assert generated_tokens(cluster) == before, "the same job generates nothing new"
+    pd.testing.assert_frame_equal(again, first)
+    other = score_dataframe(ddf, TEMPLATE + " Be brief.", max_tokens=3, checkpoint=tmp_path).compute()
+    assert generated_tokens(cluster) > before, "another template is scored again"
+    assert list(other.index) == list(df.index) and len(list(tmp_path.glob("part-*.parquet"))) == 8
 
 
 def test_a_missing_model_path_names_the_worker_and_the_path():
