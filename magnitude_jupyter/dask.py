@@ -21,12 +21,17 @@ import hashlib
 import json
 import os
 from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from distributed import WorkerPlugin, get_worker
 
 from .batch import BatchOptions, score_dataframe
+from .calibrate.profile import Profile, compare, summarize_levels
+from .calibrate.records import Level, Percentiles
+from .calibrate.run import calibrate
+from .calibrate.sweep import SweepConfig
 from .config import load_settings
 from .engine import Engine
 from .inprocess import EngineClient
@@ -35,6 +40,8 @@ from .models import ModelNotFoundError
 if TYPE_CHECKING:
     import dask.dataframe as dd
     import pandas as pd
+
+    from .client import Client
 
 PLUGIN_NAME = "magnitude-engine"
 WORKER_COLUMN = "worker"
@@ -168,3 +175,80 @@ def summary_line(scored: pd.DataFrame) -> str:
     workers = rows_by_worker(scored)
     spread = ", ".join(f"{n} on {address}" for address, n in sorted(workers.items()))
     return f"{len(scored) - failed} of {len(scored)} rows scored, {failed} failed, by {len(workers)} workers ({spread})"
+
+
+@dataclass(frozen=True)
+class ClusterCalibration:
+    """Every worker's profile, measured at the same time, and the cluster's as one profile."""
+
+    workers: dict[str, Profile]
+    aggregate: Profile
+
+    def frame(self) -> pd.DataFrame:
+        """One row per (worker, level), the cluster's rows last (`profile` column: who)."""
+        return compare([*(replace(p, name=address) for address, p in self.workers.items()), self.aggregate])
+
+
+def _calibrate_worker(config: SweepConfig) -> Profile:
+    client = EngineClient(worker_engine(), source=get_worker().address)
+    # A sweep without the probe asks a client only what EngineClient answers (stream_chat, status, models).
+    return calibrate(cast("Client", client), config, run_probe=False, name=get_worker().address)
+
+
+def calibrate_cluster(dask_client: Any, config: SweepConfig | None = None) -> ClusterCalibration:
+    """The calibration sweep on every worker's engine at once (one task pinned to each worker), and
+    the cluster's magnitude: per level, the workers' throughputs and token counts add up; latency
+    percentiles are the worst worker's (a request meets the slowest engine as easily as any)."""
+    config = config or SweepConfig()
+    addresses = sorted(dask_client.scheduler_info()["workers"])
+    futures = [
+        dask_client.submit(_calibrate_worker, config, workers=[a], allow_other_workers=False, pure=False)
+        for a in addresses
+    ]
+    profiles = dict(zip(addresses, dask_client.gather(futures), strict=True))
+    return ClusterCalibration(profiles, _aggregate(profiles, config))
+
+
+def _worst(values: list[Percentiles]) -> Percentiles:
+    def top(name: str) -> float | None:
+        found = [getattr(v, name) for v in values if getattr(v, name) is not None]
+        return max(found) if found else None
+
+    return Percentiles(p50=top("p50"), p95=top("p95"), p99=top("p99"), mean=top("mean"), std=top("std"))
+
+
+def _aggregate(profiles: dict[str, Profile], config: SweepConfig) -> Profile:
+    first = next(iter(profiles.values()))
+    levels = []
+    for step in [lv.step for lv in first.levels]:
+        same = [lv for p in profiles.values() for lv in p.levels if lv.step == step]
+        if len(same) != len(profiles):
+            continue  # a worker stopped early: the cluster has no figure for this level
+        levels.append(
+            Level(
+                requests=sum(lv.requests for lv in same),
+                errors=sum(lv.errors for lv in same),
+                seconds=max(lv.seconds for lv in same),
+                requests_per_s=sum(lv.requests_per_s for lv in same),
+                output_tokens=sum(lv.output_tokens for lv in same),
+                output_tokens_per_s=sum(lv.output_tokens_per_s for lv in same),
+                ttft_ms=_worst([lv.ttft_ms for lv in same]),
+                tpot_ms=_worst([lv.tpot_ms for lv in same]),
+                itl_ms=_worst([lv.itl_ms for lv in same]),
+                e2e_ms=_worst([lv.e2e_ms for lv in same]),
+                queue_ms=_worst([lv.queue_ms for lv in same]),
+                concurrency=(lv0.concurrency * len(same)) if (lv0 := same[0]).concurrency is not None else None,
+                arrival_rate=lv0.arrival_rate,
+            )
+        )
+    engine = {"workers": len(profiles), **{k: first.engine.get(k) for k in ("parallel", "ctx_size")}}
+    return Profile(
+        machine={"workers": {a: p.machine for a, p in profiles.items()}},
+        server={"url": "dask", "engine": "magnitude", "workers": sorted(profiles)},
+        model=first.model,
+        engine=engine,
+        config=first.config,
+        levels=levels,
+        summary=summarize_levels(levels, engine, first.model, config.latency_target_ms),
+        name=f"cluster ({len(profiles)} workers)",
+    )

@@ -41,7 +41,19 @@ class EngineClient:
 
     def models(self) -> list[dict[str, Any]]:
         info = self.engine.model_info
-        return [{"id": self.engine.model_id, "meta": info.to_json() if info else None}]
+        meta = {**info.to_json(), "sha256": self.engine.model_sha256()} if info else None
+        return [{"id": self.engine.model_id, "meta": meta}]
+
+    def status(self, model: str | None = None) -> dict[str, Any]:
+        from .server.status import status_json
+
+        return status_json(self.engine.stats())
+
+    def chat(self, messages: list[dict[str, Any]], **body: Any) -> StreamResult:
+        result = StreamResult()
+        for _ in self.stream_chat(messages, result=result, **body):
+            pass
+        return result
 
     def cancel(self, completion_id: str) -> None:
         self.engine.cancel(completion_id, "the batch was interrupted")

@@ -126,3 +126,23 @@ def test_magic_scores_a_dask_dataframe_in_a_real_kernel(tmp_path):
     )
     assert "12 of 12 rows scored, 0 failed, by" in text_outputs(nb.cells[2])
     assert text_outputs(nb.cells[3]).split() == ["DataFrame", "12", "True"]
+
+
+def test_calibrate_cluster_reports_every_worker_and_their_sum(cluster):
+    from magnitude_jupyter.calibrate.sweep import SweepConfig
+    from magnitude_jupyter.dask import calibrate_cluster
+
+    config = SweepConfig(concurrency=(1, 2), requests_per_level=2, max_tokens=6, warmup_requests=1)
+    result = calibrate_cluster(cluster, config)
+    assert sorted(result.workers) == sorted(cluster.scheduler_info()["workers"]) and len(result.workers) == 2
+    for profile in result.workers.values():
+        assert [lv.concurrency for lv in profile.levels] == [1, 2] and profile.engine["parallel"] == 4
+    total = result.aggregate
+    assert [lv.concurrency for lv in total.levels] == [2, 4], "two workers: twice the clients"
+    for i, level in enumerate(total.levels):
+        assert level.output_tokens_per_s == pytest.approx(
+            sum(p.levels[i].output_tokens_per_s for p in result.workers.values())
+        )
+        assert level.ttft_ms.p95 == max(p.levels[i].ttft_ms.p95 for p in result.workers.values())
+    assert total.summary.peak_tokens_per_s and total.name == "cluster (2 workers)"
+    assert set(result.frame()["profile"]) == {*result.workers, "cluster (2 workers)"}
