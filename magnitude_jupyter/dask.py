@@ -195,17 +195,26 @@ def _calibrate_worker(config: SweepConfig) -> Profile:
     return calibrate(cast("Client", client), config, run_probe=False, name=get_worker().address)
 
 
-def calibrate_cluster(dask_client: Any, config: SweepConfig | None = None) -> ClusterCalibration:
+def calibrate_cluster(
+    dask_client: Any, config: SweepConfig | None = None, one_at_a_time: bool = False
+) -> ClusterCalibration:
     """The calibration sweep on every worker's engine at once (one task pinned to each worker), and
     the cluster's magnitude: per level, the workers' throughputs and token counts add up; latency
-    percentiles are the worst worker's (a request meets the slowest engine as easily as any)."""
+    percentiles are the worst worker's (a request meets the slowest engine as easily as any).
+
+    `one_at_a_time`: each worker alone, one after the other: what the sum would be if the workers
+    shared nothing (cores, memory bandwidth, a network), to compare the real cluster with."""
     config = config or SweepConfig()
     addresses = sorted(dask_client.scheduler_info()["workers"])
-    futures = [
-        dask_client.submit(_calibrate_worker, config, workers=[a], allow_other_workers=False, pure=False)
-        for a in addresses
-    ]
-    profiles = dict(zip(addresses, dask_client.gather(futures), strict=True))
+
+    def task(address: str) -> Any:
+        return dask_client.submit(_calibrate_worker, config, workers=[address], allow_other_workers=False, pure=False)
+
+    if one_at_a_time:
+        results = [task(a).result() for a in addresses]
+    else:
+        results = dask_client.gather([task(a) for a in addresses])
+    profiles = dict(zip(addresses, results, strict=True))
     return ClusterCalibration(profiles, _aggregate(profiles, config))
 
 
