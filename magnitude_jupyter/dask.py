@@ -164,17 +164,48 @@ def score_dask_dataframe(ddf: dd.DataFrame, template: str, **options: Any) -> dd
     return ddf.map_partitions(_score_partition, template, options, checkpoint, meta=meta)
 
 
+def compute_scored(scored: dd.DataFrame, progress: bool = True) -> pd.DataFrame:
+    """Compute a scored dask DataFrame on the current Dask client, with Dask's progress bar (a widget in
+    a notebook, text in a terminal); the result's `attrs["magnitude"]` says rows, errors, rows/s and
+    which worker scored how many rows."""
+    import time
+
+    from distributed import default_client
+    from distributed import progress as show_progress
+
+    client = default_client()
+    started = time.monotonic()
+    future = client.compute(scored)
+    if progress:
+        show_progress(future)
+    out = future.result()
+    seconds = time.monotonic() - started
+    out.attrs["magnitude"] = {
+        "rows": len(out),
+        "errors": int(out["error"].notna().sum()),
+        "rows_per_s": round(len(out) / seconds, 2) if seconds > 0 else None,
+        "rows_by_worker": rows_by_worker(out),
+        "dashboard": client.dashboard_link,
+    }
+    return out
+
+
 def rows_by_worker(scored: pd.DataFrame) -> dict[str, int]:
     """How many rows each worker scored (of a computed result)."""
     return dict(Counter(scored[WORKER_COLUMN]))
 
 
 def summary_line(scored: pd.DataFrame) -> str:
-    """One line for a person: rows scored and failed, and which worker scored how many."""
+    """One line for a person: rows scored and failed, how fast, and which worker scored how many."""
     failed = int(scored["error"].notna().sum())
     workers = rows_by_worker(scored)
     spread = ", ".join(f"{n} on {address}" for address, n in sorted(workers.items()))
-    return f"{len(scored) - failed} of {len(scored)} rows scored, {failed} failed, by {len(workers)} workers ({spread})"
+    rate = scored.attrs.get("magnitude", {}).get("rows_per_s")
+    speed = f", {rate:.2f} rows/s" if rate else ""
+    return (
+        f"{len(scored) - failed} of {len(scored)} rows scored, {failed} failed{speed}, "
+        f"by {len(workers)} workers ({spread})"
+    )
 
 
 @dataclass(frozen=True)

@@ -449,12 +449,13 @@ class MagnitudeMagics(Magics):
             raise MagnitudeError("a dask DataFrame is scored by the model of each worker's engine: no -m/--compare")
         if args.json_schema is not None:
             options["json_schema"] = self._json_schema(args.json_schema)
-        try:
-            result = score_dataframe(ddf, template, **options).compute()
-        except (BatchError, ValueError, RuntimeError) as exc:
-            raise MagnitudeError(str(exc)) from None
+        from .dask import compute_scored
         from .dask import summary_line as dask_summary
 
+        try:
+            result = compute_scored(score_dataframe(ddf, template, **options))
+        except (BatchError, ValueError, RuntimeError) as exc:
+            raise MagnitudeError(str(exc)) from None
         print("magnitude: " + dask_summary(result))
         self.user_ns[LAST_ANSWER] = result
         if args.output:

@@ -4,6 +4,7 @@ llama.cpp thread each) started by `EnginePlugin`."""
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pandas as pd
@@ -119,13 +120,14 @@ def test_magic_scores_a_dask_dataframe_in_a_real_kernel(tmp_path):
             "df = pd.DataFrame({'review': [f'Review {i}: fine.' for i in range(12)]})\n"
             "ddf = dd.from_pandas(df, npartitions=4, sort=False)",
             "%%magnitude --df ddf -o scored --max-tokens 2\nIs this positive? {{ review }}",
-            "print(type(scored).__name__, len(scored), list(scored.index) == list(df.index))",
+            "print(type(scored).__name__, len(scored), list(scored.index) == list(df.index), "
+            "sum(scored.attrs['magnitude']['rows_by_worker'].values()), scored.attrs['magnitude']['errors'])",
             "client.close(); cluster.close()",
         ],
         tmp_path,
     )
-    assert "12 of 12 rows scored, 0 failed, by" in text_outputs(nb.cells[2])
-    assert text_outputs(nb.cells[3]).split() == ["DataFrame", "12", "True"]
+    assert re.search(r"12 of 12 rows scored, 0 failed, [\d.]+ rows/s, by [12] workers", text_outputs(nb.cells[2]))
+    assert text_outputs(nb.cells[3]).split() == ["DataFrame", "12", "True", "12", "0"]
 
 
 def test_calibrate_cluster_reports_every_worker_and_their_sum(cluster):
