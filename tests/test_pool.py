@@ -63,6 +63,8 @@ def test_least_recently_used_idle_model_makes_room(models_dir):
         _, load_ms = answer(pool, None)
         assert load_ms is not None, "the first model's next request reloads it"
         assert resident(pool) == ["smollm2-135m"]
+        default = pool.resident(None)
+        assert default is not None and default.keep_alive == -1, "the default, reloaded, stays again"
     finally:
         pool.shutdown()
 

@@ -283,7 +283,9 @@ class ModelPool:
         engine.model_id = entry.alias
         engine.model_entry = entry
         now = time.monotonic()
-        return Resident(entry, engine, plan, self.settings.keep_alive, now, now), evicted
+        # The default model, reloaded after it made room, stays again until room is needed.
+        keep_alive = -1.0 if entry.alias == self.default_model else self.settings.keep_alive
+        return Resident(entry, engine, plan, keep_alive, now, now), evicted
 
     def _make_room(self, entry: ModelEntry, plan: MemoryPlan) -> list[Resident]:
         """Take idle residents out, least recently used first, until `entry` fits. Lock held."""
