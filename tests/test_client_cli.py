@@ -219,8 +219,15 @@ def test_cli_chat_holds_a_conversation_at_a_terminal(server):
         child.sendline("Count from one to one thousand, in words.")
         child.expect("in words\\.\r\n")  # the terminal's echo of the question
         child.expect(r"\w+\W+\w+\W+\w+", timeout=60)  # the answer is being written
-        child.sendintr()
-        child.expect(r"\(stopped")
+        # A ^C written to the pty can be lost under load before the line discipline turns it into
+        # SIGINT (seen once in CI: the answer ran to its end); the behaviour checked is what one that
+        # arrives does, so a lost one is sent again.
+        for _ in range(3):
+            child.sendintr()
+            if child.expect([r"\(stopped", pexpect.TIMEOUT], timeout=20) == 0:
+                break
+        else:
+            raise AssertionError("Ctrl-C never stopped the answer: " + str(child.before[-200:]))
         child.expect("you> ")
         wait_for(lambda: recent()[0]["finish_reason"] == "cancelled", timeout=30, what="the cancel on the server")
         child.sendeof()
