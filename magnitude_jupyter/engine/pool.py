@@ -2,7 +2,8 @@
 
 Each resident model is an `Engine` of its own (its context, scheduler, prefix cache and streams).
 A model that is not resident starts loading when a request names it; the request waits for the
-load on its worker thread and counts the wait in its timings. Before a load, the pool plans the
+load (the HTTP handlers on their event loop, without blocking it; `use` on the caller's thread)
+and counts the wait in its timings. Before a load, the pool plans the
 model's memory from its GGUF metadata (`memory.py`) and makes room: the least recently used idle
 model is unloaded while more than `max_loaded_models` would be resident or the plan does not fit in
 the memory that is free (less a reserve). A model with requests queued, running or about to be
@@ -72,6 +73,11 @@ class Resident:
         }
 
 
+def _names(entry: ModelEntry, name: str) -> bool:
+    """Whether a client's `model` names this entry: its alias, its file name, or its full path."""
+    return name.lower() in (entry.alias, entry.path.name.lower()) or name == str(entry.path)
+
+
 class ModelPool:
     """The models a server serves, resident or not. Thread-safe; nothing here touches the event loop."""
 
@@ -118,10 +124,14 @@ class ModelPool:
         """
         if name is None:
             return self.default_entry
+        with self._lock:  # most requests name a resident model: no need to list the folder
+            resident = [r.entry for r in self._resident.values()]
+        for entry in resident:
+            if _names(entry, name):
+                return entry
         entries = self.entries()
-        lowered = name.lower()
         for entry in entries:
-            if lowered in (entry.alias, entry.path.name.lower()) or name == str(entry.path):
+            if _names(entry, name):
                 return entry
         models_dir = self.settings.models_dir
         path = Path(name).expanduser()
@@ -220,11 +230,6 @@ class ModelPool:
         finally:
             self.checkin(resident)
 
-    def load(self, name: str, timeout: float = 300.0) -> tuple[Engine, float | None]:
-        """Make a model resident (waiting for it); returns its engine and the load's milliseconds."""
-        with self.use(name, timeout=timeout) as loaded:
-            return loaded
-
     def unload(self, name: str) -> bool:
         """Unload a model now if it is idle (True); if busy, as soon as it is idle (False)."""
         entry = self.resolve(name)
@@ -264,9 +269,7 @@ class ModelPool:
         try:
             plan = self.plan(entry)
         except Exception as exc:  # an unreadable or broken file: say which and why
-            message = f"model {entry.alias!r} ({entry.path}) cannot be loaded: {exc}"
-            self._failures[entry.alias] = message
-            raise ModelLoadError(message) from exc
+            raise self._cannot_load(entry, exc) from exc
         evicted = self._make_room(entry, plan)
         try:
             engine = Engine(
@@ -279,13 +282,19 @@ class ModelPool:
         except Exception as exc:
             for victim in evicted:
                 self._resident[victim.entry.alias] = victim
-            raise ModelLoadError(f"model {entry.alias!r} ({entry.path}) cannot be loaded: {exc}") from exc
+            raise self._cannot_load(entry, exc) from exc
         engine.model_id = entry.alias
         engine.model_entry = entry
         now = time.monotonic()
         # The default model, reloaded after it made room, stays again until room is needed.
         keep_alive = -1.0 if entry.alias == self.default_model else self.settings.keep_alive
         return Resident(entry, engine, plan, keep_alive, now, now), evicted
+
+    def _cannot_load(self, entry: ModelEntry, exc: Exception) -> ModelLoadError:
+        """The error a model's requests get (and the listing shows) when its file cannot be used."""
+        message = f"model {entry.alias!r} ({entry.path}) cannot be loaded: {exc}"
+        self._failures[entry.alias] = message
+        return ModelLoadError(message)
 
     def _make_room(self, entry: ModelEntry, plan: MemoryPlan) -> list[Resident]:
         """Take idle residents out, least recently used first, until `entry` fits. Lock held."""
@@ -346,9 +355,12 @@ class ModelPool:
             return list(self._resident.values())
 
     def resident(self, name: str | None) -> Resident | None:
-        entry = self.resolve(name)
+        return self.held(self.resolve(name).alias)
+
+    def held(self, alias: str) -> Resident | None:
+        """The resident model of this alias, if it is resident."""
         with self._lock:
-            return self._resident.get(entry.alias)
+            return self._resident.get(alias)
 
     def status_engine(self, name: str | None = None) -> Engine | None:
         """The engine `/status` shows: the named model's, else the default's, else the most recently

@@ -80,7 +80,7 @@ def resident_json(pool: ModelPool, resident: Resident) -> dict[str, Any]:
 def model_json(pool: ModelPool, entry: ModelEntry) -> dict[str, Any]:
     """One model as `/v1/models` lists it: OpenAI's fields, then whether it is loaded, what memory it
     holds (or would hold), its settings, and its file's metadata. Reads files: call off the loop."""
-    resident = pool.resident(entry.alias)
+    resident = pool.held(entry.alias)
     settings = pool.engine_settings(entry)
     body: dict[str, Any] = {
         "id": entry.alias,
