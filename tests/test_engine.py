@@ -158,6 +158,21 @@ def test_chat_template_and_eos(engine):
     assert result.finish_reason in ("stop", "length")
 
 
+def test_ignore_eos_never_samples_an_end_token(engine):
+    """As llama.cpp's server does it: the answer runs to max_tokens without end-of-generation tokens,
+    so its text tokenizes back to its tokens and a resent conversation hits the prefix cache."""
+    messages = [{"role": "user", "content": "Say hi."}]
+    natural = engine.generate(messages=messages, params=greedy(64))
+    assert natural.finish_reason == "stop"  # the model wants to end here: what ignore_eos must override
+    runner = engine.runner
+    for params in (greedy(64, ignore_eos=True), greedy(64, ignore_eos=True, repeat_penalty=1.1)):  # argmax, chain
+        result = engine.generate(messages=messages, params=params)
+        assert result.finish_reason == "length" and len(result.token_ids) == 64
+        assert not [t for t in result.token_ids if runner.is_eog(t)], result.token_ids
+        assert runner.tokenize(result.text, add_special=False) == result.token_ids
+    wait_idle(engine)
+
+
 def test_rows_with_a_shared_prefix_reuse_its_cells(engine):
     system = (
         "You are a sentiment classifier for product reviews. Read the review and answer with exactly one "

@@ -559,7 +559,7 @@ class Engine:
         token = sample.token
         if request.first_token_time is None:
             request.first_token_time = now
-        if self.runner.is_eog(token) and not request.params.ignore_eos:
+        if self.runner.is_eog(token) and not request.params.bans_eog:
             request.output_tokens.pop()  # the end-of-generation token is not part of the answer
             return self._finish(request, FinishReason.STOP, text=request.text.flush())
         delta = request.text.push(self.runner.token_to_piece(token))

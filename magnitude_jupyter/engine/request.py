@@ -105,6 +105,12 @@ class SamplingParams:
     logprobs: bool = False  # report each sampled token's log probability under the model
     top_logprobs: int = 0  # ... and this many most likely alternatives at each position
 
+    @property
+    def bans_eog(self) -> bool:
+        """`ignore_eos` as llama.cpp's server means it: end-of-generation tokens are never sampled. Under
+        a grammar they stay allowed, where the grammar is complete: its end is the answer's."""
+        return self.ignore_eos and self.grammar is None
+
     def validate(self) -> None:
         """Raise ValueError naming the first bad field (the server reports it as the `param`)."""
         bad = invalid_param

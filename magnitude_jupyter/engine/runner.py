@@ -126,6 +126,10 @@ class LlamaRunner:
         self.eos_token = self._special_text(llama_cpp.llama_vocab_eos(self.vocab))
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self._samplers: dict[int, ctypes.c_void_p | None] = {}
+        self._eog_tokens = np.array(
+            [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)], dtype=np.int64
+        )
+        self._eog_banned: set[int] = set()  # sequences that ignore_eos: llama-server's rule, EOG never sampled
         self._piece_buf = ctypes.create_string_buffer(256)
         self._closed = False
 
@@ -165,10 +169,21 @@ class LlamaRunner:
     def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: Sequence[int]) -> None:
         """Build the sequence's sampler; the prompt primes the repetition penalty."""
         self._free_sampler(seq_id)
+        # `ignore_eos` bans end-of-generation tokens, as llama.cpp's server does, rather than sampling
+        # and skipping them: the answer is the text of its tokens, so a conversation that resends it
+        # tokenizes back to the same cells and the prefix cache keeps hitting.
+        if params.bans_eog:
+            self._eog_banned.add(seq_id)
         if params.greedy and not params.penalized and params.grammar is None:
             self._samplers[seq_id] = None  # plain argmax over the logits row: no sampler state needed
             return
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        if params.bans_eog and len(self._eog_tokens):
+            biases = (llama_cpp.llama_logit_bias * len(self._eog_tokens))(
+                *(llama_cpp.llama_logit_bias(int(token), float("-inf")) for token in self._eog_tokens)
+            )
+            bias = llama_cpp.llama_sampler_init_logit_bias(self.n_vocab, len(biases), biases)
+            llama_cpp.llama_sampler_chain_add(chain, bias)
         if params.penalized:
             last_n = self.n_ctx if params.repeat_last_n == -1 else params.repeat_last_n
             penalties = llama_cpp.llama_sampler_init_penalties(
@@ -239,6 +254,7 @@ class LlamaRunner:
         return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id)) + 1
 
     def _free_sampler(self, seq_id: int) -> None:
+        self._eog_banned.discard(seq_id)
         chain = self._samplers.pop(seq_id, None)
         if chain is not None:
             llama_cpp.llama_sampler_free(chain)
@@ -278,7 +294,13 @@ class LlamaRunner:
     def sample(self, seq_id: int, row: int) -> int:
         chain = self._samplers[seq_id]
         if chain is None:
-            return int(np.argmax(self._logits_view(row)))
+            logits = self._logits_view(row)
+            token = int(np.argmax(logits))
+            if seq_id in self._eog_banned and self.is_eog(token):
+                logits = logits.copy()  # the row itself stays the model's, for logprobs
+                logits[self._eog_tokens] = -np.inf
+                token = int(np.argmax(logits))
+            return token
         return int(llama_cpp.llama_sampler_sample(chain, self.ctx, row))
 
     def _logits_view(self, row: int) -> np.ndarray:
