@@ -102,6 +102,10 @@ class BatchOptions:
     logprobs: bool = field(
         default=False, metadata=flag("--logprobs", "Add the answer's probability under the model.", bool)
     )
+    reproducible: bool = field(
+        default=False,
+        metadata=flag("--reproducible", "Each answer as an idle engine gives it, whatever else runs (slower).", bool),
+    )
     progress: bool = True
 
     @property
@@ -222,6 +226,8 @@ def request_for(prompt: str, opts: BatchOptions) -> tuple[list[dict[str, str]], 
         body["response_format"] = opts.response_format()
     if opts.logprobs:
         body["logprobs"] = True
+    if opts.reproducible:
+        body["reproducible"] = True
     return messages, body
 
 

@@ -21,18 +21,21 @@ import hashlib
 import json
 import os
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from distributed import WorkerPlugin, get_worker
 
-from .batch import BatchOptions, score_dataframe
+from .batch import BatchOptions, ChatClient, score_dataframe, served_model
 from .calibrate.profile import Profile, compare, summarize_levels
 from .calibrate.records import Level, Percentiles
 from .calibrate.run import calibrate
 from .calibrate.sweep import SweepConfig
+from .client import Client as HTTPClient
 from .config import load_settings
+from .endpoints import assign_partitions, endpoint_weights
 from .engine import Engine
 from .inprocess import EngineClient
 from .models import ModelNotFoundError
@@ -103,21 +106,33 @@ def _score_partition(
     template: str,
     options: dict[str, Any],
     checkpoint: str | None,
+    plan: list[str] | None,
+    token: str | None,
     partition_info: dict[str, Any] | None = None,
 ) -> pd.DataFrame:
     import pandas as pd
 
     if part.empty:
         return _empty_result(part, options)
-    engine = worker_engine()
-    saved = None
-    if checkpoint is not None and partition_info is not None:
-        number = int(partition_info["number"])
-        saved = partition_file(checkpoint, number, part, template, options, engine.model_id)
-        if saved.exists():
-            return _restored(part, pd.read_parquet(saved), options)
-    out = score_dataframe(part, template, client=EngineClient(engine), progress=False, **options)
-    out[WORKER_COLUMN] = pd.Series(get_worker().address, index=out.index, dtype=object)
+    number = int(partition_info["number"]) if partition_info is not None else None
+    client: ChatClient
+    if plan:  # an OpenAI-compatible server the plan picked for this partition
+        url = plan[(number or 0) % len(plan)]
+        client = HTTPClient(url, token, source=f"dask partition {number}")
+        scorer, model = url, options.get("model") or served_model(client) or url
+    else:  # this worker's own engine
+        engine = worker_engine()
+        client, scorer, model = EngineClient(engine), get_worker().address, engine.model_id
+    try:
+        saved = None
+        if checkpoint is not None and number is not None:
+            saved = partition_file(checkpoint, number, part, template, options, model)
+            if saved.exists():
+                return _restored(part, pd.read_parquet(saved), options)
+        out = score_dataframe(part, template, client=client, progress=False, **options)
+    finally:
+        client.close()
+    out[WORKER_COLUMN] = pd.Series(scorer, index=out.index, dtype=object)
     if saved is not None and out["error"].isna().all():  # a partition with failed rows runs again next time
         tmp = saved.with_suffix(f".{os.getpid()}.tmp")
         out.to_parquet(tmp)
@@ -145,10 +160,21 @@ def _empty_result(df: pd.DataFrame, options: dict[str, Any]) -> pd.DataFrame:
     return out
 
 
-def score_dask_dataframe(ddf: dd.DataFrame, template: str, **options: Any) -> dd.DataFrame:
-    """A lazy dask DataFrame with the pandas path's columns (and `worker`, who scored each row),
-    scored partition by partition on the workers' engines. The template and options are checked here,
-    before anything runs."""
+def score_dask_dataframe(
+    ddf: dd.DataFrame,
+    template: str,
+    endpoints: Sequence[str] | None = None,
+    weights: Mapping[str, float] | None = None,
+    token: str | None = None,
+    **options: Any,
+) -> dd.DataFrame:
+    """A lazy dask DataFrame with the pandas path's columns (and `worker`: who scored each row), scored
+    partition by partition. The template and options are checked here, before anything runs.
+
+    Without `endpoints`, each partition is scored by the engine of the worker that runs it. With
+    `endpoints=[url, …]` (OpenAI-compatible servers, `token` their bearer token), each partition goes
+    to one of them over HTTP, in proportion to `weights` or to their calibrated throughput (see
+    `endpoints.py`); `worker` then names the server."""
     from .batch import BatchError, render_prompts
 
     checkpoint = options.pop("checkpoint", None)
@@ -160,8 +186,17 @@ def score_dask_dataframe(ddf: dd.DataFrame, template: str, **options: Any) -> dd
     opts.validate()
     opts.check_columns([str(c) for c in ddf.columns])
     render_prompts(ddf._meta, template)  # a template error shows now, not inside a worker
+    plan = None
+    if endpoints is not None:
+        try:
+            spread = endpoint_weights(list(endpoints), weights)
+        except ValueError as exc:
+            raise BatchError(str(exc)) from None
+        plan = assign_partitions(spread, ddf.npartitions)
+    elif weights is not None:
+        raise BatchError("weights are for endpoints: give endpoints=[url, …] too")
     meta = _empty_result(ddf._meta, options)
-    return ddf.map_partitions(_score_partition, template, options, checkpoint, meta=meta)
+    return ddf.map_partitions(_score_partition, template, options, checkpoint, plan, token, meta=meta)
 
 
 def compute_scored(scored: dd.DataFrame, progress: bool = True) -> pd.DataFrame:

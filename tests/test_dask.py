@@ -64,6 +64,34 @@ def test_a_killed_worker_loses_no_row(cluster):
     assert list(out.index) == list(df.index) and out["error"].isna().all()
 
 
+def test_reproducible_answers_equal_the_pandas_path(cluster):
+    from magnitude_jupyter.config import Settings
+    from magnitude_jupyter.engine import Engine
+    from magnitude_jupyter.inprocess import EngineClient
+
+    # One row at a time on both sides: reproducible requests that overlap can still differ in their
+    # last digits (their KV cells interleave; see the README's note on `reproducible`).
+    options = {"max_tokens": 8, "reproducible": True, "concurrency": 1}
+    df = reviews(12)
+    out = score_dataframe(dd.from_pandas(df, npartitions=3, sort=False), TEMPLATE, **options).compute()
+    with Engine(settings=Settings(), parallel=4, ctx_size=2048, threads=1) as engine:  # the workers' settings
+        local = score_dataframe(df, TEMPLATE, client=EngineClient(engine), progress=False, **options)
+    assert out["error"].isna().all() and out["answer"].tolist() == local["answer"].tolist()
+
+
+def test_endpoints_take_partitions_by_weight(cluster, inproc):
+    df = reviews(16)
+    ddf = dd.from_pandas(df, npartitions=8, sort=False)
+    a, b = inproc.url, inproc.open_url  # two servers in front of one engine: two URLs to spread over
+    lazy = score_dataframe(ddf, TEMPLATE, endpoints=[a, b], weights={a: 3, b: 1}, token=inproc.token, max_tokens=4)
+    out = lazy.compute()
+    assert list(out.index) == list(df.index) and out["error"].isna().all()
+    assert out["answer"].str.len().gt(0).all() and (out["completion_tokens"] > 0).all()
+    assert rows_by_worker(out) == {a: 12, b: 4}, "6 of 8 partitions to the server weighted 3, 2 to the other"
+    with pytest.raises(BatchError, match="weights for servers not in endpoints"):
+        score_dataframe(ddf, TEMPLATE, endpoints=[a], weights={b: 1.0})
+
+
 def test_template_checks_and_unsupported_options_fail_before_anything_runs(cluster):
     ddf = dd.from_pandas(reviews(4), npartitions=2)
     with pytest.raises(BatchError, match=r"column 'nosuchcolumn' that the DataFrame does not have"):

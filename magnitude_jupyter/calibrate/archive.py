@@ -75,7 +75,8 @@ def archived(folder: Path | None = None) -> list[ArchivedProfile]:
             found.append(ArchivedProfile(path, Profile.load(path)))
         except (OSError, ValueError, TypeError, KeyError):
             continue
-    return sorted(found, key=lambda a: (a.profile.created, a.path.name))
+    # `created` has whole seconds: two profiles of one second go by when their files were written.
+    return sorted(found, key=lambda a: (a.profile.created, a.path.stat().st_mtime_ns, a.path.name))
 
 
 def latest_match(profile: Profile, folder: Path | None = None, exclude: Path | None = None) -> ArchivedProfile | None:
