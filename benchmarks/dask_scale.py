@@ -24,7 +24,7 @@ from distributed import Client, LocalCluster
 
 from magnitude_jupyter.batch import score_dataframe
 from magnitude_jupyter.calibrate.sweep import SweepConfig
-from magnitude_jupyter.dask import EnginePlugin, calibrate_cluster
+from magnitude_jupyter.dask import ClusterCalibration, EnginePlugin, calibrate_cluster
 
 TEMPLATE = "Is this review positive or negative? Answer with one word. Review: {{ review }}"
 
@@ -33,6 +33,15 @@ def reviews(rows: int) -> pd.DataFrame:
     moods = ["great", "terrible", "fine", "broken", "lovely", "slow", "perfect", "noisy"]
     texts = [f"Review {i}: the {moods[i % 8]} kettle arrived on day {i % 9 + 1}." for i in range(rows)]
     return pd.DataFrame({"review": texts})
+
+
+def sweep_prompts(tag: str, n: int = 256) -> tuple[str, ...]:
+    """Distinct prompts of about 40 words, unlike those of any other tag."""
+    words = ["kettle", "river", "ledger", "copper", "orchard", "signal", "harbor", "lantern", "meadow", "engine"]
+    return tuple(
+        f"Summarize note {tag}-{i}: " + " ".join(words[(i * 7 + j * 3) % len(words)] + str(j) for j in range(38))
+        for i in range(n)
+    )
 
 
 def cluster(workers: int, threads: int) -> tuple[LocalCluster, Client]:
@@ -71,13 +80,19 @@ def main() -> None:
     try:
         # Warm both engines first (the sweeps share a system prompt: whoever runs second would find it cached).
         calibrate_cluster(client, SweepConfig(concurrency=(2,), requests_per_level=4, max_tokens=8))
-        config = SweepConfig(concurrency=(1, 4, 8), requests_per_level=24, max_tokens=32)
-        alone = calibrate_cluster(client, config, one_at_a_time=True)
-        together = calibrate_cluster(client, config)
+        # Alternating, best of two; every sweep with prompts of its own, or a later sweep would find
+        # an earlier one's prompts in the prefix cache and flatter whichever mode runs second.
+        runs: dict[bool, list[ClusterCalibration]] = {True: [], False: []}
+        for k, one_at_a_time in enumerate((True, False, True, False)):
+            config = SweepConfig(
+                concurrency=(1, 4, 8), requests_per_level=24, max_tokens=32, prompts=sweep_prompts(f"run{k}")
+            )
+            runs[one_at_a_time].append(calibrate_cluster(client, config, one_at_a_time=one_at_a_time))
+        alone = max(runs[True], key=lambda r: sum(lv.output_tokens_per_s for lv in r.aggregate.levels))
+        together = max(runs[False], key=lambda r: sum(lv.output_tokens_per_s for lv in r.aggregate.levels))
     finally:
         client.close()
         local.close()
-
     one = rates[(1, 1)]
     print(f"{args.rows} rows, 8 new tokens each, greedy, 8 partitions, engines with parallel 8")
     print(
@@ -99,9 +114,12 @@ def main() -> None:
     rows = []
     for level in together.aggregate.levels:
         per_worker = level.concurrency // 2 if level.concurrency else None
-        summed = sum(
+        found = [
             lv.output_tokens_per_s for p in alone.workers.values() for lv in p.levels if lv.concurrency == per_worker
-        )
+        ]
+        if len(found) != len(alone.workers):
+            continue  # a worker alone stopped before this level (over-saturated): nothing to compare
+        summed = sum(found)
         rows.append(
             [
                 level.concurrency,
@@ -110,7 +128,10 @@ def main() -> None:
                 f"{level.output_tokens_per_s / summed:.2f}",
             ]
         )
-    print("2 workers x 1 thread, calibrated one at a time (summed) and at once (the cluster); 24 requests, 32 tokens")
+    print(
+        "2 workers x 1 thread, calibrated one at a time (summed) and at once (the cluster); 24 requests, "
+        "32 tokens; distinct prompts per sweep, best of 2 alternating"
+    )
     print(table(["clients (cluster)", "sum of workers alone tok/s", "cluster at once tok/s", "ratio"], rows))
 
 

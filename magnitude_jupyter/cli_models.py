@@ -50,12 +50,18 @@ def _batched_matmul_line(details: dict[str, Any]) -> str:
     )
 
 
-def _model_details(entry: Any) -> dict[str, Any]:
+def _model_details(entry: Any, settings: Any) -> dict[str, Any]:
+    from dataclasses import replace
+
     from .kvmath import kv_bytes_per_token
 
     info = read_model_info(entry.path)
     details = info.to_json()
     details["kv_bytes_per_token_f16"] = kv_bytes_per_token(info, "f16")
+    details["kv_bytes_per_token"] = {t: kv_bytes_per_token(info, t) for t in ("f16", "q8_0", "q4_0")}
+    engine = replace(settings.engine, **settings.model_settings(entry.alias).engine)
+    details["kv_cache_type"] = engine.kv_type_label  # what this model is configured to run with
+    details["kv_bytes_per_token_configured"] = kv_bytes_per_token(info, *engine.kv_types)
     share, types = info.unbatched_weights()
     details["unbatched_weight_share_x86"] = round(share, 4)
     details["unbatched_weight_types_x86"] = types
@@ -79,7 +85,7 @@ def list_cmd(as_json: bool, show_details: bool) -> None:
             row["loaded"] = bool(on_server.get("loaded"))
             row["memory_bytes"] = (on_server.get("memory") or {}).get("resident") if row["loaded"] else None
         if show_details:
-            row["details"] = _model_details(entry)
+            row["details"] = _model_details(entry, settings)
         rows.append(row)
     if as_json:
         click.echo(json.dumps({"models": rows}, indent=2))
@@ -115,12 +121,18 @@ def list_cmd(as_json: bool, show_details: bool) -> None:
                 ("chat template", "yes" if d["has_chat_template"] else "no"),
                 ("weight types", ", ".join(f"{t} {n:,}" for t, n in d["weight_types"].items())),
                 ("batched matmul", _batched_matmul_line(d)),
-                (
-                    "KV cache (f16)",
-                    f"{d['kv_bytes_per_token_f16']:,.0f} bytes/token, "
-                    f"{_human_bytes(d['kv_bytes_per_token_f16'] * d['trained_context'])} for the trained context",
+                *(
+                    (
+                        f"KV cache ({t})",
+                        f"{bpt:,.0f} bytes/token, {_human_bytes(bpt * d['trained_context'])} for the trained context"
+                        + ("  (configured)" if t == d["kv_cache_type"] else ""),
+                    )
+                    for t, bpt in d["kv_bytes_per_token"].items()
                 ),
             ]
+            if d["kv_cache_type"] not in d["kv_bytes_per_token"]:
+                configured = f"{d['kv_bytes_per_token_configured']:,.0f} bytes/token"
+                lines.append((f"KV cache ({d['kv_cache_type']})", configured + "  (configured)"))
             for label, value in lines:
                 click.echo(f"    {label:<16} {value}")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ class EngineSettings:
     """How the engine is sized. ``ctx_size`` is the whole KV cache in tokens, shared by all sequences."""
 
     parallel: int = 8
-    ctx_size: int = 8192
+    ctx_size: int | str = 8192  # or "auto": as many cells as `memory_budget` holds (engine/memory.py)
     n_batch: int = 512
     threads: int = 0  # 0: the cores other processes leave free (engine/threads.py); N: always N
     max_waiting: int = 256
@@ -42,15 +43,40 @@ class EngineSettings:
     min_prefix_tokens: int = 4
     prefix_cache_ram_mib: int = 256  # evicted cache entries kept in host memory, restored when they come back
     gpu_layers: int = 0  # layers offloaded to a GPU (GPU builds of llama-cpp-python; a CPU build ignores it)
+    cache_type: str = "f16"  # the KV cache's K and V: f16, q8_0 (about half), q4_0 (about a quarter)
+    cache_type_v: str | None = None  # V's own type, when it differs from K's
+    # With ctx_size "auto": bytes (or "4GiB"), or a fraction of the memory free at load (0.5);
+    # none given: half the free memory. Weights, buffers and the prefix cache's RAM tier come out of it.
+    memory_budget: int | float | str | None = None
+    mlock: bool = False  # keep the weights in RAM (llama.cpp's use_mlock)
+    mmap: bool | None = None  # map the weights from the file (None: llama.cpp's choice, mmap on CPU)
 
     def __post_init__(self) -> None:
+        if self.ctx_size != "auto" and (
+            not isinstance(self.ctx_size, int) or isinstance(self.ctx_size, bool) or self.ctx_size < 1
+        ):
+            raise ConfigError(f"engine setting 'ctx_size' must be a positive integer or 'auto', got {self.ctx_size!r}")
+        for name in ("cache_type", "cache_type_v"):
+            value = getattr(self, name)
+            if value is None and name == "cache_type_v":
+                continue
+            if value not in KV_CACHE_TYPES:
+                raise ConfigError(f"engine setting {name!r} must be one of {', '.join(KV_CACHE_TYPES)}, got {value!r}")
+        if self.memory_budget is not None:
+            if self.ctx_size != "auto":
+                raise ConfigError("engine setting 'memory_budget' sizes the KV cache only with ctx_size: auto")
+            parse_memory_budget(self.memory_budget)
+        if not isinstance(self.mlock, bool) or not (self.mmap is None or isinstance(self.mmap, bool)):
+            raise ConfigError(
+                f"engine settings 'mlock' and 'mmap' must be true or false, got {self.mlock!r}, {self.mmap!r}"
+            )
         if not isinstance(self.prefix_reuse, bool):
             raise ConfigError(f"engine setting 'prefix_reuse' must be true or false, got {self.prefix_reuse!r}")
         if not isinstance(self.prefix_cache_ram_mib, int) or self.prefix_cache_ram_mib < 0:
             raise ConfigError(
                 f"engine setting 'prefix_cache_ram_mib' must be an integer >= 0, got {self.prefix_cache_ram_mib!r}"
             )
-        for name in ("parallel", "ctx_size", "n_batch", "max_waiting", "default_max_tokens", "min_prefix_tokens"):
+        for name in ("parallel", "n_batch", "max_waiting", "default_max_tokens", "min_prefix_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"engine setting {name!r} must be a positive integer, got {value!r}")
@@ -68,6 +94,51 @@ class EngineSettings:
     @property
     def n_threads(self) -> int:
         return self.threads or (os.cpu_count() or 1)
+
+    @property
+    def kv_types(self) -> tuple[str, str]:
+        """(K's type, V's type) of the KV cache."""
+        return self.cache_type, self.cache_type_v or self.cache_type
+
+    @property
+    def kv_type_label(self) -> str:
+        k, v = self.kv_types
+        return k if k == v else f"{k}/{v}"
+
+    @property
+    def cells(self) -> int:
+        """The KV cache's size in tokens, once "auto" has been resolved (engine/memory.py)."""
+        if not isinstance(self.ctx_size, int):
+            raise ConfigError("ctx_size 'auto' is resolved against a model file before the engine starts")
+        return self.ctx_size
+
+
+# KV cache types llama.cpp's CPU backend takes (a quantized V needs flash attention, which the engine uses).
+KV_CACHE_TYPES = ("f16", "q8_0", "q4_0", "f32", "q5_1", "q5_0", "q4_1")
+BYTE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20}
+BYTE_UNITS |= {"g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
+
+
+def parse_memory_budget(value: Any) -> int | float:
+    """Bytes (an integer, or "4GiB", "512MB"), or a fraction of free memory (a number in (0, 1])."""
+    import re
+
+    number, unit = None, None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number, unit = float(value), ""
+    elif isinstance(value, str):
+        match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([a-zA-Z]*)\s*", value)
+        if match:
+            number, unit = float(match.group(1)), match.group(2).lower()
+    if number is not None and unit is not None and unit in BYTE_UNITS and number > 0:
+        if not unit and number <= 1:
+            return number  # a fraction of the memory free at load
+        if unit or number == int(number):
+            return int(number * BYTE_UNITS[unit])
+    raise ConfigError(
+        "engine setting 'memory_budget' must be bytes (an integer, or like '4GiB') or a fraction of free memory "
+        f"(above 0, at most 1), got {value!r}"
+    )
 
 
 @dataclass(frozen=True)
@@ -98,6 +169,7 @@ class Settings:
 ENGINE_KEYS = {f.name: f.type for f in dataclasses.fields(EngineSettings)}
 MODEL_KEYS = {"parallel", "ctx_size", "threads", "gpu_layers", "n_batch", "max_waiting", "chat_template"}
 MODEL_KEYS |= {"default_max_tokens", "prefix_reuse", "prefix_cache_ram_mib", "min_prefix_tokens"}
+MODEL_KEYS |= {"cache_type", "cache_type_v", "memory_budget", "mlock", "mmap"}
 TOP_KEYS = {"default_model", "models_dir", "engine", "max_loaded_models", "keep_alive", "memory_reserve_mib", "models"}
 DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -122,11 +194,13 @@ def parse_keep_alive(value: Any) -> float:
 
 
 # Environment overrides: variable -> (section, key, parser)
-ENV_OVERRIDES: dict[str, tuple[str | None, str, type]] = {
+ENV_OVERRIDES: dict[str, tuple[str | None, str, Callable[[str], Any]]] = {
     "MAGNITUDE_MODEL": (None, "default_model", str),
     "MAGNITUDE_MODELS_DIR": (None, "models_dir", str),
     "MAGNITUDE_PARALLEL": ("engine", "parallel", int),
-    "MAGNITUDE_CTX_SIZE": ("engine", "ctx_size", int),
+    "MAGNITUDE_CTX_SIZE": ("engine", "ctx_size", lambda v: v if v == "auto" else int(v)),
+    "MAGNITUDE_CACHE_TYPE": ("engine", "cache_type", str),
+    "MAGNITUDE_MEMORY_BUDGET": ("engine", "memory_budget", str),
     "MAGNITUDE_THREADS": ("engine", "threads", int),
     "MAGNITUDE_GRACE_SECONDS": ("engine", "grace_seconds", float),
     "MAGNITUDE_MAX_LOADED_MODELS": (None, "max_loaded_models", int),

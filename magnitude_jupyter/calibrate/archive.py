@@ -30,6 +30,8 @@ def settings_key(profile: Profile) -> str:
     """What must match for two profiles to be comparable: the engine's size and what was swept."""
     sweep = {k: profile.config.get(k) for k in ("concurrency", "max_tokens", "workflow", "prompt")}
     engine = {k: profile.engine.get(k) for k in ("parallel", "ctx_size")}
+    if profile.engine.get("kv_cache_type", "f16") != "f16":  # f16 profiles keep the keys they had before
+        engine["kv_cache_type"] = profile.engine["kv_cache_type"]
     text = json.dumps({"engine": engine, "sweep": sweep}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 

@@ -75,14 +75,20 @@ def model_shape(meta: dict[str, Any]) -> Any:
 
 
 def capacity_report(
-    meta: dict[str, Any] | None, status: dict[str, Any] | None, memory_bytes: int | None = None, cache_type: str = "f16"
+    meta: dict[str, Any] | None,
+    status: dict[str, Any] | None,
+    memory_bytes: int | None = None,
+    cache_type: str | None = None,
 ) -> CapacityReport | None:
-    """Capacity from GGUF metadata and the engine's status; None when the server says neither."""
+    """Capacity from GGUF metadata and the engine's status; None when the server says neither. The
+    cache type is the engine's (from its status, f16 if it does not say) unless one is asked for."""
     if not meta or "kv_heads_per_layer" not in meta:
         return None
-    if cache_type not in CACHE_TYPE_BYTES:
+    cache_type = cache_type or (status or {}).get("kv_cache_type") or "f16"
+    types = cache_type.split("/")
+    if len(types) > 2 or any(t not in CACHE_TYPE_BYTES for t in types):
         raise ValueError(f"unknown cache type {cache_type!r}")
-    bpt = kv_bytes_per_token(model_shape(meta), cache_type)
+    bpt = kv_bytes_per_token(model_shape(meta), *types)
     budget = memory_bytes if memory_bytes is not None else available_memory()
     report = CapacityReport(
         cache_type=cache_type,

@@ -65,9 +65,12 @@ def latency_figure(profiles: list[Any], key: str = "ttft_ms", target_ms: float |
     return fig
 
 
-def capacity_traces(capacity: dict[str, Any] | None) -> dict[str, list[Any]]:
+FIT = "fit the memory budget"
+
+
+def capacity_traces(capacity: dict[str, Any] | None) -> dict[str, Any]:
     if not capacity:
-        return {"x": [], "y": [], "current_x": [], "current_y": [], "probe_x": [], "probe_y": []}
+        return {"x": [], "y": [], "current_x": [], "current_y": [], "probe_x": [], "probe_y": [], "name": FIT}
     table = capacity.get("table") or []
     current = capacity.get("current") or {}
     probe = capacity.get("probe") or {}
@@ -78,6 +81,9 @@ def capacity_traces(capacity: dict[str, Any] | None) -> dict[str, list[Any]]:
         "current_y": [current["parallel"]] if current else [],
         "probe_x": [probe["context_per_session"]] if probe.get("context_per_session") else [],
         "probe_y": [probe.get("sessions_running_at_once")] if probe.get("context_per_session") else [],
+        # Which cache the curve is for: a q8_0 cache holds about twice what an f16 one does.
+        "name": f"{FIT} ({capacity.get('cache_type', 'f16')} KV cache, "
+        f"{capacity.get('bytes_per_token', 0):,.0f} B/token)",
     }
 
 
@@ -90,7 +96,7 @@ def capacity_figure(profile: Any) -> go.Figure:
             "yaxis": {"title": "sessions", "type": "log"},
         }
     )
-    fig.add_scatter(x=t["x"], y=t["y"], mode="lines+markers", name="fit the memory budget")
+    fig.add_scatter(x=t["x"], y=t["y"], mode="lines+markers", name=t["name"])
     fig.add_scatter(
         x=t["current_x"],
         y=t["current_y"],

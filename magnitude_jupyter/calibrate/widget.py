@@ -198,6 +198,7 @@ class CalibrationWidget:
         t = capacity_traces(capacity)
         with self.capacity.batch_update():
             self.capacity.data[0].x, self.capacity.data[0].y = t["x"], t["y"]
+            self.capacity.data[0].name = t["name"]
             self.capacity.data[1].x, self.capacity.data[1].y = t["current_x"], t["current_y"]
             self.capacity.data[2].x, self.capacity.data[2].y = t["probe_x"], t["probe_y"]
         self.status.value = "sweeping…"

@@ -30,6 +30,7 @@ from ..config import EngineSettings, Settings, load_settings
 from ..kvmath import kv_bytes_per_token
 from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
 from .chat import render_chat
+from .memory import ContextSizing, resolve_settings
 from .metrics import EngineMetrics
 from .prefix_cache import ClearSequence, CopyCells, KVOp, RamTier, RestoreSequence, SaveSequence
 from .request import FinishReason, Priority, Request, SamplingParams, invalid_param
@@ -145,10 +146,16 @@ class Engine:
         self.engine_settings = replace(self.settings.engine, **engine_overrides)
         self.model_entry: ModelEntry | None = None
         self.model_info: ModelInfo | None = None
+        self.context_sizing: ContextSizing | None = None
         if runner_factory is None:
             self.model_entry = resolve_model(model, self.settings)
             self.model_info = read_model_info(self.model_entry.path)
             runner_factory = self._llama_runner_factory
+            self.engine_settings, self.context_sizing = resolve_settings(
+                self.model_info, self.engine_settings, self.settings.memory_reserve_mib << 20
+            )
+            if self.context_sizing is not None:
+                log.info("%s: %s", self.model_entry.alias, self.context_sizing.reason)
         self._runner_factory = runner_factory
         self._chat_template = chat_template or (self.model_info.chat_template if self.model_info else None)
         self.model_id = self.model_entry.alias if self.model_entry else (model or "fake")
@@ -180,11 +187,14 @@ class Engine:
         assert self.model_entry is not None
         return LlamaRunner(
             self.model_entry.path,
-            n_ctx=es.ctx_size,
+            n_ctx=es.cells,
             n_seq_max=es.parallel + cache_sequences(es),
             n_batch=es.n_batch,
             n_threads=es.n_threads,
             gpu_layers=es.gpu_layers,
+            cache_types=es.kv_types,
+            mlock=es.mlock,
+            mmap=es.mmap,
             verbose=self._verbose,
         )
 
@@ -387,7 +397,7 @@ class Engine:
                 scheduler = sched.make_stats()
                 live_requests = [*sched.running, *(r for q in sched.waiting.values() for r in q)]
             else:
-                scheduler = SchedulerStats(0, 0, es.ctx_size, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+                scheduler = SchedulerStats(0, 0, es.cells, 0, 0, 0, 0, 0, 0, 0, 0, 0)
                 live_requests = []
             live = tuple(LiveRequest.of(r, now) for r in live_requests)
             recent = tuple(self._recent)
@@ -400,7 +410,9 @@ class Engine:
             threads=self._threads,
             trained_context=info.trained_context if info else None,
             scheduler=scheduler,
-            kv_bytes_per_token=kv_bytes_per_token(info) if info else None,
+            kv_bytes_per_token=kv_bytes_per_token(info, *es.kv_types) if info else None,
+            kv_cache_type=es.kv_type_label,
+            context_sizing=self.context_sizing.reason if self.context_sizing else None,
             kv_buffer_bytes_reported=getattr(self.runner, "kv_buffer_bytes", None),
             rss_bytes=rss_bytes(),
             recent_tokens_per_s=round(self.metrics.recent_tokens_per_s(), 2),
@@ -421,7 +433,7 @@ class Engine:
             self.governor = ThreadGovernor(es.n_threads) if es.threads == 0 else None
             self._threads = es.n_threads  # what llama.cpp uses now
             self.scheduler = Scheduler(
-                ctx_size=min(self.runner.n_ctx, es.ctx_size),
+                ctx_size=min(self.runner.n_ctx, es.cells),
                 max_running=es.parallel,
                 n_batch=es.n_batch,
                 max_waiting=es.max_waiting,

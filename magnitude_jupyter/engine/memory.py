@@ -8,15 +8,22 @@ what becomes resident, not what is reserved: the output buffer has a logits row 
 (prefix-cache sequences never do, and a prompt chunk outputs its last row only), and untouched
 pages of a buffer cost no memory. The prefix cache's RAM tier comes on top, filled only as
 conversations are evicted, up to its limit.
+
+`ctx_size: auto` runs the same arithmetic backwards: from a memory budget, less the weights, the
+buffers and the RAM tier, as many KV cells as the cache type leaves room for, no more than
+`parallel` sequences of the trained context, and no fewer than one.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ..config import EngineSettings
-from ..kvmath import kv_cache_bytes
+import psutil
+
+from ..config import ConfigError, EngineSettings, parse_memory_budget
+from ..kvmath import kv_bytes_per_token, kv_cache_bytes
 from ..models import ModelInfo
 
 FLOAT_BYTES = 4
@@ -44,14 +51,83 @@ class MemoryPlan:
         return {**asdict(self), "resident": self.resident, "ceiling": self.ceiling}
 
 
-def plan_memory(info: ModelInfo, es: EngineSettings) -> MemoryPlan:
-    cells = -(-es.ctx_size // KV_PADDING) * KV_PADDING
+def _buffers(info: ModelInfo, es: EngineSettings) -> int:
     output = es.parallel * info.vocab_size * FLOAT_BYTES
     # The compute buffer of one step: its logits, and a few activations per token of the embedding.
     compute = es.n_batch * (info.vocab_size + 4 * info.embedding_length) * FLOAT_BYTES
+    return output + compute
+
+
+def plan_memory(info: ModelInfo, es: EngineSettings) -> MemoryPlan:
+    cells = -(-es.cells // KV_PADDING) * KV_PADDING
     return MemoryPlan(
         weights=info.file_size,
-        kv_cache=kv_cache_bytes(info, cells),
-        buffers=output + compute,
+        kv_cache=kv_cache_bytes(info, cells, *es.kv_types),
+        buffers=_buffers(info, es),
         prefix_cache_ram=es.prefix_cache_ram_mib << 20,
     )
+
+
+@dataclass(frozen=True)
+class ContextSizing:
+    """How `ctx_size: auto` was resolved: the numbers, and the sentence logs and /status show."""
+
+    cells: int
+    budget_bytes: int
+    kv_bytes_per_token: float
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+def size_context(
+    info: ModelInfo,
+    es: EngineSettings,
+    reserve_bytes: int,
+    available_memory: Callable[[], int] = lambda: int(psutil.virtual_memory().available),
+) -> ContextSizing:
+    """The KV cells a memory budget holds (see the module's docstring); a budget that cannot hold one
+    sequence of the trained context is a ConfigError with the numbers."""
+    raw = parse_memory_budget(es.memory_budget if es.memory_budget is not None else 0.5)
+    if isinstance(raw, float):
+        free = max(0, available_memory() - reserve_bytes)
+        budget = int(raw * free)
+        source = f"{raw:g} of the {mib(free)} free (less the {mib(reserve_bytes)} reserve)"
+    else:
+        budget, source = raw, "memory_budget"
+    bpt = kv_bytes_per_token(info, *es.kv_types)
+    fixed = info.file_size + _buffers(info, es) + (es.prefix_cache_ram_mib << 20)
+    fits = int(max(0, budget - fixed) // bpt) // KV_PADDING * KV_PADDING
+    ceiling = es.parallel * info.trained_context
+    cells = min(fits, ceiling)
+    need = info.trained_context
+    if cells < need:
+        raise ConfigError(
+            f"ctx_size auto: a memory budget of {mib(budget)} ({source}) leaves {mib(max(0, budget - fixed))} for "
+            f"the KV cache after the weights ({mib(info.file_size)}), buffers ({mib(_buffers(info, es))}) and the "
+            f"prefix cache's RAM tier ({mib(es.prefix_cache_ram_mib << 20)}): {fits:,} cells at {bpt:,.0f} "
+            f"bytes/token ({es.kv_type_label}), but one sequence of the trained context needs {need:,} cells "
+            f"({mib(need * bpt)}). Give a larger memory_budget, a smaller cache_type, or a ctx_size in tokens."
+        )
+    why = "parallel x trained context" if cells == ceiling else "what the budget leaves for the cache"
+    reason = (
+        f"ctx_size auto: {cells:,} cells ({why}); budget {mib(budget)} ({source}): weights {mib(info.file_size)}, "
+        f"buffers {mib(_buffers(info, es))}, RAM tier {mib(es.prefix_cache_ram_mib << 20)}, KV cache "
+        f"{cells:,} x {bpt:,.0f} bytes/token ({es.kv_type_label}) = {mib(cells * bpt)}"
+    )
+    return ContextSizing(cells, budget, bpt, reason)
+
+
+def resolve_settings(
+    info: ModelInfo, es: EngineSettings, reserve_bytes: int
+) -> tuple[EngineSettings, ContextSizing | None]:
+    """The settings with `ctx_size: auto` replaced by a number of cells (and how), or as they are."""
+    if es.ctx_size != "auto":
+        return es, None
+    sizing = size_context(info, es, reserve_bytes)
+    return replace(es, ctx_size=sizing.cells, memory_budget=None), sizing

@@ -26,7 +26,7 @@ import psutil
 from ..config import EngineSettings, Settings
 from ..models import ModelEntry, ModelNotFoundError, list_models, read_model_info, resolve_model
 from .core import Engine, EngineError
-from .memory import MemoryPlan, plan_memory
+from .memory import MemoryPlan, plan_memory, resolve_settings
 from .stats import EngineStats
 from .streams import TokenStream, UnknownStreamError
 
@@ -157,7 +157,9 @@ class ModelPool:
         return replace(self.settings.engine, **self.engine_settings_overrides(entry))
 
     def plan(self, entry: ModelEntry) -> MemoryPlan:
-        return plan_memory(read_model_info(entry.path), self.engine_settings(entry))
+        info = read_model_info(entry.path)
+        settings, _ = resolve_settings(info, self.engine_settings(entry), self.settings.memory_reserve_mib * MiB)
+        return plan_memory(info, settings)
 
     # -- lifecycle --------------------------------------------------------------------------------
 

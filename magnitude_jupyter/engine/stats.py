@@ -70,6 +70,8 @@ class EngineStats:
     scheduler: SchedulerStats
     kv_bytes_per_token: float | None
     kv_buffer_bytes_reported: int | None
+    kv_cache_type: str  # "f16", "q8_0", or "K/V" when they differ
+    context_sizing: str | None  # how ctx_size auto was resolved
     rss_bytes: int
     recent_tokens_per_s: float
     generated_tokens_total: int

@@ -9,7 +9,7 @@ from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
-from traitlets import Float, Integer, Unicode
+from traitlets import Bool, Float, Integer, Unicode, Union
 
 from ..config import EngineSettings, load_settings
 from ..engine.pool import ModelPool
@@ -64,7 +64,19 @@ class MagnitudeApp(ExtensionApp):
 
     model = Unicode(None, allow_none=True, config=True, help="Model alias or .gguf path (default: the config file's).")
     parallel = Integer(None, allow_none=True, config=True, help="Sequences decoded together.")
-    ctx_size = Integer(None, allow_none=True, config=True, help="KV cache size in tokens, shared by all sequences.")
+    ctx_size = Union(
+        [Integer(), Unicode()],
+        default_value=None,
+        allow_none=True,
+        config=True,
+        help="KV cache size in tokens, shared by all sequences, or 'auto' (sized from memory_budget).",
+    )
+    cache_type = Unicode(None, allow_none=True, config=True, help="KV cache type: f16, q8_0 or q4_0.")
+    memory_budget = Unicode(
+        None, allow_none=True, config=True, help="With ctx_size 'auto': bytes ('4GiB') or a fraction of free memory."
+    )
+    mlock = Bool(None, allow_none=True, config=True, help="Keep the weights locked in RAM.")
+    mmap = Bool(None, allow_none=True, config=True, help="Map the weights from the file (default: llama.cpp's choice).")
     threads = Integer(None, allow_none=True, config=True, help="CPU threads for llama.cpp (0: all cores).")
     max_waiting = Integer(None, allow_none=True, config=True, help="Waiting requests before new ones get 429.")
     grace_seconds = Float(

@@ -11,7 +11,10 @@ from ..engine.runner import gpu_offload_supported
 from ..engine.stats import EngineStats
 from ..models import ModelEntry, file_sha256, read_model_info
 
-SETTINGS_SHOWN = ("parallel", "ctx_size", "threads", "gpu_layers", "n_batch", "prefix_cache_ram_mib")
+SETTINGS_SHOWN = (
+    *("parallel", "ctx_size", "threads", "gpu_layers", "n_batch", "prefix_cache_ram_mib"),
+    *("cache_type", "cache_type_v", "memory_budget", "mlock", "mmap"),
+)
 
 
 def status_json(stats: EngineStats, pool: ModelPool | None = None) -> dict[str, Any]:
@@ -42,8 +45,10 @@ def status_json(stats: EngineStats, pool: ModelPool | None = None) -> dict[str, 
             if sched.prompt_tokens_looked_up
             else None
         ),
+        "kv_cache_type": stats.kv_cache_type,
         "kv_bytes_per_token": stats.kv_bytes_per_token,
         "kv_buffer_bytes_reported": stats.kv_buffer_bytes_reported,
+        "context_sizing": stats.context_sizing,
         "rss_bytes": stats.rss_bytes,
         "recent_tokens_per_s": stats.recent_tokens_per_s,
         "generated_tokens_total": stats.generated_tokens_total,
@@ -81,7 +86,8 @@ def model_json(pool: ModelPool, entry: ModelEntry) -> dict[str, Any]:
     """One model as `/v1/models` lists it: OpenAI's fields, then whether it is loaded, what memory it
     holds (or would hold), its settings, and its file's metadata. Reads files: call off the loop."""
     resident = pool.held(entry.alias)
-    settings = pool.engine_settings(entry)
+    # A loaded model shows what it runs with (ctx_size auto resolved); another, what it would load with.
+    settings = resident.engine.engine_settings if resident is not None else pool.engine_settings(entry)
     body: dict[str, Any] = {
         "id": entry.alias,
         "object": "model",
@@ -98,6 +104,8 @@ def model_json(pool: ModelPool, entry: ModelEntry) -> dict[str, Any]:
         body["settings"]["gpu_layers_ignored"] = "this build of llama-cpp-python has no GPU support"
     if resident is not None:
         body |= resident.to_json()
+        sizing = resident.engine.context_sizing
+        body["settings"]["context_sizing"] = sizing.reason if sizing is not None else None
     try:
         info = read_model_info(entry.path)
         body["memory"] = pool.plan(entry).to_json()
