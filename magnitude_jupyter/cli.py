@@ -335,6 +335,11 @@ def serve(
 )
 @click.option("--max-regression", default="15%", show_default=True, help="With --baseline: exit 1 beyond this.")
 @click.option("--no-archive", is_flag=True, help="Do not keep this profile in the archive (magnitude profiles).")
+@click.option(
+    "--cache-types",
+    default=None,
+    help="Compare KV cache types (e.g. f16,q8_0,q4_0): an engine of each, in this process, one after the other.",
+)
 def calibrate(
     url: str | None,
     token: str | None,
@@ -356,6 +361,7 @@ def calibrate(
     baseline: str | None,
     max_regression: str,
     no_archive: bool,
+    cache_types: str | None,
 ) -> None:
     """Sweep concurrency against a server and print throughput, latency and capacity.
 
@@ -408,15 +414,19 @@ def calibrate(
         config.validate()
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
-    client = _model_client(_client(url, token), model)
-    config.model = client.model
 
-    def progress(level: Level) -> None:
+    def progress(level: Level, label: str = "") -> None:
         click.echo(
-            f"  concurrency {level.concurrency:>3}: {level.output_tokens_per_s:7.1f} tok/s, "
+            f"  {label}concurrency {level.concurrency:>3}: {level.output_tokens_per_s:7.1f} tok/s, "
             f"TTFT p95 {level.ttft_ms.p95 or 0:7.0f} ms",
             err=True,
         )
+
+    if cache_types is not None:
+        _calibrate_cache_types(cache_types, config, model, url, progress, html_path, no_archive)
+        return
+    client = _model_client(_client(url, token), model)
+    config.model = client.model
 
     try:
         profile = run_calibration(client, config, run_probe=not no_probe, on_level=progress)
@@ -426,6 +436,27 @@ def calibrate(
     _save_profile(profile, json_path, csv_path, html_path)
     if _archive_and_compare(profile, baseline, bound, no_archive):
         sys.exit(1)
+
+
+def _calibrate_cache_types(
+    cache_types: str, config: Any, model: str | None, url: str | None, progress: Any, html: str | None, no_archive: bool
+) -> None:
+    from .calibrate.archive import archive
+    from .calibrate.cache_types import cache_types_figure, calibrate_cache_types, format_cache_types
+
+    if url is not None:
+        raise click.ClickException("--cache-types restarts the engine for each type: it runs its own, not --url's")
+    types = tuple(t.strip() for t in cache_types.split(",") if t.strip())
+    try:
+        profiles = calibrate_cache_types(types, config, model, on_level=lambda t, lv: progress(lv, f"{t:<5} "))
+    except (ConfigError, ModelNotFoundError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(format_cache_types(profiles))
+    for profile in profiles if not no_archive else ():
+        click.echo(f"archived {archive(profile)}", err=True)
+    if html:
+        cache_types_figure(profiles).write_html(html)
+        click.echo(f"wrote {html}", err=True)
 
 
 def _model_client(client: Any, model: str | None) -> Any:

@@ -113,3 +113,18 @@ def test_the_quality_measurement_finds_f16_exact_and_q4_0_not(model_path):
     assert (f16.top1_agreement, f16.mean_abs_dlogit, f16.divergence) == (1.0, 0.0, [None])
     assert q4.positions == f16.positions > 10 and q4.mean_abs_dlogit > 0 and 0 < q4.top1_agreement <= 1
     assert first_divergence([1, 2, 3], [1, 2, 4]) == 2 and first_divergence([1, 2], [1, 2]) is None
+
+
+def test_calibrate_compares_cache_types_on_engines_of_its_own(tmp_path):
+    env = {"MAGNITUDE_CONFIG": str(tmp_path / "none.yaml"), "MAGNITUDE_PROFILES_DIR": str(tmp_path / "profiles")}
+    html = tmp_path / "types.html"
+    args = ["calibrate", "--cache-types", "f16,q4_0", "--concurrency", "1,2", "--requests", "2", "--max-tokens", "4"]
+    result = CliRunner().invoke(main, [*args, "--html", str(html)], env=env)
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line.split() for line in result.output.splitlines() if line[:4] in ("f16 ", "q4_0")}
+    assert rows["f16"][1] == "23,040" and rows["q4_0"][1] == "6,480"
+    assert int(rows["q4_0"][2].replace(",", "")) > 3 * int(rows["f16"][2].replace(",", "")), "q4_0 holds 3.5x"
+    assert html.exists() and "q4_0 (6,480 B\\u002ftoken)" in html.read_text()  # plotly escapes "/"
+    assert len(list((tmp_path / "profiles").glob("*.json"))) == 2, "a profile per type, archived apart"
+    refused = CliRunner().invoke(main, [*args, "--url", "http://127.0.0.1:9"], env=env)
+    assert refused.exit_code != 0 and "restarts the engine for each type" in refused.output
