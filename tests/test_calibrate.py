@@ -12,7 +12,15 @@ import pytest
 from magnitude_jupyter.calibrate.capacity import capacity_report, sessions_table
 from magnitude_jupyter.calibrate.profile import Profile, compare, summarize_levels
 from magnitude_jupyter.calibrate.records import Level, Percentiles
-from magnitude_jupyter.calibrate.stats import knee, percentiles, recommend_parallel, saturated, scaling_efficiency
+from magnitude_jupyter.calibrate.report import knee_text
+from magnitude_jupyter.calibrate.stats import (
+    knee,
+    knee_not_reached,
+    percentiles,
+    recommend_parallel,
+    saturated,
+    scaling_efficiency,
+)
 from magnitude_jupyter.calibrate.sweep import SweepConfig
 from magnitude_jupyter.client import Client
 from magnitude_jupyter.models import bundled_model_path, read_model_info
@@ -33,6 +41,14 @@ def test_knee_and_scaling_efficiency():
     assert eff[1] == 1.0 and eff[2] == pytest.approx(100 / 120) and eff[8] == pytest.approx(135 / 480)
     assert knee([(1, 10.0)]) is None
     assert scaling_efficiency({2: 5.0}) == {2: None}
+    # Still rising at the last level (notebook 03's sweep: 1, 2, 4 with efficiency 0.33 at 4): no knee yet.
+    rising = [(1, 28.0), (2, 35.0), (4, 40.0)]
+    assert knee(rising) is None and knee_not_reached(rising)
+    assert not knee_not_reached(list(thr.items())) and not knee_not_reached([(1, 10.0)])
+    summary = summarize_levels([level(c, t) for c, t in rising], {}, {})
+    assert summary.knee_concurrency is None and summary.knee_not_reached
+    assert "knee not reached (still rising at concurrency 4: try higher)" in knee_text(summary)
+    assert knee_text(summarize_levels([level(c, t) for c, t in thr.items()], {}, {})) == "knee at 4"
 
 
 def level(c, tps, e2e_p50=100.0, e2e_p95=200.0, ttft_p95=50.0, e2e_std=None, ttft_p50=None):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .records import Level, Summary
-from .stats import knee, recommend_parallel, scaling_efficiency
+from .stats import knee, knee_not_reached, recommend_parallel, scaling_efficiency
 from .workflow import WorkflowResult
 
 PROFILE_VERSION = 1
@@ -59,6 +59,7 @@ def summarize_levels(
         peak_tokens_per_s=peak.output_tokens_per_s if peak else None,
         peak_concurrency=peak.concurrency if peak else None,
         knee_concurrency=int(knee_c) if knee_c is not None else None,
+        knee_not_reached=knee_not_reached(list(thr.items())),
         scaling_efficiency={str(c): e for c, e in scaling_efficiency(thr).items()},
         e2e_std_ms_at_knee=at_knee.e2e_ms.std if at_knee else None,
         ttft_std_ms_at_knee=at_knee.ttft_ms.std if at_knee else None,

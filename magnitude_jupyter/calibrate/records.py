@@ -77,6 +77,7 @@ class Summary:
     peak_tokens_per_s: float | None = None
     peak_concurrency: int | None = None
     knee_concurrency: int | None = None  # beyond it, doubling the clients gains less than 10%
+    knee_not_reached: bool = False  # still gaining 10% per doubling at the largest level tested
     scaling_efficiency: dict[str, float | None] = field(default_factory=dict)  # thr(c) / (c * thr(1)), by c
     e2e_std_ms_at_knee: float | None = None
     ttft_std_ms_at_knee: float | None = None

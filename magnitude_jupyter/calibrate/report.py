@@ -6,6 +6,7 @@ from typing import Any
 
 from ..models import unbatched_weights
 from .profile import Profile
+from .records import Summary
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:
@@ -16,6 +17,12 @@ def _fmt(value: Any, spec: str = ".1f") -> str:
 
 def _percent(share: float | None) -> float | None:
     return None if share is None else share * 100
+
+
+def knee_text(summary: Summary) -> str:
+    if summary.knee_not_reached:
+        return f"knee not reached (still rising at concurrency {_fmt(summary.peak_concurrency, 'g')}: try higher)"
+    return f"knee at {_fmt(summary.knee_concurrency, 'g')}"
 
 
 def format_profile(profile: Profile) -> str:
@@ -61,7 +68,7 @@ def format_profile(profile: Profile) -> str:
     lines.append("")
     lines.append(
         f"single stream {_fmt(s.single_stream_tokens_per_s)} tok/s; peak {_fmt(s.peak_tokens_per_s)} "
-        f"tok/s at concurrency {_fmt(s.peak_concurrency, 'g')}; knee at {_fmt(s.knee_concurrency, 'g')}; "
+        f"tok/s at concurrency {_fmt(s.peak_concurrency, 'g')}; {knee_text(s)}; "
         f"usable/trained context {_fmt(s.usable_context_ratio, '.2f')}; recommended parallel "
         f"{_fmt(s.recommended_parallel, 'g')}"
     )

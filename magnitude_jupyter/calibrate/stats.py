@@ -34,9 +34,13 @@ def scaling_efficiency(throughput: dict[int, float]) -> dict[int, float | None]:
 
 def knee(points: Sequence[tuple[float, float]], min_gain: float = 0.10) -> float | None:
     """The concurrency past which more concurrency stops paying: the last level whose throughput
-    gain over the previous one, per doubling of concurrency, was at least `min_gain` (10%).
+    gain over the previous one, per doubling of concurrency, was at least `min_gain` (10%), when a
+    later level gained less.
 
-    `points` are (concurrency, throughput) pairs. Returns None with fewer than two levels.
+    `points` are (concurrency, throughput) pairs. None with fewer than two levels, and None when
+    every step still gained `min_gain`: the knee lies beyond the largest level tested (see
+    `knee_not_reached`), and calling the last level the knee would say capacity ends where the
+    sweep did.
     """
     pts = sorted(points)
     if len(pts) < 2:
@@ -47,11 +51,15 @@ def knee(points: Sequence[tuple[float, float]], min_gain: float = 0.10) -> float
             continue
         doublings = math.log2(c1 / c0)
         gain_per_doubling = (t1 / t0) ** (1 / doublings) - 1 if doublings > 0 else 0.0
-        if gain_per_doubling >= min_gain:
-            best = c1
-        else:
-            break
-    return best
+        if gain_per_doubling < min_gain:
+            return best
+        best = c1
+    return None
+
+
+def knee_not_reached(points: Sequence[tuple[float, float]], min_gain: float = 0.10) -> bool:
+    """Throughput was still rising at the largest level tested: try higher concurrency."""
+    return len(points) >= 2 and knee(points, min_gain) is None
 
 
 def e2e_p95_ms(level: Level) -> float | None:

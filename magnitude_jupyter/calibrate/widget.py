@@ -18,6 +18,7 @@ from ..client import Client, discover
 from .figures import capacity_figure, capacity_traces, latency_figure, latency_traces, throughput_traces
 from .profile import Profile
 from .records import Level
+from .report import knee_text
 from .run import calibrate
 from .sweep import SweepConfig, parse_levels
 
@@ -159,7 +160,7 @@ class CalibrationWidget:
             assert self.profile is not None
             why = self.profile.stopped_because
             done = sum(len(p.levels) for p in self.profiles)
-            self.status.value = f"done: {done} levels" + (f" ({why})" if why else "")
+            self.status.value = f"done: {done} levels; {knee_text(self.profile.summary)}" + (f" ({why})" if why else "")
         except Exception as exc:  # shown in the widget: the sweep runs on a thread with no traceback to see
             self.error = self.status.value = f"failed: {exc}"
         finally:
