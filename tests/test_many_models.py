@@ -208,6 +208,15 @@ def test_calibration_widget_overlays_several_models(server):
     client = Client(server.url, server.token)
     widget = CalibrationWidget(client, SweepConfig(concurrency=(1, 2), requests_per_level=2, max_tokens=6), probe=False)
     assert "broken" not in widget.model.options, "a model that cannot load is not offered"
+    for fig in (widget.throughput, widget.latency, widget.capacity):  # sized by the cell, not 700 px each
+        assert fig.layout.width is None and fig.layout.autosize
+    for fig in (widget.throughput, widget.latency):  # empty plots already span the levels asked for
+        assert list(fig.layout.xaxis.tickvals) == [1, 2] and fig.layout.yaxis.rangemode == "tozero"
+        assert -0.2 < fig.layout.xaxis.range[0] < 0 < 0.30103 < fig.layout.xaxis.range[1] < 0.5
+    widget.concurrency.value = "1,2,4"
+    widget._reset_traces([None])
+    assert list(widget.throughput.layout.xaxis.tickvals) == [1, 2, 4]
+    widget.concurrency.value = "1,2"
     widget.model.value = ("smollm2-135m", SECOND_MODEL)
     widget.run()
     assert widget.error is None

@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import plotly.graph_objects as go
 
 from .records import Level
 from .stats import knee
+
+
+def concurrency_axis(levels: Sequence[int]) -> dict[str, Any]:
+    """A log axis over the levels asked for, a tick on each: readable before the first point (an empty
+    log axis spans 0.1 to 1M, with ticks like 65.53601k), and the same while the sweep fills it."""
+    levels = sorted({int(c) for c in levels if c and c > 0}) or [1]
+    return {
+        "title": "concurrent clients",
+        "type": "log",
+        "tickvals": levels,
+        "ticktext": [str(c) for c in levels],
+        "range": [math.log10(levels[0]) - 0.15, math.log10(levels[-1]) + 0.15],
+    }
+
+
+def _profile_levels(profiles: list[Any]) -> list[int]:
+    return [lv.concurrency for p in profiles for lv in p.levels if lv.concurrency]
 
 
 def _closed(levels: list[Level]) -> list[Level]:
@@ -35,8 +54,8 @@ def throughput_figure(profiles: list[Any]) -> go.Figure:
     fig = go.Figure(
         layout={
             "title": "Output tokens/s vs concurrency",
-            "xaxis": {"title": "concurrent clients", "type": "log", "dtick": 0.30103},
-            "yaxis": {"title": "output tok/s"},
+            "xaxis": concurrency_axis(_profile_levels(profiles)),
+            "yaxis": {"title": "output tok/s", "rangemode": "tozero"},
         }
     )
     for profile in profiles:
@@ -52,8 +71,8 @@ def latency_figure(profiles: list[Any], key: str = "ttft_ms", target_ms: float |
     fig = go.Figure(
         layout={
             "title": f"{key.split('_')[0].upper()} percentiles vs concurrency",
-            "xaxis": {"title": "concurrent clients", "type": "log", "dtick": 0.30103},
-            "yaxis": {"title": "ms"},
+            "xaxis": concurrency_axis(_profile_levels(profiles)),
+            "yaxis": {"title": "ms", "rangemode": "tozero"},
         }
     )
     for profile in profiles:

@@ -15,7 +15,14 @@ import ipywidgets as w
 import plotly.graph_objects as go
 
 from ..client import Client, discover
-from .figures import capacity_figure, capacity_traces, latency_figure, latency_traces, throughput_traces
+from .figures import (
+    capacity_figure,
+    capacity_traces,
+    concurrency_axis,
+    latency_figure,
+    latency_traces,
+    throughput_traces,
+)
 from .profile import Profile
 from .records import Level
 from .report import knee_text
@@ -59,22 +66,33 @@ class CalibrationWidget:
         self.start_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
 
+        # No fixed widths: each plot takes the width of its box, side by side in a wide cell, stacked
+        # in a narrow one (two 700 px plots overflow a notebook cell beside the Lab panel).
         self.throughput = go.FigureWidget(
             layout={
                 "title": "Output tokens/s vs concurrency",
                 "height": 320,
-                "xaxis": {"title": "concurrent clients", "type": "log"},
-                "yaxis": {"title": "tok/s"},
+                "autosize": True,
+                "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
+                "xaxis": concurrency_axis(config.concurrency),
+                "yaxis": {"title": "tok/s", "rangemode": "tozero"},
+                "legend": {"orientation": "h", "y": -0.25},
             }
         )
         self.throughput.add_scatter(x=[], y=[], mode="lines+markers", name="output tok/s")
         self.throughput.add_scatter(x=[], y=[], mode="markers", name="knee", marker={"size": 14, "symbol": "star"})
         self.latency = go.FigureWidget(latency_figure([]))
-        self.latency.update_layout(height=320)
+        self.latency.update_layout(
+            height=320,
+            autosize=True,
+            margin={"l": 60, "r": 20, "t": 50, "b": 50},
+            xaxis=concurrency_axis(config.concurrency),
+            legend={"orientation": "h", "y": -0.25},
+        )
         for stat in ("p50", "p95", "p99"):
             self.latency.add_scatter(x=[], y=[], mode="lines+markers", name=f"TTFT {stat}")
         self.capacity = go.FigureWidget(capacity_figure(_Empty()))
-        self.capacity.update_layout(height=320)
+        self.capacity.update_layout(height=320, autosize=True, margin={"l": 60, "r": 20, "t": 50, "b": 50})
 
         controls = w.VBox(
             [
@@ -84,7 +102,11 @@ class CalibrationWidget:
                 w.HBox([self.start_button, self.stop_button, self.progress, self.status]),
             ]
         )
-        self.box = w.VBox([controls, w.HBox([self.throughput, self.latency]), self.capacity])
+        plots = w.Box(
+            [_fitted(self.throughput), _fitted(self.latency)],
+            layout=w.Layout(display="flex", flex_flow="row wrap", width="100%"),
+        )
+        self.box = w.VBox([controls, plots, _fitted(self.capacity)], layout=w.Layout(width="100%"))
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
@@ -180,6 +202,13 @@ class CalibrationWidget:
         """Line 0 (and the knee, trace 1) for the first model, then one throughput line and one TTFT
         p95 line for each further model."""
         names = [m or "output tok/s" for m in models]
+        try:
+            axis = concurrency_axis(self.config().concurrency)
+        except ValueError:
+            axis = None
+        for fig in (self.throughput, self.latency):
+            if axis is not None:
+                fig.update_xaxes(**axis)
         with self.throughput.batch_update():
             self.throughput.data = self.throughput.data[:2]
             self.throughput.data[0].name = names[0]
@@ -223,6 +252,11 @@ class CalibrationWidget:
             f"concurrency {level.concurrency}: {level.output_tokens_per_s:.1f} tok/s, "
             f"TTFT p95 {level.ttft_ms.p95 or 0:.0f} ms"
         )
+
+
+def _fitted(figure: go.FigureWidget) -> w.Box:
+    """A box that gives a plot its share of the cell's width: at least 320 px, at most all of it."""
+    return w.Box([figure], layout=w.Layout(flex="1 1 440px", min_width="320px", max_width="100%"))
 
 
 class _Empty:
