@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,6 +24,7 @@ import jinja2
 import jinja2.meta
 
 from .client import ClientError, StreamResult, discover
+from .labels import label_shares, labels_grammar, parse_labels, probability_column
 
 
 class ChatClient(Protocol):
@@ -44,7 +45,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 RESULT_COLUMNS = ("finish_reason", "prompt_tokens", "completion_tokens", "latency_ms", "error")
-PROBABILITY_COLUMN = "probability"  # with logprobs: the answer's probability under the model
+PROBABILITY_COLUMN = "probability"  # with logprobs: the answer's probability under the model (with labels:
+# its share among them, see labels.py)
 OVERFLOW_MODES = ("error", "truncate", "skip")
 
 
@@ -102,6 +104,14 @@ class BatchOptions:
     logprobs: bool = field(
         default=False, metadata=flag("--logprobs", "Add the answer's probability under the model.", bool)
     )
+    labels: str | list[str] | None = field(
+        default=None,
+        metadata=flag(
+            "--labels",
+            "The only answers allowed, comma-separated (a grammar holds the model to them); "
+            "with --logprobs, each label's probability.",
+        ),
+    )
     reproducible: bool = field(
         default=False,
         metadata=flag("--reproducible", "Each answer as an idle engine gives it, whatever else runs (slower).", bool),
@@ -119,9 +129,15 @@ class BatchOptions:
         return [str(name) for name in properties] if isinstance(properties, dict) else []
 
     @property
+    def label_list(self) -> list[str]:
+        return parse_labels(self.labels)
+
+    @property
     def columns(self) -> tuple[str, ...]:
         """The columns a batch adds to the input."""
-        extra = (PROBABILITY_COLUMN,) if self.logprobs else ()
+        extra: tuple[str, ...] = ()
+        if self.logprobs:
+            extra = (PROBABILITY_COLUMN, *(probability_column(label) for label in self.label_list))
         return (self.output_column, *self.schema_columns, *extra, *RESULT_COLUMNS)
 
     def response_format(self) -> dict[str, Any] | None:
@@ -142,6 +158,13 @@ class BatchOptions:
             raise BatchError(f"--max-tokens must be at least 1, got {self.max_tokens}")
         if self.json_schema is not None and not isinstance(self.json_schema, dict):
             raise BatchError(f"--json-schema must be a JSON Schema object, got {type(self.json_schema).__name__}")
+        if self.labels is not None:
+            try:
+                parse_labels(self.labels)
+            except ValueError as exc:
+                raise BatchError(str(exc)) from None
+            if self.wants_json:
+                raise BatchError("--labels holds each answer to a label: it does not combine with --json/--json-schema")
 
     def check_columns(self, columns: list[str]) -> None:
         """The output columns must not overwrite the input's or each other."""
@@ -239,6 +262,7 @@ def job_key(messages: list[dict[str, str]], body: dict[str, Any], opts: BatchOpt
         "body": {k: v for k, v in body.items() if k != "priority"},
         "model": model,
         "columns": opts.columns,
+        **({"labels": opts.label_list} if opts.labels is not None else {}),  # other jobs keep their keys
     }
     return hashlib.sha256(json.dumps(made_of, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
@@ -303,6 +327,42 @@ def _parse_json_answer(record: dict[str, Any], opts: BatchOptions) -> dict[str, 
     return record
 
 
+def _score_labels(
+    client: ChatClient,
+    messages: list[dict[str, str]],
+    body: dict[str, Any],
+    opts: BatchOptions,
+    stop: threading.Event,
+    inflight: dict[int, str],
+) -> dict[str, Any]:
+    """A row with --labels: each label's likelihood (labels.py), the most likely one the answer."""
+    start = time.monotonic()
+    each = replace(opts, labels=None, logprobs=True, json_object=False, json_schema=None)
+    likelihoods: dict[str, float] = {}
+    records = []
+    for label in opts.label_list:
+        held = {**body, "logprobs": True, "grammar": labels_grammar([label])}
+        record = _score_row(client, messages, held, each, stop, inflight)
+        if record.get("error"):
+            return record
+        records.append(record)
+        likelihoods[label] = record[PROBABILITY_COLUMN] or 0.0
+    shares = label_shares(likelihoods)
+    answer = max(likelihoods, key=lambda label: likelihoods[label])
+    out = {
+        opts.output_column: answer,
+        "finish_reason": "stop",
+        "prompt_tokens": records[0]["prompt_tokens"],
+        "completion_tokens": sum(r["completion_tokens"] or 0 for r in records),
+        "latency_ms": round((time.monotonic() - start) * 1000, 1),
+        "error": None,
+    }
+    if opts.logprobs:
+        out[PROBABILITY_COLUMN] = shares[answer]
+        out |= {probability_column(label): share for label, share in shares.items()}
+    return out
+
+
 def _score_row(
     client: ChatClient,
     messages: list[dict[str, str]],
@@ -311,6 +371,8 @@ def _score_row(
     stop: threading.Event,
     inflight: dict[int, str],
 ) -> dict[str, Any]:
+    if opts.labels is not None:
+        return _score_labels(client, messages, body, opts, stop, inflight)
     messages = list(messages)
     start = time.monotonic()
     last_error = "not run"

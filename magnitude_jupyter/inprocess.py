@@ -85,7 +85,12 @@ class EngineClient:
         try:
             for event in self.engine.stream(request_id, timeout=STREAM_TIMEOUT_S):
                 result.logprobs += [
-                    {"token": lp.token.decode("utf-8", "replace"), "logprob": lp.logprob} for lp in event.logprobs
+                    {
+                        "token": lp.token.decode("utf-8", "replace"),
+                        "logprob": lp.logprob,
+                        "top_logprobs": [{"token": t.decode("utf-8", "replace"), "logprob": v} for t, v in lp.top],
+                    }
+                    for lp in event.logprobs
                 ]
                 if event.text:
                     result.text += event.text
