@@ -310,6 +310,7 @@ def serve(
 @click.option("--concurrency", default="1,2,4,8,16", show_default=True, help="Levels, comma-separated.")
 @click.option("--requests", type=int, default=16, show_default=True, help="Requests per level.")
 @click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option("--min-seconds", type=float, default=None, help="Run each level at least this long (steadier figures).")
 @click.option(
     "--prompt", default=None, help="One prompt for every request (flatters: a cache hit); default: distinct prompts."
 )
@@ -346,6 +347,7 @@ def calibrate(
     concurrency: str,
     requests: int,
     max_tokens: int,
+    min_seconds: float | None,
     prompt: str | None,
     workflow: bool,
     sessions: str,
@@ -407,6 +409,7 @@ def calibrate(
             concurrency=parse_levels(concurrency),
             requests_per_level=requests,
             max_tokens=max_tokens,
+            min_seconds_per_level=min_seconds,
             prompt=prompt,
             ttft_p95_limit_ms=ttft_limit_ms,
             latency_target_ms=latency_target_ms,

@@ -121,6 +121,8 @@ def line_parser() -> _Parser:
     calibrate.add_argument("--concurrency", default="1,2,4,8,16")
     calibrate.add_argument("--requests", type=int, default=16)
     calibrate.add_argument("--max-tokens", type=int, default=64)
+    calibrate.add_argument("--min-seconds", type=float, default=None, help="run each level at least this long")
+    calibrate.add_argument("--warmup", type=int, default=2, help="requests sent before the first level")
     calibrate.add_argument("--latency-target-ms", type=float, default=2000.0)
     calibrate.add_argument("--no-probe", action="store_true")
     calibrate.add_argument("--start", action="store_true", help="start the sweep at once")

@@ -28,6 +28,8 @@ def calibrate_cell(client: Client, args: argparse.Namespace, user_ns: dict[str, 
         requests_per_level=args.requests,
         max_tokens=args.max_tokens,
         latency_target_ms=args.latency_target_ms,
+        min_seconds_per_level=args.min_seconds,
+        warmup_requests=args.warmup,
         model=client.model,
     )
     config.validate()

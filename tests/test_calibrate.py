@@ -247,3 +247,35 @@ def test_sweep_prompts_differ_unless_asked_not_to():
     mine = SweepConfig(prompts=("a", "b"))
     assert [messages_for(mine, i)[0]["content"] for i in range(4)] == ["a", "b", "a", "b"]
     assert messages_for(SweepConfig(prompt="same"), 7) == [{"role": "user", "content": "same"}]
+
+
+def test_a_level_reports_an_interval_and_says_what_it_measured():
+    import statistics
+
+    from magnitude_jupyter.calibrate.figures import measured_caption
+    from magnitude_jupyter.calibrate.sweep import Sample, throughput_interval
+
+    samples = [Sample(ok=True, ttft_s=0.1, e2e_s=e, tokens=10) for e in (1.0, 1.1, 0.9, 1.0)]
+    interval = throughput_interval(samples, concurrency=2)
+    rates = [20 / e for e in (1.0, 1.1, 0.9, 1.0)]
+    assert interval == pytest.approx(1.96 * statistics.stdev(rates) / 2)
+    assert throughput_interval(samples[:2], 2) is None, "two requests say nothing about spread"
+    config = {"requests_per_level": 8, "max_tokens": 32, "min_seconds_per_level": 4, "prompt_words": 40}
+    caption = measured_caption(config)
+    assert caption == (
+        "each point: 8 requests, at least 4 s, 32 new tokens each, distinct ~40-word prompts; "
+        "prompt processing included; bars: 95% interval"
+    )
+
+
+@pytest.mark.model
+def test_a_level_keeps_sending_until_its_minimum_time(server):
+    import threading
+
+    from magnitude_jupyter.calibrate.sweep import run_closed_level
+    from magnitude_jupyter.client import Client
+
+    config = SweepConfig(concurrency=(2,), requests_per_level=1, max_tokens=4, min_seconds_per_level=1.5)
+    level = run_closed_level(Client(server.url, server.token), config, 2, threading.Event())
+    assert level.seconds >= 1.5 and level.requests > 2 and level.errors == 0
+    assert level.output_tokens_per_s_ci95 is not None and level.output_tokens_per_s_ci95 >= 0

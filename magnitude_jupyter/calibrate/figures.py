@@ -39,7 +39,23 @@ def throughput_traces(levels: list[Level], name: str = "") -> dict[str, Any]:
     ys = [lv.output_tokens_per_s for lv in closed]
     k = knee([(float(x or 0), y) for x, y in zip(xs, ys, strict=True)])
     knee_y = [y for x, y in zip(xs, ys, strict=True) if x == k]
-    return {"x": xs, "y": ys, "knee_x": [k] if k is not None else [], "knee_y": knee_y[:1], "name": name}
+    err = [lv.output_tokens_per_s_ci95 or 0.0 for lv in closed]
+    return {"x": xs, "y": ys, "err": err, "knee_x": [k] if k is not None else [], "knee_y": knee_y[:1], "name": name}
+
+
+def measured_caption(config: dict[str, Any]) -> str:
+    """What one point of a sweep is, in words: a learner comparing two numbers needs to know."""
+    if config.get("prompt"):
+        prompts = "one prompt for all (a prefix-cache hit after the first)"
+    elif config.get("prompts"):
+        prompts = f"{len(config['prompts'])} prompts of yours, cycled"
+    else:
+        prompts = f"distinct ~{config.get('prompt_words', 40)}-word prompts"
+    seconds = f", at least {config['min_seconds_per_level']:g} s" if config.get("min_seconds_per_level") else ""
+    return (
+        f"each point: {config.get('requests_per_level')} requests{seconds}, {config.get('max_tokens')} new tokens "
+        f"each, {prompts}; prompt processing included; bars: 95% interval"
+    )
 
 
 def latency_traces(levels: list[Level], key: str = "ttft_ms") -> dict[str, list[Any]]:
@@ -53,14 +69,18 @@ def latency_traces(levels: list[Level], key: str = "ttft_ms") -> dict[str, list[
 def throughput_figure(profiles: list[Any]) -> go.Figure:
     fig = go.Figure(
         layout={
-            "title": "Output tokens/s vs concurrency",
+            "title": {
+                "text": "Output tokens/s vs concurrency"
+                + (f"<br><sup>{measured_caption(profiles[0].config)}</sup>" if profiles else "")
+            },
             "xaxis": concurrency_axis(_profile_levels(profiles)),
             "yaxis": {"title": "output tok/s", "rangemode": "tozero"},
         }
     )
     for profile in profiles:
         t = throughput_traces(profile.levels, profile.name or str(profile.model.get("id")))
-        fig.add_scatter(x=t["x"], y=t["y"], mode="lines+markers", name=t["name"])
+        error = {"type": "data", "array": t["err"], "visible": True}
+        fig.add_scatter(x=t["x"], y=t["y"], error_y=error, mode="lines+markers", name=t["name"])
         fig.add_scatter(
             x=t["knee_x"], y=t["knee_y"], mode="markers", name="knee", marker={"size": 14, "symbol": "star"}
         )

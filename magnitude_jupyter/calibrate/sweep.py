@@ -7,7 +7,9 @@ are read from its own timings and /status, and left missing (None) for other ser
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -103,6 +105,7 @@ class SweepConfig:
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
     requests_per_level: int = 16
     seconds_per_level: float | None = None  # if set, run each level this long instead of a request count
+    min_seconds_per_level: float | None = None  # and at least this long: a few short requests are noise
     warmup_requests: int = 2
     max_tokens: int = 64
     prompt: str | None = None  # one prompt for every request: a prefix-cache hit after the first, which flatters
@@ -280,6 +283,7 @@ def run_closed_level(
     lock = threading.Lock()
     remaining = [config.requests_per_level]
     deadline = time.perf_counter() + config.seconds_per_level if config.seconds_per_level else None
+    floor = time.perf_counter() + config.min_seconds_per_level if config.min_seconds_per_level else None
 
     issued = [0]
 
@@ -290,7 +294,7 @@ def run_closed_level(
                 return None
             if deadline is not None and time.perf_counter() >= deadline:
                 return None
-            if deadline is None and remaining[0] <= 0:
+            if deadline is None and remaining[0] <= 0 and (floor is None or time.perf_counter() >= floor):
                 return None
             remaining[0] -= 1
             issued[0] += 1
@@ -310,7 +314,18 @@ def run_closed_level(
         for t in threads:
             t.join()
         elapsed = time.perf_counter() - start
-    return summarize(samples, elapsed, concurrency=concurrency, **sampler.summary())
+    interval = throughput_interval(samples, concurrency)
+    return summarize(samples, elapsed, concurrency=concurrency, output_tokens_per_s_ci95=interval, **sampler.summary())
+
+
+def throughput_interval(samples: list[Sample], concurrency: int) -> float | None:
+    """Half-width of a 95% interval for a closed-loop level's output tok/s. By Little's law each
+    request is one estimate of it, concurrency x its tokens / its end-to-end time; their standard
+    error (1.96 of them) says how far another run of the level might land. None under 3 requests."""
+    rates = [concurrency * s.tokens / s.e2e_s for s in samples if s.ok and s.e2e_s]
+    if len(rates) < 3:
+        return None
+    return 1.96 * statistics.stdev(rates) / math.sqrt(len(rates))
 
 
 def run_open_level(client: Client, config: SweepConfig, rate: float, stop: threading.Event, seed: int = 0) -> Level:

@@ -8,7 +8,7 @@ are swept one after the other, each with a line of its own on the throughput and
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import ipywidgets as w
@@ -21,6 +21,7 @@ from .figures import (
     concurrency_axis,
     latency_figure,
     latency_traces,
+    measured_caption,
     throughput_traces,
 )
 from .profile import Profile
@@ -36,6 +37,7 @@ class CalibrationWidget:
     def __init__(self, client: Client | None = None, config: SweepConfig | None = None, probe: bool = True) -> None:
         self.client = client or discover()
         config = config or SweepConfig()
+        self._base_config = config
         self.run_probe = probe
         self.profile: Profile | None = None
         self.profiles: list[Profile] = []  # one per model swept, in order
@@ -116,7 +118,9 @@ class CalibrationWidget:
     # -- running ------------------------------------------------------------------------------
 
     def config(self) -> SweepConfig:
-        return SweepConfig(
+        """The sweep the controls describe, over what the widget was made with (warm-up, prompts, …)."""
+        return replace(
+            self._base_config,
             concurrency=parse_levels(self.concurrency.value),
             requests_per_level=int(self.requests.value),
             max_tokens=int(self.max_tokens.value),
@@ -203,9 +207,13 @@ class CalibrationWidget:
         p95 line for each further model."""
         names = [m or "output tok/s" for m in models]
         try:
-            axis = concurrency_axis(self.config().concurrency)
+            config = self.config()
         except ValueError:
-            axis = None
+            config = None
+        axis = concurrency_axis(config.concurrency) if config is not None else None
+        if config is not None:  # say on the plot what one point is
+            caption = measured_caption(asdict(config))
+            self.throughput.layout.title = {"text": f"Output tokens/s vs concurrency<br><sup>{caption}</sup>"}
         for fig in (self.throughput, self.latency):
             if axis is not None:
                 fig.update_xaxes(**axis)
@@ -240,6 +248,7 @@ class CalibrationWidget:
         line = 0 if self._line == 0 else self._line + 1  # trace 1 is the knee
         with self.throughput.batch_update():
             self.throughput.data[line].x, self.throughput.data[line].y = t["x"], t["y"]
+            self.throughput.data[line].error_y = {"type": "data", "array": t["err"], "visible": True}
             self.throughput.data[1].x, self.throughput.data[1].y = t["knee_x"], t["knee_y"]
         with self.latency.batch_update():
             if self._line == 0:
