@@ -91,7 +91,7 @@ def lab(tmp_path, models_dir):
             proc.kill()
             raise AssertionError(f"jupyter lab did not start: {proc.stdout.read() if proc.stdout else ''}")
         time.sleep(0.3)
-    yield {"url": url, "token": token, "env": env}
+    yield {"url": url, "token": token, "env": env, "root": root}
     proc.terminate()
     try:
         proc.wait(30)
@@ -137,3 +137,29 @@ def test_panel_and_streaming_cell_in_a_real_browser(lab):
     assert result["ok"] and "tok/s" in result["status"]
     assert result["residents"] == 2 and result["shown"] == SECOND_MODEL
     assert (shots / "jupyterlab-magnitude.png").stat().st_size > 10_000
+
+
+SWEEP_CELL = "%magnitude calibrate --concurrency 1,2 --requests 2 --max-tokens 8 --no-probe --start"
+
+
+def test_calibration_widget_fits_the_cell_and_survives_a_reload(lab):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [
+        nbformat.v4.new_code_cell("%load_ext magnitude_jupyter"),
+        nbformat.v4.new_code_cell(SWEEP_CELL),
+        nbformat.v4.new_code_cell("import ipywidgets as w\nw.IntSlider(3)"),
+    ]
+    nbformat.write(nb, lab["root"] / "widget.ipynb")
+    shots = ROOT / "docs"
+    done = subprocess.run(
+        ["node", "widget.test.mjs"],
+        cwd=UI_TESTS,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**lab["env"], "LAB_URL": lab["url"], "LAB_TOKEN": lab["token"], "SCREENSHOT_DIR": str(shots)},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["ok"] and (shots / "calibration-widget.png").stat().st_size > 5_000

@@ -43,6 +43,14 @@ def throughput_traces(levels: list[Level], name: str = "") -> dict[str, Any]:
     return {"x": xs, "y": ys, "err": err, "knee_x": [k] if k is not None else [], "knee_y": knee_y[:1], "name": name}
 
 
+def throughput_title(config: dict[str, Any] | None) -> str:
+    """The throughput plot's title, with what one point measured below it on two short lines."""
+    if config is None:
+        return "Output tokens/s vs concurrency"
+    caption = measured_caption(config).replace("; prompt processing", ";<br>prompt processing")
+    return f"Output tokens/s vs concurrency<br><sup>{caption}</sup>"
+
+
 def measured_caption(config: dict[str, Any]) -> str:
     """What one point of a sweep is, in words: a learner comparing two numbers needs to know."""
     if config.get("prompt"):
@@ -69,10 +77,7 @@ def latency_traces(levels: list[Level], key: str = "ttft_ms") -> dict[str, list[
 def throughput_figure(profiles: list[Any]) -> go.Figure:
     fig = go.Figure(
         layout={
-            "title": {
-                "text": "Output tokens/s vs concurrency"
-                + (f"<br><sup>{measured_caption(profiles[0].config)}</sup>" if profiles else "")
-            },
+            "title": {"text": throughput_title(profiles[0].config if profiles else None)},
             "xaxis": concurrency_axis(_profile_levels(profiles)),
             "yaxis": {"title": "output tok/s", "rangemode": "tozero"},
         }

@@ -8,6 +8,7 @@ are swept one after the other, each with a line of its own on the throughput and
 from __future__ import annotations
 
 import threading
+from copy import deepcopy
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -21,7 +22,7 @@ from .figures import (
     concurrency_axis,
     latency_figure,
     latency_traces,
-    measured_caption,
+    throughput_title,
     throughput_traces,
 )
 from .profile import Profile
@@ -212,8 +213,7 @@ class CalibrationWidget:
             config = None
         axis = concurrency_axis(config.concurrency) if config is not None else None
         if config is not None:  # say on the plot what one point is
-            caption = measured_caption(asdict(config))
-            self.throughput.layout.title = {"text": f"Output tokens/s vs concurrency<br><sup>{caption}</sup>"}
+            self.throughput.layout.title = {"text": throughput_title(asdict(config))}
         for fig in (self.throughput, self.latency):
             if axis is not None:
                 fig.update_xaxes(**axis)
@@ -231,6 +231,7 @@ class CalibrationWidget:
                 trace.name = f"TTFT {stat}" + (f" ({names[0]})" if len(names) > 1 else "")
             for name in names[1:]:
                 self.latency.add_scatter(x=[], y=[], mode="lines+markers", name=f"TTFT p95 ({name})")
+        _keep_restorable(self.throughput, self.latency)
 
     def _on_capacity(self, capacity: dict[str, Any]) -> None:
         t = capacity_traces(capacity)
@@ -239,6 +240,7 @@ class CalibrationWidget:
             self.capacity.data[0].name = t["name"]
             self.capacity.data[1].x, self.capacity.data[1].y = t["current_x"], t["current_y"]
             self.capacity.data[2].x, self.capacity.data[2].y = t["probe_x"], t["probe_y"]
+        _keep_restorable(self.capacity)
         self.status.value = "sweeping…"
 
     def _on_level(self, level: Level) -> None:
@@ -261,11 +263,25 @@ class CalibrationWidget:
             f"concurrency {level.concurrency}: {level.output_tokens_per_s:.1f} tok/s, "
             f"TTFT p95 {level.ttft_ms.p95 or 0:.0f} ms"
         )
+        _keep_restorable(self.throughput, self.latency)
 
 
-def _fitted(figure: go.FigureWidget) -> w.Box:
-    """A box that gives a plot its share of the cell's width: at least 320 px, at most all of it."""
-    return w.Box([figure], layout=w.Layout(flex="1 1 440px", min_width="320px", max_width="100%"))
+def _fitted(figure: go.FigureWidget) -> w.VBox:
+    """A box that gives a plot its share of the cell's width: at least 320 px, at most all of it (a
+    column box, so that the plot stretches to the box's width and sizes itself to it)."""
+    return w.VBox([figure], layout=w.Layout(flex="1 1 440px", min_width="320px", max_width="100%"))
+
+
+def _keep_restorable(*figures: go.FigureWidget) -> None:
+    """Write each figure's current data and layout into the state a reloaded page restores from.
+
+    plotly's FigureWidget sends later edits to the browser as messages, and fills the synced state
+    (`_widget_data`, `_widget_layout`) only when the figure itself is displayed; a figure inside our
+    box never is, so after a page reload it came back as it was created: empty. The browser does not
+    redraw on these two (plotly's view ignores their changes), so this costs no flicker."""
+    for figure in figures:
+        figure._widget_data = deepcopy(figure._data)
+        figure._widget_layout = deepcopy(figure._layout_obj._props)
 
 
 class _Empty:

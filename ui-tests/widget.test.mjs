@@ -1,0 +1,66 @@
+// The calibration widget in JupyterLab: it fits the cell, and after a page reload (kernel still
+// running) it comes back with the data it had, as a plain ipywidget does. Saves a screenshot.
+import assert from 'node:assert/strict';
+import path from 'node:path';
+import { chromium } from 'playwright-core';
+
+const labUrl = process.env.LAB_URL; // ends with '/'
+const token = process.env.LAB_TOKEN;
+const shots = process.env.SCREENSHOT_DIR;
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+  args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run', '--disable-background-networking']
+});
+// Every plotly plot on the page: its width and the number of points of each trace.
+const plots = page => page.evaluate(() => [...document.querySelectorAll('.js-plotly-plot')].map(e => ({
+  width: e.getBoundingClientRect().width,
+  points: (e.data || []).map(t => (t.x || []).length)
+})));
+try {
+  const page = await browser.newPage({ viewport: { width: 1440, height: 900 } });
+  page.setDefaultTimeout(Number(process.env.UI_TIMEOUT_MS ?? 180_000));
+  const problems = [];
+  page.on('console', m => { if (/Failed to initialize model|model not found/i.test(m.text())) problems.push(m.text()); });
+  await page.goto(`${labUrl}lab/tree/widget.ipynb?token=${token}`);
+  await page.waitForSelector('.jp-Notebook .jp-Cell');
+  await page.waitForFunction(() => /\|\s*Idle/.test(document.querySelector('.jp-StatusBar-Widget')?.textContent ?? ''));
+  await page.locator('.lm-MenuBar-itemLabel', { hasText: /^Run$/ }).click();
+  await page.locator('.lm-Menu-itemLabel', { hasText: /^Run All Cells$/ }).click();
+  // The sweep (--start) runs to its end: the status says done.
+  await page.waitForFunction(() => /done: \d+ levels/.test(document.querySelectorAll('.jp-Cell')[1]?.querySelector('.jp-OutputArea')?.textContent ?? ''));
+  await page.waitForTimeout(1000);
+  const cell = await page.evaluate(() => document.querySelectorAll('.jp-Cell')[1].querySelector('.jp-OutputArea-output').getBoundingClientRect().width);
+  const before = await plots(page);
+  const [throughput, latency, capacity] = before;
+  assert.ok(throughput.points[0] === 2 && latency.points[0] === 2, JSON.stringify(before));
+  for (const plot of [throughput, latency, capacity]) {
+    assert.ok(plot.width <= cell, `a plot of ${plot.width} px in a ${cell} px cell`);
+  }
+  assert.ok(throughput.width + latency.width <= cell, 'throughput and TTFT side by side in a wide cell');
+  await page.locator('.lm-MenuBar-itemLabel', { hasText: /^File$/ }).click();
+  await page.locator('.lm-Menu-itemLabel', { hasText: /^Save Notebook$/ }).click();
+  await page.waitForFunction(() => !document.querySelector('.jp-mod-current.jp-mod-dirty, .lm-TabBar-tab.jp-mod-dirty'));
+  await page.waitForTimeout(1000);
+
+  await page.reload();
+  await page.waitForSelector('.jp-Notebook .jp-Cell');
+  await page.waitForFunction(() => document.querySelectorAll('.js-plotly-plot').length >= 3);
+  await page.waitForTimeout(2000);
+  const after = await plots(page);
+  const text = await page.evaluate(() => document.querySelector('.jp-Notebook').textContent);
+  assert.ok(!/Error displaying widget|model not found/i.test(text), 'every widget is restored');
+  assert.deepEqual(after.slice(0, 3).map(p => p.points), before.slice(0, 3).map(p => p.points), 'the plots keep their data');
+  assert.deepEqual(problems, []);
+  if (shots) {
+    await page.locator('.jp-toast-button', { hasText: /^No$/ }).click({ timeout: 2000 }).catch(() => {});
+    await page.locator('.jp-Cell').nth(1).screenshot({ path: path.join(shots, 'calibration-widget.png') });
+  }
+  console.log(JSON.stringify({ ok: true, cell, before, after }));
+} catch (error) {
+  const [context] = browser.contexts();
+  const [page] = context ? context.pages() : [];
+  if (page && shots) await page.screenshot({ path: path.join(shots, 'failure.png') }).catch(() => {});
+  throw error;
+} finally {
+  await browser.close();
+}
