@@ -1,14 +1,14 @@
-"""The calibration widget: controls, three live plotly FigureWidgets, a progress bar and a Stop button.
+"""The calibration widget: controls, three live plotly figures, a progress bar and a Stop button.
 
 The sweep runs on a background thread, so the Stop button (and the rest of the notebook) stays
-live; each finished level updates the figures in place (`batch_update`). Several models picked
+live; each finished level updates the figures (`batch_update`) and draws them again. Several models picked
 are swept one after the other, each with a line of its own on the throughput and TTFT plots.
 """
 
 from __future__ import annotations
 
+import json
 import threading
-from copy import deepcopy
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -71,12 +71,12 @@ class CalibrationWidget:
 
         # No fixed widths: each plot takes the width of its box, side by side in a wide cell, stacked
         # in a narrow one (two 700 px plots overflow a notebook cell beside the Lab panel).
-        self.throughput = go.FigureWidget(
+        self.throughput = go.Figure(
             layout={
                 "title": "Output tokens/s vs concurrency",
-                "height": 320,
+                "height": 360,
                 "autosize": True,
-                "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
+                "margin": {"l": 60, "r": 20, "t": 90, "b": 50},  # room for the two-line caption
                 "xaxis": concurrency_axis(config.concurrency),
                 "yaxis": {"title": "tok/s", "rangemode": "tozero"},
                 "legend": {"orientation": "h", "y": -0.25},
@@ -84,7 +84,7 @@ class CalibrationWidget:
         )
         self.throughput.add_scatter(x=[], y=[], mode="lines+markers", name="output tok/s")
         self.throughput.add_scatter(x=[], y=[], mode="markers", name="knee", marker={"size": 14, "symbol": "star"})
-        self.latency = go.FigureWidget(latency_figure([]))
+        self.latency = go.Figure(latency_figure([]))
         self.latency.update_layout(
             height=320,
             autosize=True,
@@ -94,7 +94,7 @@ class CalibrationWidget:
         )
         for stat in ("p50", "p95", "p99"):
             self.latency.add_scatter(x=[], y=[], mode="lines+markers", name=f"TTFT {stat}")
-        self.capacity = go.FigureWidget(capacity_figure(_Empty()))
+        self.capacity = go.Figure(capacity_figure(_Empty()))
         self.capacity.update_layout(height=320, autosize=True, margin={"l": 60, "r": 20, "t": 50, "b": 50})
 
         controls = w.VBox(
@@ -105,11 +105,26 @@ class CalibrationWidget:
                 w.HBox([self.start_button, self.stop_button, self.progress, self.status]),
             ]
         )
+        self._views = {id(fig): _view() for fig in (self.throughput, self.latency, self.capacity)}
         plots = w.Box(
-            [_fitted(self.throughput), _fitted(self.latency)],
+            [self._views[id(self.throughput)], self._views[id(self.latency)]],
             layout=w.Layout(display="flex", flex_flow="row wrap", width="100%"),
         )
-        self.box = w.VBox([controls, plots, _fitted(self.capacity)], layout=w.Layout(width="100%"))
+        self.box = w.VBox([controls, plots, self._views[id(self.capacity)]], layout=w.Layout(width="100%"))
+        self._draw(self.throughput, self.latency, self.capacity)
+
+    def _draw(self, *figures: go.Figure) -> None:
+        """Show each figure as it is now, as plain plotly output inside an Output widget.
+
+        Not a FigureWidget: each of those carries plotly.js (about 5 MB) in its widget state, and a
+        reloaded page has about 2 s to fetch every widget's state from the kernel before it gives
+        up with "model not found" for all of them; three figures missed it. An Output widget's
+        state is the figure's JSON, and the page redraws it from there (sized to its box)."""
+        for figure in figures:
+            spec = json.loads(figure.to_json())
+            plot = {**spec, "config": {"responsive": True}}
+            bundle = {"application/vnd.plotly.v1+json": plot, "text/plain": "<figure>"}
+            self._views[id(figure)].outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
@@ -231,7 +246,7 @@ class CalibrationWidget:
                 trace.name = f"TTFT {stat}" + (f" ({names[0]})" if len(names) > 1 else "")
             for name in names[1:]:
                 self.latency.add_scatter(x=[], y=[], mode="lines+markers", name=f"TTFT p95 ({name})")
-        _keep_restorable(self.throughput, self.latency)
+        self._draw(self.throughput, self.latency)
 
     def _on_capacity(self, capacity: dict[str, Any]) -> None:
         t = capacity_traces(capacity)
@@ -240,7 +255,7 @@ class CalibrationWidget:
             self.capacity.data[0].name = t["name"]
             self.capacity.data[1].x, self.capacity.data[1].y = t["current_x"], t["current_y"]
             self.capacity.data[2].x, self.capacity.data[2].y = t["probe_x"], t["probe_y"]
-        _keep_restorable(self.capacity)
+        self._draw(self.capacity)
         self.status.value = "sweeping…"
 
     def _on_level(self, level: Level) -> None:
@@ -263,25 +278,12 @@ class CalibrationWidget:
             f"concurrency {level.concurrency}: {level.output_tokens_per_s:.1f} tok/s, "
             f"TTFT p95 {level.ttft_ms.p95 or 0:.0f} ms"
         )
-        _keep_restorable(self.throughput, self.latency)
+        self._draw(self.throughput, self.latency)
 
 
-def _fitted(figure: go.FigureWidget) -> w.VBox:
-    """A box that gives a plot its share of the cell's width: at least 320 px, at most all of it (a
-    column box, so that the plot stretches to the box's width and sizes itself to it)."""
-    return w.VBox([figure], layout=w.Layout(flex="1 1 440px", min_width="320px", max_width="100%"))
-
-
-def _keep_restorable(*figures: go.FigureWidget) -> None:
-    """Write each figure's current data and layout into the state a reloaded page restores from.
-
-    plotly's FigureWidget sends later edits to the browser as messages, and fills the synced state
-    (`_widget_data`, `_widget_layout`) only when the figure itself is displayed; a figure inside our
-    box never is, so after a page reload it came back as it was created: empty. The browser does not
-    redraw on these two (plotly's view ignores their changes), so this costs no flicker."""
-    for figure in figures:
-        figure._widget_data = deepcopy(figure._data)
-        figure._widget_layout = deepcopy(figure._layout_obj._props)
+def _view() -> w.Output:
+    """Where one figure is drawn: its share of the cell's width, at least 320 px, at most all of it."""
+    return w.Output(layout=w.Layout(flex="1 1 440px", min_width="320px", max_width="100%"))
 
 
 class _Empty:
