@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -24,3 +25,6 @@ def test_notebook_runs_top_to_bottom(path, server, monkeypatch, tmp_path):
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     errors = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs if o.output_type == "error"]
     assert not errors
+    if path.stem.startswith("02"):  # the labels lesson: every answer a label, measured against a baseline
+        text = "\n".join(o.get("text", "") for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs)
+        assert re.search(r"model accuracy \d+%; always-the-majority baseline 50%", text), text

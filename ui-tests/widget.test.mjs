@@ -37,6 +37,11 @@ try {
     assert.ok(plot.width <= cell, `a plot of ${plot.width} px in a ${cell} px cell`);
   }
   assert.ok(throughput.width + latency.width <= cell, 'throughput and TTFT side by side in a wide cell');
+  // The plot says what one point measured, and the summary names the knee or says it was not reached.
+  const caption = await page.evaluate(() => document.querySelector('.js-plotly-plot .gtitle')?.textContent ?? '');
+  assert.match(caption, /each point: 2 requests, 8 new tokens each/);
+  const outputText = await page.evaluate(() => document.querySelectorAll('.jp-Cell')[1].querySelector('.jp-OutputArea').textContent);
+  assert.match(outputText, /knee (at \d+|not reached \(still rising at concurrency 2: try higher\))/);
   await page.locator('.lm-MenuBar-itemLabel', { hasText: /^File$/ }).click();
   await page.locator('.lm-Menu-itemLabel', { hasText: /^Save Notebook$/ }).click();
   await page.waitForFunction(() => !document.querySelector('.jp-mod-current.jp-mod-dirty, .lm-TabBar-tab.jp-mod-dirty'));
