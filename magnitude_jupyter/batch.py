@@ -14,7 +14,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -328,21 +328,16 @@ def _parse_json_answer(record: dict[str, Any], opts: BatchOptions) -> dict[str, 
 
 
 def _score_labels(
-    client: ChatClient,
-    messages: list[dict[str, str]],
-    body: dict[str, Any],
-    opts: BatchOptions,
-    stop: threading.Event,
-    inflight: dict[int, str],
+    score: Callable[[dict[str, Any], BatchOptions], dict[str, Any]], body: dict[str, Any], opts: BatchOptions
 ) -> dict[str, Any]:
-    """A row with --labels: each label's likelihood (labels.py), the most likely one the answer."""
+    """A row with --labels: each label's likelihood (labels.py), the most likely one the answer.
+    `score(body, opts)` scores the row once."""
     start = time.monotonic()
     each = replace(opts, labels=None, logprobs=True, json_object=False, json_schema=None)
     likelihoods: dict[str, float] = {}
     records = []
     for label in opts.label_list:
-        held = {**body, "logprobs": True, "grammar": labels_grammar([label])}
-        record = _score_row(client, messages, held, each, stop, inflight)
+        record = score({**body, "logprobs": True, "grammar": labels_grammar([label])}, each)
         if record.get("error"):
             return record
         records.append(record)
@@ -372,7 +367,7 @@ def _score_row(
     inflight: dict[int, str],
 ) -> dict[str, Any]:
     if opts.labels is not None:
-        return _score_labels(client, messages, body, opts, stop, inflight)
+        return _score_labels(lambda b, o: _score_row(client, messages, b, o, stop, inflight), body, opts)
     messages = list(messages)
     start = time.monotonic()
     last_error = "not run"

@@ -107,18 +107,14 @@ def test_labextension_is_installed_and_enabled():
     assert "enabled" in line and "OK" in line, listing.stdout + listing.stderr
 
 
-def test_panel_and_streaming_cell_in_a_real_browser(lab):
-    shots = ROOT / "docs"
-    shots.mkdir(exist_ok=True)
-    # A second model in memory beside the default: the panel lists both and can show either.
-    loaded = httpx.post(
-        f"{lab['url']}magnitude/models/{SECOND_MODEL}/load",
-        headers={"Authorization": f"token {lab['token']}"},
-        timeout=120,
-    )
-    assert loaded.status_code == 200 and loaded.json()["loaded"], loaded.text
+SHOTS = ROOT / "docs"  # screenshots for the README, refreshed by every run
+
+
+def run_ui_test(script: str, lab: dict, **env: str) -> dict:
+    """Run one ui-tests script against the lab; its last stdout line is its JSON result."""
+    SHOTS.mkdir(exist_ok=True)
     done = subprocess.run(
-        ["node", "panel.test.mjs"],
+        ["node", script],
         cwd=UI_TESTS,
         capture_output=True,
         text=True,
@@ -127,16 +123,27 @@ def test_panel_and_streaming_cell_in_a_real_browser(lab):
             **lab["env"],
             "LAB_URL": lab["url"],
             "LAB_TOKEN": lab["token"],
-            "SCREENSHOT_DIR": str(shots),
+            "SCREENSHOT_DIR": str(SHOTS),
             "CHROMIUM": CHROMIUM,
-            "SECOND_MODEL": SECOND_MODEL,
+            **env,
         },
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_panel_and_streaming_cell_in_a_real_browser(lab):
+    # A second model in memory beside the default: the panel lists both and can show either.
+    loaded = httpx.post(
+        f"{lab['url']}magnitude/models/{SECOND_MODEL}/load",
+        headers={"Authorization": f"token {lab['token']}"},
+        timeout=120,
+    )
+    assert loaded.status_code == 200 and loaded.json()["loaded"], loaded.text
+    result = run_ui_test("panel.test.mjs", lab, SECOND_MODEL=SECOND_MODEL)
     assert result["ok"] and "tok/s" in result["status"]
     assert result["residents"] == 2 and result["shown"] == SECOND_MODEL
-    assert (shots / "jupyterlab-magnitude.png").stat().st_size > 10_000
+    assert (SHOTS / "jupyterlab-magnitude.png").stat().st_size > 10_000
 
 
 SWEEP_CELL = "%magnitude calibrate --concurrency 1,2 --requests 2 --max-tokens 8 --no-probe --start"
@@ -151,15 +158,5 @@ def test_calibration_widget_fits_the_cell_and_survives_a_reload(lab):
         nbformat.v4.new_code_cell("import ipywidgets as w\nw.IntSlider(3)"),
     ]
     nbformat.write(nb, lab["root"] / "widget.ipynb")
-    shots = ROOT / "docs"
-    done = subprocess.run(
-        ["node", "widget.test.mjs"],
-        cwd=UI_TESTS,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**lab["env"], "LAB_URL": lab["url"], "LAB_TOKEN": lab["token"], "SCREENSHOT_DIR": str(shots)},
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["ok"] and (shots / "calibration-widget.png").stat().st_size > 5_000
+    result = run_ui_test("widget.test.mjs", lab)
+    assert result["ok"] and (SHOTS / "calibration-widget.png").stat().st_size > 5_000
