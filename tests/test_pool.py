@@ -213,3 +213,19 @@ def test_a_models_own_chat_template_replaces_the_files(models_dir):
             assert default.prompt_tokens_for(messages=messages) != default.tokenize("<<Hello there>>")
     finally:
         pool.shutdown()
+
+
+def test_ctx_size_auto_loads_with_the_cells_its_plan_counted(models_dir):
+    """The pool sizes an auto cache once, from its own reading of free memory: an engine sized again
+    after evictions freed memory would take more than the room that was made for it."""
+    readings = iter(range(1536, 1 << 20, 256))  # MiB free, more at every reading
+    auto = EngineSettings(parallel=2, ctx_size="auto", memory_budget=0.5, prefix_cache_ram_mib=0)
+    pool = ModelPool(Settings(models_dir=models_dir, engine=auto), available_memory=lambda: next(readings) << 20)
+    try:
+        with pool.use(None) as (engine, _):
+            sizing = engine.context_sizing
+            assert sizing is not None and engine.engine_settings.ctx_size == sizing.cells
+            assert pool.held(engine.model_id).plan.kv_cache == sizing.cells * sizing.kv_bytes_per_token
+            assert sizing.budget_bytes == (1536 - 512) << 19, "half of the first reading less the reserve"
+    finally:
+        pool.shutdown()

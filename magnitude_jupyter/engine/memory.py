@@ -81,6 +81,10 @@ class ContextSizing:
         return asdict(self)
 
 
+def _available() -> int:
+    return int(psutil.virtual_memory().available)
+
+
 def mib(n: float) -> str:
     return f"{n / 2**20:,.0f} MiB"
 
@@ -89,7 +93,7 @@ def size_context(
     info: ModelInfo,
     es: EngineSettings,
     reserve_bytes: int,
-    available_memory: Callable[[], int] = lambda: int(psutil.virtual_memory().available),
+    available_memory: Callable[[], int] = _available,
 ) -> ContextSizing:
     """The KV cells a memory budget holds (see the module's docstring); a budget that cannot hold one
     sequence of the trained context is a ConfigError with the numbers."""
@@ -101,33 +105,34 @@ def size_context(
     else:
         budget, source = raw, "memory_budget"
     bpt = kv_bytes_per_token(info, *es.kv_types)
-    fixed = info.file_size + _buffers(info, es) + (es.prefix_cache_ram_mib << 20)
-    fits = int(max(0, budget - fixed) // bpt) // KV_PADDING * KV_PADDING
+    buffers, ram = _buffers(info, es), es.prefix_cache_ram_mib << 20
+    left = max(0, budget - info.file_size - buffers - ram)
+    fits = int(left // bpt) // KV_PADDING * KV_PADDING
     ceiling = es.parallel * info.trained_context
     cells = min(fits, ceiling)
     need = info.trained_context
     if cells < need:
         raise ConfigError(
-            f"ctx_size auto: a memory budget of {mib(budget)} ({source}) leaves {mib(max(0, budget - fixed))} for "
-            f"the KV cache after the weights ({mib(info.file_size)}), buffers ({mib(_buffers(info, es))}) and the "
-            f"prefix cache's RAM tier ({mib(es.prefix_cache_ram_mib << 20)}): {fits:,} cells at {bpt:,.0f} "
-            f"bytes/token ({es.kv_type_label}), but one sequence of the trained context needs {need:,} cells "
-            f"({mib(need * bpt)}). Give a larger memory_budget, a smaller cache_type, or a ctx_size in tokens."
+            f"ctx_size auto: a memory budget of {mib(budget)} ({source}) leaves {mib(left)} for the KV cache "
+            f"after the weights ({mib(info.file_size)}), buffers ({mib(buffers)}) and the prefix cache's RAM tier "
+            f"({mib(ram)}): {fits:,} cells at {bpt:,.0f} bytes/token ({es.kv_type_label}), but one sequence of the "
+            f"trained context needs {need:,} cells ({mib(need * bpt)}). Give a larger memory_budget, a smaller "
+            "cache_type, or a ctx_size in tokens."
         )
     why = "parallel x trained context" if cells == ceiling else "what the budget leaves for the cache"
     reason = (
         f"ctx_size auto: {cells:,} cells ({why}); budget {mib(budget)} ({source}): weights {mib(info.file_size)}, "
-        f"buffers {mib(_buffers(info, es))}, RAM tier {mib(es.prefix_cache_ram_mib << 20)}, KV cache "
+        f"buffers {mib(buffers)}, RAM tier {mib(ram)}, KV cache "
         f"{cells:,} x {bpt:,.0f} bytes/token ({es.kv_type_label}) = {mib(cells * bpt)}"
     )
     return ContextSizing(cells, budget, bpt, reason)
 
 
 def resolve_settings(
-    info: ModelInfo, es: EngineSettings, reserve_bytes: int
+    info: ModelInfo, es: EngineSettings, reserve_bytes: int, available_memory: Callable[[], int] = _available
 ) -> tuple[EngineSettings, ContextSizing | None]:
     """The settings with `ctx_size: auto` replaced by a number of cells (and how), or as they are."""
     if es.ctx_size != "auto":
         return es, None
-    sizing = size_context(info, es, reserve_bytes)
+    sizing = size_context(info, es, reserve_bytes, available_memory)
     return replace(es, ctx_size=sizing.cells, memory_budget=None), sizing

@@ -26,7 +26,7 @@ import psutil
 from ..config import EngineSettings, Settings
 from ..models import ModelEntry, ModelNotFoundError, list_models, read_model_info, resolve_model
 from .core import Engine, EngineError
-from .memory import MemoryPlan, plan_memory, resolve_settings
+from .memory import ContextSizing, MemoryPlan, plan_memory, resolve_settings
 from .stats import EngineStats
 from .streams import TokenStream, UnknownStreamError
 
@@ -157,9 +157,14 @@ class ModelPool:
         return replace(self.settings.engine, **self.engine_settings_overrides(entry))
 
     def plan(self, entry: ModelEntry) -> MemoryPlan:
+        return self._sized(entry)[0]
+
+    def _sized(self, entry: ModelEntry) -> tuple[MemoryPlan, ContextSizing | None]:
+        """The model's memory plan, with `ctx_size: auto` resolved against the memory free now (and how)."""
         info = read_model_info(entry.path)
-        settings, _ = resolve_settings(info, self.engine_settings(entry), self.settings.memory_reserve_mib * MiB)
-        return plan_memory(info, settings)
+        reserve = self.settings.memory_reserve_mib * MiB
+        settings, sizing = resolve_settings(info, self.engine_settings(entry), reserve, self._available_memory)
+        return plan_memory(info, settings), sizing
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -269,17 +274,20 @@ class ModelPool:
     def _admit(self, entry: ModelEntry) -> tuple[Resident, list[Resident]]:
         """A new Resident for `entry` and the residents that must unload first. Lock held."""
         try:
-            plan = self.plan(entry)
+            plan, sizing = self._sized(entry)
         except Exception as exc:  # an unreadable or broken file: say which and why
             raise self._cannot_load(entry, exc) from exc
         evicted = self._make_room(entry, plan)
+        # The engine gets the cells the plan counted: sizing again after the evictions free memory
+        # would give it more than the room made for it.
+        sized = {"ctx_size": sizing.cells, "memory_budget": None} if sizing is not None else {}
         try:
             engine = Engine(
                 str(entry.path),
                 settings=self.settings,
                 chat_template=self.settings.model_settings(entry.alias).chat_template,
                 verbose=self._verbose,
-                **self.engine_settings_overrides(entry),
+                **{**self.engine_settings_overrides(entry), **sized},
             )
         except Exception as exc:
             for victim in evicted:
@@ -287,6 +295,7 @@ class ModelPool:
             raise self._cannot_load(entry, exc) from exc
         engine.model_id = entry.alias
         engine.model_entry = entry
+        engine.context_sizing = sizing
         now = time.monotonic()
         # The default model, reloaded after it made room, stays again until room is needed.
         keep_alive = -1.0 if entry.alias == self.default_model else self.settings.keep_alive
