@@ -220,7 +220,7 @@ def batch(
         sys.exit(1)
 
 
-def _positive_int(text: str, flag: str) -> int:
+def _token_count(text: str, flag: str) -> int:
     try:
         return int(text)
     except ValueError:
@@ -280,7 +280,7 @@ def serve(
         k: v
         for k, v in {
             "parallel": parallel,
-            "ctx_size": ctx_size if ctx_size in (None, "auto") else _positive_int(ctx_size, "--ctx-size"),
+            "ctx_size": ctx_size if ctx_size in (None, "auto") else _token_count(ctx_size, "--ctx-size"),
             "threads": threads,
             "grace_seconds": grace_seconds,
             "cache_type": cache_type,

@@ -226,12 +226,10 @@ class CalibrationWidget:
             config = self.config()
         except ValueError:
             config = None
-        axis = concurrency_axis(config.concurrency) if config is not None else None
-        if config is not None:  # say on the plot what one point is
+        if config is not None:  # the levels asked for, and what one point measures
             self.throughput.layout.title = {"text": throughput_title(asdict(config))}
-        for fig in (self.throughput, self.latency):
-            if axis is not None:
-                fig.update_xaxes(**axis)
+            for fig in (self.throughput, self.latency):
+                fig.update_xaxes(**concurrency_axis(config.concurrency))
         with self.throughput.batch_update():
             self.throughput.data = self.throughput.data[:2]
             self.throughput.data[0].name = names[0]
