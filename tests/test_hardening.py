@@ -155,8 +155,8 @@ def test_without_auth_only_local_same_origin_requests_are_served(inproc):
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-        ("tool_choice", "auto"),
+        ("functions", [{"name": "f", "parameters": {}}]),
+        ("function_call", "auto"),
         ("best_of", 2),
         ("echo", True),
         ("n", 2),

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+import json
+from typing import TYPE_CHECKING, Any
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .tools import HERMES, ToolError, generic_messages, native_messages, template_form
+
+if TYPE_CHECKING:
+    from .tools import ToolRequest
 
 # Used when a GGUF file carries no template: ChatML, which most small instruct models follow.
 CHATML_TEMPLATE = (
@@ -32,7 +38,14 @@ def _raise(message: str) -> None:
 def _compile(template: str) -> Any:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
+    env.filters["tojson"] = _tojson  # Hugging Face's: plain JSON (Jinja's own escapes <, > and & for HTML)
     return env.from_string(template)
+
+
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _content_text(content: Any, index: int) -> str:
@@ -62,9 +75,32 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         if content is None and role == "assistant" and message.get("tool_calls"):
             content = ""  # OpenAI's shape for an assistant turn that only called tools
         out.append({"role": "system" if role == "developer" else role, "content": _content_text(content, i)})
-        if message.get("tool_calls") is not None:
-            out[-1]["tool_calls"] = message["tool_calls"]  # for chat templates that render them
+        for key in TOOL_KEYS:  # for chat templates that render tool turns themselves
+            if message.get(key) is not None:
+                out[-1][key] = message[key]
     return out
+
+
+TOOL_KEYS = ("tool_calls", "tool_call_id", "name")
+
+
+def _uses_tools(messages: Any) -> bool:
+    return isinstance(messages, list) and any(
+        isinstance(m, dict) and (m.get("role") == "tool" or m.get("tool_calls")) for m in messages
+    )
+
+
+def _tool_ready(messages: Any, template: str | None, tools: ToolRequest | None) -> tuple[Any, list[Any] | None]:
+    """The messages as the template should see them, and the tools it renders itself (if any)."""
+    if tools is None and not _uses_tools(messages):
+        return messages, None
+    normalize_messages(messages)  # shape errors first, named as before
+    try:
+        if template_form(template) is HERMES:
+            return native_messages(messages), [tool.openai() for tool in tools.tools] if tools else None
+        return generic_messages(messages, tools.tools if tools else None, _content_text), None
+    except ToolError as exc:
+        raise ChatFormatError(str(exc), exc.param) from None
 
 
 def render_chat(
@@ -73,14 +109,18 @@ def render_chat(
     bos_token: str = "",
     eos_token: str = "",
     add_generation_prompt: bool = True,
+    tools: ToolRequest | None = None,
 ) -> str:
+    messages, template_tools = _tool_ready(messages, template, tools)
     normalized = normalize_messages(messages)
+    extra = {"tools": template_tools} if template_tools else {}
     try:
         return _compile(template or CHATML_TEMPLATE).render(
             messages=normalized,
             bos_token=bos_token,
             eos_token=eos_token,
             add_generation_prompt=add_generation_prompt,
+            **extra,
         )
     except ChatFormatError:
         raise

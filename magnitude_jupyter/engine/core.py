@@ -39,6 +39,7 @@ from .stats import EngineStats, FinishedRequest, LiveRequest, rss_bytes
 from .streams import StreamEvent, StreamRegistry, TokenLogprob
 from .text import TextAssembler
 from .threads import ThreadGovernor
+from .tools import ToolRequest, template_form, tools_grammar
 
 log = logging.getLogger(__name__)
 LLAMA_MAX_SEQ = 256  # sequences one llama.cpp context can hold (llama-cparams.h)
@@ -69,9 +70,11 @@ def cache_sequences(es: EngineSettings) -> int:
     return max(0, LLAMA_MAX_SEQ - es.parallel) if es.prefix_reuse else 0
 
 
-def chat_prompt_tokens(runner: Runner, messages: Any, chat_template: str | None) -> list[int]:
-    """Chat messages rendered through the model's template, as tokens."""
-    text = render_chat(messages, chat_template, runner.bos_token, runner.eos_token)
+def chat_prompt_tokens(
+    runner: Runner, messages: Any, chat_template: str | None, tools: ToolRequest | None = None
+) -> list[int]:
+    """Chat messages (and the tools they may call) rendered through the model's template, as tokens."""
+    text = render_chat(messages, chat_template, runner.bos_token, runner.eos_token, tools=tools)
     # The template writes the BOS token itself when the model wants one.
     return runner.tokenize(text, add_special=not (runner.bos_token and text.startswith(runner.bos_token)))
 
@@ -256,11 +259,13 @@ class Engine:
         runner, _ = self._require_ready()
         return runner.tokenize(text, add_special=add_special)
 
-    def prompt_tokens_for(self, prompt: str | None = None, messages: Any = None) -> list[int]:
+    def prompt_tokens_for(
+        self, prompt: str | None = None, messages: Any = None, tools: ToolRequest | None = None
+    ) -> list[int]:
         """Tokens of a plain prompt, or of chat messages rendered through the model's template."""
         runner, _ = self._require_ready()
         if messages is not None:
-            return chat_prompt_tokens(runner, messages, self._chat_template)
+            return chat_prompt_tokens(runner, messages, self._chat_template, tools)
         if prompt is None:
             raise ValueError("give a prompt or messages")
         return runner.tokenize(prompt, add_special=True)
@@ -276,6 +281,7 @@ class Engine:
         request_id: str | None = None,
         arrival_time: float | None = None,
         load_ms: float | None = None,
+        tools: ToolRequest | None = None,
     ) -> Request:
         """Queue one generation; returns at once. Raises ValueError (bad input), PromptTooLongError,
         OverloadedError or EngineError; never blocks on the model. `arrival_time` (monotonic) and
@@ -283,11 +289,19 @@ class Engine:
         runner, scheduler = self._require_ready()
         params = replace(params or SamplingParams(), stop=list((params.stop if params else []) or []))
         params.validate()
+        tool_form = None
+        if tools is not None:
+            if messages is None:
+                raise invalid_param("tools", "tools need chat messages")
+            if params.grammar is not None:
+                raise invalid_param("tools", "give tools or a grammar (response_format), not both")
+            tool_form = template_form(self._chat_template).name
+            params.grammar = tools_grammar(tools, tool_form)
         if params.grammar is not None and not runner.check_grammar(params.grammar):
             raise invalid_param("grammar", "llama.cpp could not parse it (GBNF with a 'root' rule)")
         if not params.greedy and params.seed is None:
             params.seed = random.getrandbits(32)  # recorded, so a sampled answer can be reproduced
-        tokens = list(prompt_tokens) if prompt_tokens is not None else self.prompt_tokens_for(prompt, messages)
+        tokens = list(prompt_tokens) if prompt_tokens is not None else self.prompt_tokens_for(prompt, messages, tools)
         if not tokens:
             raise ValueError("the prompt is empty")
         if params.max_tokens is not None:
@@ -304,6 +318,7 @@ class Engine:
             priority=Priority.parse(priority),
             text=TextAssembler(params.stop),
             load_ms=load_ms,
+            tool_form=tool_form,
         )
         if arrival_time is not None:
             request.arrival_time = arrival_time

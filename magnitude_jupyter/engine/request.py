@@ -183,6 +183,7 @@ class Request:
     cached_tokens: int = 0  # prompt tokens copied from another sequence's cells instead of computed
     cache_shared: int = 0  # ... of them from a prefix-cache entry (counted by the cache, pinned while it runs)
     seq_id: int | None = None
+    tool_form: str | None = None  # the call form its answer is held to (see tools.py), when tools were given
     finish_reason: FinishReason | None = None
     error: str | None = None
     admitted_time: float | None = None

@@ -32,7 +32,7 @@ from .protocol import (
     completion_response,
     parse_generation,
     parse_json_body,
-    stream_chunks,
+    stream_renderer,
 )
 from .sse import POOL_KEY, send_sse, step_hub, wait_final
 from .status import model_json, pool_json, status_json
@@ -195,6 +195,7 @@ class GenerationHandler(ApiMixin):
             request_id=f"{self.id_prefix}-{uuid.uuid4().hex[:24]}",
             arrival_time=arrival,
             load_ms=load_ms,
+            tools=req.tools,
         )
 
     async def post(self) -> None:
@@ -216,14 +217,19 @@ class GenerationHandler(ApiMixin):
             self.send_error_json(exc, self.prompt_param)
             return
         shape = ResponseShape(
-            request.request_id, self.kind, engine.model_id, include_usage=req.include_usage, logprobs=req.logprobs
+            request.request_id,
+            self.kind,
+            engine.model_id,
+            include_usage=req.include_usage,
+            logprobs=req.logprobs,
+            tool_form=request.tool_form,
         )
         self.remember_shape(shape)
         assert request.stream is not None
         if req.stream:
             # The id comes first, in a header: a client can re-attach or cancel before the first token.
             self.set_header("X-Completion-Id", request.request_id)
-            await send_sse(self, step_hub(self, engine), request.stream, 0, lambda e: stream_chunks(shape, e))
+            await send_sse(self, step_hub(self, engine), request.stream, 0, stream_renderer(shape, ""))
             return
         final = await wait_final(self, step_hub(self, engine), request.stream)
         if final is None:
@@ -269,11 +275,13 @@ class StreamHandler(ApiMixin):
                     param="Last-Event-ID",
                 )
             stream.events_after(after)  # raises StreamGoneError (410) before any byte is sent
+            shape = self.shape_of(stream_id, engine)
+            # Tool-call deltas continue from the answer so far, so those events must still be held.
+            text_before = "".join(e.text for e in stream.events_after(0)[:after]) if shape.tool_form else ""
         except Exception as exc:
             self.send_error_json(exc)
             return
-        shape = self.shape_of(stream_id, engine)
-        await send_sse(self, step_hub(self, engine), stream, after, lambda event: stream_chunks(shape, event))
+        await send_sse(self, step_hub(self, engine), stream, after, stream_renderer(shape, text_before))
 
     def delete(self, stream_id: str) -> None:
         try:

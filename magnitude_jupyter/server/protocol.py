@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ from ..config import parse_keep_alive
 from ..engine import Priority, SamplingParams
 from ..engine.grammar import GrammarError, json_grammar
 from ..engine.streams import StreamEvent, TokenLogprob
+from ..engine.tools import ParsedAnswer, ToolError, ToolRequest, parse_answer
 
 
 class ApiError(Exception):
@@ -53,6 +55,7 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     keep_alive: float | None = None  # seconds the model stays loaded after this (Ollama's); None: as set
+    tools: ToolRequest | None = None
 
     @property
     def logprobs(self) -> bool:
@@ -92,14 +95,21 @@ COMMON_FIELDS = {
     "keep_alive",  # Ollama's: how long the model stays loaded once idle ("5m", seconds, 0 = unload now)
     "user",  # an end-user id for the caller's own records: it changes nothing in the answer
 }
-CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"}
+CHAT_FIELDS = COMMON_FIELDS | {
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt"}
 NOT_SUPPORTED = {
-    "tools": "tool calling is not supported yet",
-    "tool_choice": "tool calling is not supported yet",
-    "parallel_tool_calls": "tool calling is not supported yet",
-    "functions": "function calling is not supported",
-    "function_call": "function calling is not supported",
+    "tools": "tools are for /v1/chat/completions",
+    "tool_choice": "tools are for /v1/chat/completions",
+    "parallel_tool_calls": "tools are for /v1/chat/completions",
+    "functions": "the legacy 'functions' field is not supported: give 'tools'",
+    "function_call": "the legacy 'function_call' field is not supported: give 'tool_choice'",
     "best_of": "best_of is not supported: each request makes one answer",
     "echo": "echo is not supported: the answer never repeats the prompt",
     "suffix": "suffix (insertion) is not supported",
@@ -212,6 +222,26 @@ def _grammar(data: dict[str, Any]) -> str | None:
     raise bad_param("response_format", "response_format.type must be 'text', 'json_object' or 'json_schema'")
 
 
+def _tools(data: dict[str, Any]) -> ToolRequest | None:
+    """`tools`, `tool_choice` and `parallel_tool_calls`, checked (schemas become grammars here)."""
+    if data.get("tools") is None:
+        for name in ("tool_choice", "parallel_tool_calls"):
+            if data.get(name) is not None:
+                raise bad_param(name, f"'{name}' needs 'tools'")
+        return None
+    for name in ("response_format", "grammar"):
+        if data.get(name) is not None and not (name == "response_format" and _is_text_format(data[name])):
+            raise bad_param(name, f"give 'tools' or '{name}', not both: a tool call is already held to its schema")
+    try:
+        return ToolRequest.parse(data["tools"], data.get("tool_choice"), data.get("parallel_tool_calls"))
+    except ToolError as exc:
+        raise bad_param(exc.param, str(exc)) from None
+
+
+def _is_text_format(response_format: Any) -> bool:
+    return isinstance(response_format, dict) and response_format.get("type") == "text"
+
+
 def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
     """Validate a /v1/chat/completions or /v1/completions body."""
     _check_fields(data, CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS)
@@ -261,6 +291,7 @@ def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
     include_usage = _boolean(options or {}, "include_usage")
 
     params.grammar = _grammar(data)
+    tools = _tools(data) if kind == "chat" else None
     keep_alive = None
     if data.get("keep_alive") is not None:
         try:
@@ -277,6 +308,7 @@ def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
         stream=stream,
         include_usage=include_usage,
         keep_alive=keep_alive,
+        tools=tools,
     )
 
 
@@ -293,10 +325,21 @@ class ResponseShape:
     created: int = field(default_factory=lambda: int(time.time()))
     include_usage: bool = False
     logprobs: bool = False
+    tool_form: str | None = None  # the call form the answer is held to, when the request gave tools
 
     @property
     def object(self) -> str:
         return "chat.completion" if self.kind == "chat" else "text_completion"
+
+    def call_id(self, index: int) -> str:
+        """A tool call's id: the same every time this answer is read, a resumed stream included."""
+        return f"call_{self.id.rsplit('-', 1)[-1]}_{index}"
+
+    def finish_reason(self, engine_reason: str | None, answer: ParsedAnswer | None) -> str | None:
+        """OpenAI's reason: `tool_calls` when a whole answer called tools, else the engine's own."""
+        if answer is not None and answer.is_call and engine_reason == "stop":
+            return "tool_calls"
+        return engine_reason
 
 
 def _token_text(piece: bytes) -> str:
@@ -343,18 +386,30 @@ def _choice(
     return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
+def _tool_message(shape: ResponseShape, answer: ParsedAnswer) -> dict[str, Any]:
+    calls = [
+        {"id": shape.call_id(i), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+        for i, call in enumerate(answer.calls)
+    ]
+    return {"role": "assistant", "content": None, "tool_calls": calls}
+
+
 def completion_response(shape: ResponseShape, text: str, events: list[StreamEvent]) -> dict[str, Any]:
     """The whole answer as one object, from every event of its stream (the last one is final)."""
     final = events[-1]
     logprobs = logprobs_json(shape.kind, [e for event in events for e in event.logprobs]) if shape.logprobs else None
+    answer = parse_answer(text, shape.tool_form) if shape.tool_form else None
+    # The engine's own reason: stop, length, and also cancelled or error, which a client must
+    # never mistake for a complete answer (or `tool_calls` for a whole call).
+    choice = _choice(shape, text, shape.finish_reason(final.finish_reason, answer), True, False, logprobs)
+    if answer is not None and answer.is_call:
+        choice["message"] = _tool_message(shape, answer)
     return {
         "id": shape.id,
         "object": shape.object,
         "created": shape.created,
         "model": shape.model,
-        # The engine's own reason: stop, length, and also cancelled or error, which a client must
-        # never mistake for a complete answer.
-        "choices": [_choice(shape, text, final.finish_reason, first=True, delta=False, logprobs=logprobs)],
+        "choices": [choice],
         "usage": final.usage,
         "timings": final.timings,
         "magnitude": {"finish_reason": final.finish_reason, "error": final.error},
@@ -377,6 +432,11 @@ def stream_chunks(shape: ResponseShape, event: StreamEvent) -> list[dict[str, An
         **base,
         "choices": [_choice(shape, event.text, finish, first=event.id == 1, delta=True, logprobs=logprobs)],
     }
+    return _with_final(shape, chunk, event)
+
+
+def _with_final(shape: ResponseShape, chunk: dict[str, Any], event: StreamEvent) -> list[dict[str, Any]]:
+    """The chunk, and on the final event its timings and usage (and the usage-only chunk, if asked)."""
     if not event.is_final:
         return [chunk]
     chunk["timings"] = event.timings
@@ -384,5 +444,63 @@ def stream_chunks(shape: ResponseShape, event: StreamEvent) -> list[dict[str, An
     chunk["magnitude"] = {"finish_reason": event.finish_reason, "error": event.error}
     chunks = [chunk]
     if shape.include_usage:
+        base = {k: chunk[k] for k in ("id", "object", "created", "model")}
         chunks.append({**base, "choices": [], "usage": event.usage})
     return chunks
+
+
+class ToolCallDeltas:
+    """Stream chunks for an answer held to a tool-call form: text as `content`, calls as
+    `tool_calls` deltas (the id and name once, then the arguments in pieces) that assemble into
+    the non-streamed answer's calls. Stateful: it reads the answer from the start of the stream."""
+
+    def __init__(self, shape: ResponseShape, text_before: str = "") -> None:
+        assert shape.tool_form is not None
+        self.shape = shape
+        self.text = text_before
+        self.sent = parse_answer(text_before, shape.tool_form)
+
+    def __call__(self, event: StreamEvent) -> list[dict[str, Any]]:
+        assert self.shape.tool_form is not None
+        self.text += event.text
+        answer = parse_answer(self.text, self.shape.tool_form)
+        delta: dict[str, Any] = {}
+        if event.id == 1:
+            delta["role"] = "assistant"
+        if answer.content[len(self.sent.content) :]:
+            delta["content"] = answer.content[len(self.sent.content) :]
+        pieces = []
+        for i, call in enumerate(answer.calls):
+            if i >= len(self.sent.calls):
+                function = {"name": call.name, "arguments": call.arguments}
+                pieces.append({"index": i, "id": self.shape.call_id(i), "type": "function", "function": function})
+            elif call.arguments != self.sent.calls[i].arguments:
+                more = call.arguments[len(self.sent.calls[i].arguments) :]
+                pieces.append({"index": i, "function": {"arguments": more}})
+        if pieces:
+            delta["tool_calls"] = pieces
+        self.sent = answer
+        if not delta and not event.is_final:
+            return []
+        chunk = {
+            "id": self.shape.id,
+            "object": "chat.completion.chunk",
+            "created": self.shape.created,
+            "model": self.shape.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": logprobs_json("chat", list(event.logprobs)) if self.shape.logprobs else None,
+                    "finish_reason": self.shape.finish_reason(event.finish_reason, answer) if event.is_final else None,
+                }
+            ],
+        }
+        return _with_final(self.shape, chunk, event)
+
+
+def stream_renderer(shape: ResponseShape, text_before: str) -> Callable[[StreamEvent], list[dict[str, Any]]]:
+    """How a stream's events become chunks, for a reader starting after `text_before`."""
+    if shape.tool_form is not None:
+        return ToolCallDeltas(shape, text_before)
+    return lambda event: stream_chunks(shape, event)

@@ -1,0 +1,189 @@
+"""JSON Schema to GBNF, so that what the model writes always validates against the schema.
+
+llama-cpp-python's converter handles types, properties, enums, string lengths and patterns, but
+drops numeric bounds (`minimum`, `maximum`, ...): a schema asking for 1-7 days got 32. This
+converter adds them (integer ranges digit by digit; numbers from a non-negative whole bound), and
+refuses by name the keywords no grammar here enforces, rather than promising what it cannot keep.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+from llama_cpp.llama_grammar import SchemaConverter
+
+MAX_DIGITS = 15  # as the converter's own integer rule: [1-9] [0-9]{0,15}
+
+# Keywords that constrain a value in ways a grammar built here does not follow.
+UNENFORCED = (
+    "multipleOf",
+    "uniqueItems",
+    "not",
+    "minProperties",
+    "maxProperties",
+    "if",
+    "then",
+    "else",
+    "dependentRequired",
+    "dependentSchemas",
+    "contains",
+    "minContains",
+    "maxContains",
+    "patternProperties",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+)
+
+
+class GrammarError(ValueError):
+    """A schema that cannot become a grammar; the message says why."""
+
+
+def _same_length(a: str, b: str) -> str:
+    """GBNF for the digit strings from `a` to `b` (equal lengths, a <= b), leading zeros and all."""
+    if a == b:
+        return f'"{a}"'
+    if len(a) == 1:
+        return f"[{a}-{b}]"
+    if a[0] == b[0]:
+        return f'"{a[0]}" ({_same_length(a[1:], b[1:])})'
+    rest = len(a) - 1
+    alternatives = []
+    start, end = int(a[0]), int(b[0])
+    if a[1:] != "0" * rest:
+        alternatives.append(f'"{a[0]}" ({_same_length(a[1:], "9" * rest)})')
+        start += 1
+    if b[1:] != "9" * rest:
+        end -= 1
+    if start <= end:
+        alternatives.append(f"[{start}-{end}] [0-9]{{{rest}}}")
+    if b[1:] != "9" * rest:
+        alternatives.append(f'"{b[0]}" ({_same_length("0" * rest, b[1:])})')
+    return " | ".join(alternatives)
+
+
+def _natural_range(lo: int, hi: int | None) -> str:
+    """GBNF for the whole numbers from `lo` >= 0 to `hi` (None: no end), without leading zeros."""
+    alternatives = []
+    shortest = len(str(lo))
+    longest = len(str(hi)) if hi is not None else shortest
+    for length in range(shortest, longest + 1):
+        first = lo if length == shortest else 10 ** (length - 1)
+        last = min(hi, 10**length - 1) if hi is not None else 10**length - 1
+        if first <= last:
+            alternatives.append(_same_length(str(first), str(last)))
+    if hi is None and shortest < MAX_DIGITS:
+        alternatives.append(f"[1-9] [0-9]{{{shortest},{MAX_DIGITS}}}")
+    return " | ".join(f"({a})" for a in alternatives)
+
+
+def integer_range(lo: int | None, hi: int | None) -> str:
+    """GBNF for the integers from `lo` to `hi` (either may be None: no bound)."""
+    alternatives = []
+    if lo is None or lo < 0:  # the negative part: "-" and a magnitude
+        smallest = 1 if hi is None or hi >= 0 else -hi
+        largest = None if lo is None else -lo
+        if largest is None or smallest <= largest:
+            alternatives.append(f'"-" ({_natural_range(smallest, largest)})')
+    if hi is None or hi >= 0:
+        first = 0 if lo is None else max(0, lo)
+        if hi is None or first <= hi:
+            alternatives.append(_natural_range(first, hi))
+    if not alternatives:
+        raise GrammarError(f"no integer lies between {lo} and {hi}")
+    return " | ".join(f"({a})" for a in alternatives)
+
+
+def _bound(schema: dict[str, Any], inclusive: str, exclusive: str, integer: bool) -> int | None:
+    value, strict = schema.get(inclusive), schema.get(exclusive)
+    if isinstance(strict, bool):  # draft 4: a flag on the inclusive bound
+        value, strict = (None, value) if strict else (value, None)
+    for raw in (value, strict):
+        if raw is not None and (isinstance(raw, bool) or not isinstance(raw, (int, float))):
+            raise GrammarError(f"'{inclusive}'/'{exclusive}' must be numbers")
+    if not integer:
+        if strict is not None:
+            raise GrammarError(f"'{exclusive}' on a number cannot be enforced while generating; use '{inclusive}'")
+        if value is not None and value != int(value):
+            raise GrammarError(f"'{inclusive}' on a number must be a whole number to be enforced, got {value}")
+        return None if value is None else int(value)
+    up = inclusive == "maximum"
+    bounds = []
+    if value is not None:
+        bounds.append(math.floor(value) if up else math.ceil(value))
+    if strict is not None:
+        bounds.append(math.ceil(strict) - 1 if up else math.floor(strict) + 1)
+    if not bounds:
+        return None
+    return min(bounds) if up else max(bounds)
+
+
+def number_rule(schema: dict[str, Any]) -> str:
+    """GBNF for an integer or number with bounds (numbers: from a whole lower bound >= 0)."""
+    integer = schema.get("type") == "integer"
+    lo = _bound(schema, "minimum", "exclusiveMinimum", integer)
+    hi = _bound(schema, "maximum", "exclusiveMaximum", integer)
+    if integer:
+        return integer_range(lo, hi)
+    if lo is None or lo < 0:
+        raise GrammarError("bounds on a number are enforced from a 'minimum' of 0 or more; use an integer")
+    if hi is not None and hi < lo:
+        raise GrammarError(f"no number lies between {lo} and {hi}")
+    fraction = f'("." [0-9]{{1,{MAX_DIGITS}}})?'
+    alternatives = []
+    if hi is None or hi > lo:
+        alternatives.append(f"({integer_range(lo, None if hi is None else hi - 1)}) {fraction}")
+    if hi is not None:
+        alternatives.append(f'"{hi}" ("." "0"{{1,{MAX_DIGITS}}})?')
+    return " | ".join(f"({a})" for a in alternatives)
+
+
+BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+class BoundedSchemaConverter(SchemaConverter):
+    """llama-cpp-python's converter, with numeric bounds and refusals of what it would ignore."""
+
+    def __init__(self) -> None:
+        super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+
+    def visit(self, schema: Any, name: str) -> str:
+        if isinstance(schema, dict):
+            where = name or "the schema"
+            for keyword in UNENFORCED:
+                if keyword in schema:
+                    raise GrammarError(
+                        f"'{keyword}' (in {where}) cannot be enforced while generating: drop it, or check it afterwards"
+                    )
+            bounded = any(key in schema for key in BOUNDS)
+            if bounded and schema.get("type") in ("integer", "number") and not ({"enum", "const"} & schema.keys()):
+                return str(self._add_rule(name or "root", f"({number_rule(schema)}) space"))
+        return str(super().visit(schema, name))
+
+
+def schema_rules(converter: BoundedSchemaConverter, schema: dict[str, Any], name: str, url: str) -> str:
+    """Add the rules of one schema to `converter`; returns the name of its rule."""
+    try:
+        resolved = converter.resolve_refs(copy.deepcopy(schema), url)  # it rewrites refs in place
+        return converter.visit(resolved, name)
+    except GrammarError:
+        raise
+    except Exception as exc:  # the converter raises whatever its walk of the schema hits
+        raise GrammarError(f"the JSON schema cannot be turned into a grammar: {exc}") from None
+
+
+def without_trailing_space(converter: BoundedSchemaConverter, rule: str) -> None:
+    """Drop the optional space the converter puts after a value, where literal text follows it."""
+    rules = converter._rules  # the converter's own table: name -> body
+    if rules.get(rule, "").endswith(" space"):
+        rules[rule] = rules[rule][: -len(" space")]
+
+
+def schema_grammar(schema: dict[str, Any]) -> str:
+    """GBNF for JSON that follows `schema`."""
+    converter = BoundedSchemaConverter()
+    schema_rules(converter, schema, "", "input")
+    return str(converter.format_grammar())

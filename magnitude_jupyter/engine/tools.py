@@ -1,0 +1,415 @@
+"""Tool calling: OpenAI `tools` in, a prompt that describes them, a grammar that holds the answer to
+a call or a plain reply, and a parser that reads calls back out of the answer, whole or in pieces.
+
+Two forms of call, chosen by the model's chat template:
+
+- **generic** (templates that know nothing of tools, the bundled SmolLM2's among them): the tools are
+  described in the system prompt (`tools_prompt`) and a call is JSON alone, always spaced the same::
+
+      {"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}
+
+  Tool results come back as one user message per run of `tool` messages:
+  ``{"tool_results": [{"name": "add", "content": "5"}]}``.
+- **hermes** (templates that read `tools` and write `<tool_call>` tags: Qwen 2.5/3, Hermes, SmolLM3):
+  the template describes the tools and renders the history itself; a call is::
+
+      <tool_call>
+      {"name": "add", "arguments": {"a": 2, "b": 3}}
+      </tool_call>
+
+In both, the wrapper around the arguments is literal text with no choice of spacing, so a call sent
+back in the history renders to the very tokens the model produced and the prefix cache keeps hitting
+across an agent's turns. The arguments follow each tool's JSON Schema (llama-cpp-python's converter),
+so they always validate, whatever the model's size. A plain reply is any text that does not start
+with the call form's first character (`{` or `<`) or with white space.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .schema_grammar import BoundedSchemaConverter, GrammarError, schema_rules, without_trailing_space
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+CHOICES = ("auto", "none", "required")
+
+
+class ToolError(ValueError):
+    """A tool definition, tool choice or tool message that cannot be used; `param` names the field."""
+
+    def __init__(self, message: str, param: str = "tools") -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def openai(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+    def described(self) -> str:
+        return json.dumps({"name": self.name, "description": self.description, "parameters": self.parameters})
+
+
+def parse_tools(raw: Any) -> list[Tool]:
+    """OpenAI's `tools` list, checked: names, descriptions, and parameter schemas that are valid JSON
+    Schema and can become a grammar. Raises ToolError naming the tool."""
+    from jsonschema import SchemaError
+    from jsonschema.validators import validator_for
+
+    if not isinstance(raw, list) or not raw:
+        raise ToolError("'tools' must be a non-empty list of {type: 'function', function: {...}} objects")
+    tools: list[Tool] = []
+    for i, entry in enumerate(raw):
+        where = f"tools[{i}]"
+        function = entry.get("function") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or entry.get("type") != "function" or not isinstance(function, dict):
+            raise ToolError(f"{where} must be {{type: 'function', function: {{name, description, parameters}}}}")
+        name = function.get("name")
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise ToolError(f"{where}.function.name must be 1-64 letters, digits, '_' or '-', got {name!r}")
+        if any(tool.name == name for tool in tools):
+            raise ToolError(f"{where}: two tools are named {name!r}")
+        description = function.get("description") or ""
+        if not isinstance(description, str):
+            raise ToolError(f"{where}.function.description must be a string")
+        parameters = function.get("parameters")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}}
+        if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
+            raise ToolError(f"{where}.function.parameters of {name!r} must be a JSON Schema of type 'object'")
+        try:
+            validator_for(parameters).check_schema(parameters)
+        except SchemaError as exc:
+            problem = f"{where}.function.parameters of {name!r} is not a valid JSON Schema: {exc.message}"
+            raise ToolError(problem) from None
+        if function.get("strict") not in (None, True, False):
+            raise ToolError(f"{where}.function.strict must be true or false")
+        tools.append(Tool(name, description, parameters))
+    calls_grammar(tools, None, parallel=True, plain=False, form="generic")  # every schema becomes a grammar
+    return tools
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    """What a request asks of tools: which, whether or which one to call, and how many at once."""
+
+    tools: tuple[Tool, ...]
+    choice: str = "auto"  # auto | none | required | function
+    function: str | None = None  # the one to call, when choice == "function"
+    parallel: bool = False  # as llama.cpp's server: a small model asked for several tends to loop
+
+    @classmethod
+    def parse(cls, tools: Any, tool_choice: Any = None, parallel_tool_calls: Any = None) -> ToolRequest:
+        parsed = parse_tools(tools)
+        if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
+            raise ToolError("'parallel_tool_calls' must be true or false", "parallel_tool_calls")
+        parallel = bool(parallel_tool_calls)
+        if tool_choice is None or tool_choice in CHOICES:
+            return cls(tuple(parsed), tool_choice or "auto", None, parallel)
+        function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(tool_choice, dict) or tool_choice.get("type") != "function" or not isinstance(name, str):
+            raise ToolError(
+                "'tool_choice' must be 'auto', 'none', 'required' or {type: 'function', function: {name}}",
+                "tool_choice",
+            )
+        if not any(tool.name == name for tool in parsed):
+            raise ToolError(f"'tool_choice' names {name!r}, which is not one of the tools", "tool_choice")
+        return cls(tuple(parsed), "function", name, parallel)
+
+
+# -- the two forms --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallForm:
+    """The literal text around calls; only the name and the arguments vary."""
+
+    name: str
+    opening: str  # before the first call
+    call_open: str  # before a call's name
+    call_mid: str  # between the name and the arguments
+    call_close: str  # after the arguments
+    separator: str  # between two calls
+    closing: str  # after the last call
+
+    @property
+    def first_char(self) -> str:
+        return (self.opening or self.call_open)[0]
+
+    def render(self, calls: list[tuple[str, str]]) -> str:
+        """Calls (name, arguments JSON text) as the model writes them."""
+        written = [f"{self.call_open}{name}{self.call_mid}{args}{self.call_close}" for name, args in calls]
+        return self.opening + self.separator.join(written) + self.closing
+
+
+GENERIC = CallForm("generic", '{"tool_calls": [', '{"name": "', '", "arguments": ', "}", ", ", "]}")
+HERMES = CallForm("hermes", "", '<tool_call>\n{"name": "', '", "arguments": ', "}\n</tool_call>", "\n", "")
+FORMS = {form.name: form for form in (GENERIC, HERMES)}
+
+
+def template_form(template: str | None) -> CallForm:
+    """The call form a chat template expects: hermes when it reads `tools` and writes `<tool_call>`."""
+    if template and "<tool_call>" in template and re.search(r"\btools\b", template):
+        return HERMES
+    return GENERIC
+
+
+def _literal(text: str) -> str:
+    return json.dumps(text)  # a GBNF string literal escapes as JSON does for these characters
+
+
+def calls_grammar(
+    tools: list[Tool] | tuple[Tool, ...], only: str | None, parallel: bool, plain: bool, form: str
+) -> str:
+    """GBNF: one call (or several, when `parallel`) of `only` or any tool, or else, when `plain`, a
+    reply in text."""
+    shape = FORMS[form]
+    converter = BoundedSchemaConverter()
+    alternatives = []
+    for i, tool in enumerate(tools):
+        if only is not None and tool.name != only:
+            continue
+        try:
+            args = schema_rules(converter, tool.parameters, f"tool-{i}-arguments", f"tool-{i}")
+            without_trailing_space(converter, args)  # the wrapper's "}" follows at once: one way to write a call
+        except GrammarError as exc:
+            raise ToolError(f"tools[{i}].function.parameters of {tool.name!r}: {exc}") from None
+        call = _literal(shape.call_open + tool.name + shape.call_mid) + f" {args} " + _literal(shape.call_close)
+        alternatives.append(call)
+    lines = [converter.format_grammar(), "tool-call ::= " + " | ".join(alternatives)]
+    more = f" ({_literal(shape.separator)} tool-call)*" if parallel else ""
+    lines.append(f"tool-calls ::= {_literal(shape.opening) + ' ' if shape.opening else ''}tool-call{more}")
+    if shape.closing:
+        lines[-1] += " " + _literal(shape.closing)
+    if plain:
+        lines.append(f"plain-reply ::= [^{shape.first_char} \\t\\r\\n] [^\\x00]*")
+        lines.append("root ::= tool-calls | plain-reply")
+    else:
+        lines.append("root ::= tool-calls")
+    if not alternatives:
+        raise ToolError(f"no tool is named {only!r}", "tool_choice")
+    return "\n".join(lines)
+
+
+def plain_grammar(form: str) -> str:
+    """A reply in text that cannot be read as a call (tool_choice 'none')."""
+    return f"root ::= [^{FORMS[form].first_char} \\t\\r\\n] [^\\x00]*"
+
+
+def tools_grammar(tools: ToolRequest, form: str) -> str:
+    """The grammar a request's tool choice holds its answer to."""
+    if tools.choice == "none":
+        return plain_grammar(form)
+    return calls_grammar(tools.tools, tools.function, tools.parallel, plain=tools.choice == "auto", form=form)
+
+
+# -- reading calls out of an answer ---------------------------------------------------------------
+
+
+@dataclass
+class ParsedCall:
+    name: str
+    arguments: str  # JSON text as generated; the whole object once `complete`
+    complete: bool = False
+
+
+@dataclass
+class ParsedAnswer:
+    """What an answer (or the part of it generated so far) says: text, or calls."""
+
+    content: str = ""
+    calls: list[ParsedCall] = field(default_factory=list)
+    is_call: bool = False
+
+
+def _object_end(text: str, start: int) -> int | None:
+    """The index after the JSON object starting at `start`, or None if it is not closed yet."""
+    depth, in_string, escaped = 0, False, False
+    for i in range(start, len(text)):
+        c = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+def _expect(text: str, pos: int, literal: str) -> int | None:
+    """The position after `literal` at `pos`, or None if the text stops before it (or differs)."""
+    if text.startswith(literal, pos):
+        return pos + len(literal)
+    return None
+
+
+def parse_answer(text: str, form: str) -> ParsedAnswer:
+    """Read an answer in the given call form. Works on a partial answer: a call is listed once its
+    name is whole, with the arguments generated so far; text is content only once it cannot be a call."""
+    shape = FORMS[form]
+    if not text:
+        return ParsedAnswer()
+    if text[0] != shape.first_char:
+        return ParsedAnswer(content=text)
+    answer = ParsedAnswer(is_call=True)
+    pos = _expect(text, 0, shape.opening)
+    while pos is not None:
+        name_at = _expect(text, pos, shape.call_open)
+        if name_at is None:
+            break
+        name_end = text.find('"', name_at)
+        args_at = _expect(text, name_end, shape.call_mid) if name_end >= 0 else None
+        if args_at is None:
+            break
+        end = _object_end(text, args_at)
+        call = ParsedCall(text[name_at:name_end], text[args_at : end or len(text)], complete=end is not None)
+        answer.calls.append(call)
+        if end is None:
+            break
+        while text[end : end + 1].isspace():  # a schema whose last rule ends in an optional space
+            end += 1
+        after = _expect(text, end, shape.call_close)
+        pos = _expect(text, after, shape.separator) if after is not None else None
+    return answer
+
+
+# -- tool turns in the history --------------------------------------------------------------------
+
+
+def tools_prompt(tools: list[Tool] | tuple[Tool, ...]) -> str:
+    """The generic form's description of the tools, added to the system prompt. It does not depend
+    on `tool_choice` (the grammar enforces that), so an agent's turns share one prompt prefix."""
+    listed = "\n".join(tool.described() for tool in tools)
+    example = GENERIC.render([("<function name>", "{<arguments>}")])
+    return (
+        "You can call these functions (each given as its name, what it does, and the JSON Schema of its "
+        f"arguments):\n{listed}\n"
+        f"To call functions, answer with JSON alone, in this form:\n{example}\n"
+        'Their results come back as {"tool_results": [...]}. To answer without calling a function, '
+        "write plain text."
+    )
+
+
+def _arguments_text(arguments: Any, where: str) -> str:
+    if isinstance(arguments, dict):
+        return json.dumps(arguments)
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            return arguments
+    raise ToolError(f"{where}.function.arguments must be a JSON object (as text), got {arguments!r}", "messages")
+
+
+def history_calls(message: dict[str, Any], index: int) -> list[tuple[str, str, str]]:
+    """An assistant message's `tool_calls` as (id, name, arguments text), checked."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list) or not calls:
+        raise ToolError(f"messages[{index}].tool_calls must be a non-empty list", "messages")
+    out = []
+    for j, call in enumerate(calls):
+        where = f"messages[{index}].tool_calls[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ToolError(f"{where} must be {{id, type: 'function', function: {{name, arguments}}}}", "messages")
+        call_id = call.get("id")
+        out.append((str(call_id or ""), function["name"], _arguments_text(function.get("arguments", "{}"), where)))
+    return out
+
+
+def _tool_names_by_id(messages: list[Any]) -> dict[str, str]:
+    return {
+        call_id: name
+        for i, m in enumerate(messages)
+        if isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls")
+        for call_id, name, _ in history_calls(m, i)
+    }
+
+
+def _tool_result(message: dict[str, Any], index: int, names: dict[str, str]) -> tuple[str, Any]:
+    call_id = message.get("tool_call_id")
+    if not isinstance(call_id, str) or call_id not in names:
+        raise ToolError(
+            f"messages[{index}].tool_call_id ({call_id!r}) must name a call of an earlier assistant message",
+            "messages",
+        )
+    return names[call_id], message.get("content")
+
+
+def generic_messages(messages: list[Any], tools: tuple[Tool, ...] | None, text_of: Any) -> list[dict[str, Any]]:
+    """Messages for a template that knows no tools: the tools described in the system prompt, calls
+    written out in the generic form, and each run of tool results as one user message."""
+    names = _tool_names_by_id(messages)
+    out: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        if results:
+            out.append({"role": "user", "content": json.dumps({"tool_results": list(results)})})
+            results.clear()
+
+    for i, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "tool":
+            name, content = _tool_result(message, i, names)
+            results.append({"name": name, "content": text_of(content, i)})
+            continue
+        flush()
+        if role == "assistant" and message.get("tool_calls"):
+            written = GENERIC.render([(name, args) for _, name, args in history_calls(message, i)])
+            text = text_of(message.get("content") or "", i)
+            out.append({"role": "assistant", "content": f"{text}\n{written}" if text else written})
+        else:
+            out.append(message)
+    flush()
+    if tools:
+        described = tools_prompt(tools)
+        first = out[0] if out else {}
+        if first.get("role") in ("system", "developer"):
+            out[0] = {"role": "system", "content": f"{text_of(first.get('content'), 0)}\n\n{described}"}
+        else:
+            out.insert(0, {"role": "system", "content": described})
+    return out
+
+
+def native_messages(messages: list[Any]) -> list[dict[str, Any]]:
+    """Messages for a template that renders tools itself: arguments as objects (as Hugging Face's
+    templates expect), each tool result with the name of the call it answers."""
+    names = _tool_names_by_id(messages)
+    out = []
+    for i, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "assistant" and message.get("tool_calls"):
+            calls = [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.loads(args)}}
+                for call_id, name, args in history_calls(message, i)
+            ]
+            message = {**message, "content": message.get("content") or "", "tool_calls": calls}
+        elif role == "tool":
+            name, _ = _tool_result(message, i, names)
+            message = {**message, "name": name}
+        out.append(message)
+    return out
