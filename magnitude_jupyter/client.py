@@ -54,6 +54,19 @@ class StreamResult:
     resumed: int = 0  # how many times the stream was re-attached after a broken connection
     raw_final: dict[str, Any] = field(default_factory=dict)
     logprobs: list[dict[str, Any]] = field(default_factory=list)  # per token, when the request asked
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's shape, assembled from the deltas
+
+    def add_tool_call_deltas(self, pieces: list[dict[str, Any]]) -> None:
+        """Put streamed tool-call pieces together by index: id and name once, arguments in parts."""
+        for piece in pieces:
+            index = piece.get("index", len(self.tool_calls))
+            while len(self.tool_calls) <= index:
+                self.tool_calls.append({"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+            call = self.tool_calls[index]
+            call["id"] = piece.get("id") or call["id"]
+            function = piece.get("function") or {}
+            call["function"]["name"] += function.get("name") or ""
+            call["function"]["arguments"] += function.get("arguments") or ""
 
 
 def _error_from(response: httpx.Response) -> ClientError:
@@ -278,6 +291,7 @@ class Client:
             piece = ""
             for choice in chunk.get("choices") or []:
                 piece += (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                result.add_tool_call_deltas((choice.get("delta") or {}).get("tool_calls") or [])
                 result.logprobs += (choice.get("logprobs") or {}).get("content") or []
                 if choice.get("finish_reason"):
                     result.finish_reason = choice["finish_reason"]

@@ -24,6 +24,7 @@ class Turn:
     cell: str  # the cell that made it: its id (JupyterLab sends one), else its text
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
+    tool_messages: list[dict[str, Any]] = field(default_factory=list)  # calls and results before the reply
 
 
 @dataclass
@@ -36,11 +37,13 @@ class Conversation:
         """Where a turn from `cell` goes: the turn this cell made before, else after the last one."""
         return next((i for i, turn in enumerate(self.turns) if turn.cell == cell), len(self.turns))
 
-    def messages(self, turns: list[Turn] | None = None, user: str | None = None) -> list[dict[str, str]]:
+    def messages(self, turns: list[Turn] | None = None, user: str | None = None) -> list[dict[str, Any]]:
         """The history as chat messages (system prompt first), with `user` as the next turn if given."""
         out = [{"role": "system", "content": self.system}] if self.system else []
         for turn in self.turns if turns is None else turns:
-            out += [{"role": "user", "content": turn.user}, {"role": "assistant", "content": turn.assistant}]
+            out += [{"role": "user", "content": turn.user}, *turn.tool_messages]
+            if turn.assistant or not turn.tool_messages:
+                out.append({"role": "assistant", "content": turn.assistant})
         if user is not None:
             out.append({"role": "user", "content": user})
         return out
@@ -62,6 +65,7 @@ class Conversation:
             rows.append(
                 {"role": "user", "content": turn.user, "tokens": usage.get("prompt_tokens"), "cached_tokens": cached}
             )
+            rows += [{"role": m["role"], "content": _tool_message_text(m)} for m in turn.tool_messages]
             rows.append(
                 {
                     "role": "assistant",
@@ -73,6 +77,14 @@ class Conversation:
             )
         columns = ["role", "content", "tokens", "cached_tokens", "ttft_ms", "cell"]
         return pd.DataFrame(rows, columns=columns)
+
+
+def _tool_message_text(message: dict[str, Any]) -> str:
+    """A call (`name(arguments)`) or a tool's result, as one line of the history."""
+    calls = message.get("tool_calls") or []
+    if calls:
+        return "; ".join(f"{c['function']['name']}({c['function']['arguments']})" for c in calls)
+    return str(message.get("content") or "")
 
 
 class Conversations:

@@ -97,6 +97,9 @@ def cell_parser() -> _Parser:
     p.add_argument("--trim", action="store_true", help="with --chat: drop the oldest turns when the history overflows")
     p.add_argument("--df", default=None, help="score this DataFrame, the cell being the row template")
     p.add_argument("--compare", default=None, help="models, comma-separated: the same prompt to each, side by side")
+    p.add_argument("--tools", default=None, help="functions of the notebook, comma-separated, the model may call")
+    p.add_argument("--max-steps", type=int, default=5, help="with --tools: rounds of tool calls before it stops")
+    p.add_argument("--tool-choice", choices=("auto", "required"), default="auto", help="with --tools")
     add_batch_arguments(p, skip=SHARED_WITH_BATCH)
     return p
 
@@ -201,6 +204,10 @@ class MagnitudeMagics(Magics):
         args = cell_parser().parse_args(argv)
         if args.compare is not None and (args.chat is not None or args.model):
             raise MagnitudeError("--compare names the models itself; it does not combine with --chat or -m")
+        if args.tools is not None and (args.compare is not None or args.format != "text" or args.df):
+            raise MagnitudeError("--tools answers in text: it does not combine with --compare, -f or --df")
+        if args.tools is not None and args.max_steps < 1:
+            raise MagnitudeError("--max-steps must be at least 1")
         if args.df:
             return self._batch(args.df, cell.strip(), args)
         batch_only = sorted(given_options(args).keys() - SHARED_WITH_BATCH)
@@ -341,6 +348,8 @@ class MagnitudeMagics(Magics):
             body["priority"] = "interactive"
         if args.compare is not None:
             return self._compare(args, messages, body)
+        if args.tools is not None:
+            return self._agent(args, prompt, conversation, history, messages, body)
 
         handle = None if args.no_stream else display({"text/plain": ""}, raw=True, display_id=True)
         trimmed = 0
@@ -388,6 +397,28 @@ class MagnitudeMagics(Magics):
         if args.output:
             self.user_ns[args.output] = conversation.messages() if conversation is not None else answer
         return None
+
+    def _agent(
+        self,
+        args: argparse.Namespace,
+        prompt: str,
+        conversation: Any,
+        history: list[Turn],
+        messages: list[dict[str, Any]],
+        body: dict[str, Any],
+    ) -> None:
+        from .agent import AgentError
+        from .magics_agent import agent_cell
+
+        try:
+            answer, _ = agent_cell(
+                self.client, args, self.user_ns, prompt, conversation, history, messages, body, self.cell_key
+            )
+        except (AgentError, ClientError) as exc:
+            raise MagnitudeError(str(exc)) from None
+        self.user_ns[LAST_ANSWER] = answer
+        if args.output:
+            self.user_ns[args.output] = conversation.messages() if conversation is not None else answer
 
     def _stream(
         self, client: Client, messages: list[dict[str, Any]], body: dict[str, Any], handle: Any

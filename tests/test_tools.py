@@ -283,7 +283,9 @@ def test_langchain_bind_tools_gets_tool_calls(inproc):
         """Add two integers."""
         return a + b
 
-    llm = ChatOpenAI(base_url=inproc.url + "/v1", api_key=inproc.token, model="smollm2-135m", temperature=0, max_retries=0)
+    llm = ChatOpenAI(
+        base_url=inproc.url + "/v1", api_key=inproc.token, model="smollm2-135m", temperature=0, max_retries=0
+    )
     message = llm.bind_tools([add], tool_choice="required").invoke("What is 2+3? Use the tool.")
     assert [c["name"] for c in message.tool_calls] == ["add"]
     assert set(message.tool_calls[0]["args"]) == {"a", "b"}

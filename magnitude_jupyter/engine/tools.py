@@ -307,7 +307,7 @@ def tools_prompt(tools: list[Tool] | tuple[Tool, ...]) -> str:
         f"arguments):\n{listed}\n"
         f"To call functions, answer with JSON alone, in this form:\n{example}\n"
         'Their results come back as {"tool_results": [...]}. To answer without calling a function, '
-        "write plain text."
+        "or once the results answer the question, write plain text."
     )
 
 
