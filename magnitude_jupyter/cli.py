@@ -318,6 +318,9 @@ def serve(
 @click.option("--sessions", default="1,4,8", show_default=True, help="With --workflow: concurrent sessions, per level.")
 @click.option("--rounds", type=int, default=6, show_default=True, help="With --workflow: rounds per session.")
 @click.option(
+    "--agent", is_flag=True, help="With --workflow: sessions are tool-using agents (call, tool result, next call)."
+)
+@click.option(
     "--slo-round-p95-ms",
     type=float,
     default=3000.0,
@@ -352,6 +355,7 @@ def calibrate(
     workflow: bool,
     sessions: str,
     rounds: int,
+    agent: bool,
     slo_round_p95_ms: float,
     ttft_limit_ms: float | None,
     latency_target_ms: float | None,
@@ -368,7 +372,8 @@ def calibrate(
     """Sweep concurrency against a server and print throughput, latency and capacity.
 
     With --workflow: sessions that resend their growing conversation every round, and the verdict on
-    a round-latency objective (exit 1 when the largest number of sessions misses it).
+    a round-latency objective (exit 1 when the largest number of sessions misses it); with --agent,
+    each session is an agent calling a calculator and a lookup table, then answering.
 
     Every profile is archived by model file and settings (`magnitude profiles`); with --baseline the
     run is compared with another and exits 1 when a figure is worse by more than --max-regression.
@@ -386,6 +391,8 @@ def calibrate(
         bound = parse_fraction(max_regression)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
+    if agent and not workflow:
+        raise click.UsageError("--agent is a kind of --workflow sweep: give both")
     if workflow:
         try:
             levels = parse_levels(sessions)
@@ -393,7 +400,7 @@ def calibrate(
             raise click.ClickException(str(exc).replace("concurrency", "session")) from exc
         client = _model_client(_client(url, token), model)
         try:
-            profile = calibrate_workflow(client, levels, rounds, max_tokens, slo_round_p95_ms)
+            profile = calibrate_workflow(client, levels, rounds, max_tokens, slo_round_p95_ms, agent=agent)
         except (ClientError, ValueError) as exc:
             raise click.ClickException(str(exc)) from exc
         assert profile.workflow is not None

@@ -132,6 +132,7 @@ def line_parser() -> _Parser:
     calibrate.add_argument("--workflow", action="store_true", help="sessions that resend their conversation")
     calibrate.add_argument("--sessions", default="1,4,8")
     calibrate.add_argument("--rounds", type=int, default=6)
+    calibrate.add_argument("--agent", action="store_true", help="with --workflow: tool-using agent sessions")
     calibrate.add_argument("--slo-round-p95-ms", type=float, default=3000.0)
     calibrate.add_argument("--model", "-m", default=None, help="calibrate this model (loaded first)")
     batch = sub.add_parser("batch")

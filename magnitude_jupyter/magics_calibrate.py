@@ -21,6 +21,8 @@ def calibrate_cell(client: Client, args: argparse.Namespace, user_ns: dict[str, 
         client = client.for_model(
             client.load_model(args.model)["id"] if "kv_cells_total" in client.status() else args.model
         )
+    if args.agent and not args.workflow:
+        raise ValueError("--agent is a kind of --workflow sweep: give both")
     if args.workflow:
         return _workflow(client, args, user_ns)
     config = SweepConfig(
@@ -68,7 +70,7 @@ def _workflow(client: Client, args: argparse.Namespace, user_ns: dict[str, Any])
                 plot.add_trace(trace)
 
     profile = calibrate_workflow(
-        client, sessions, args.rounds, args.max_tokens, args.slo_round_p95_ms, on_level=on_level
+        client, sessions, args.rounds, args.max_tokens, args.slo_round_p95_ms, on_level=on_level, agent=args.agent
     )
     assert profile.workflow is not None
     print(format_workflow(profile.workflow))

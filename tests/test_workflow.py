@@ -100,3 +100,31 @@ def test_the_workflow_sweep_runs_live_in_a_notebook(connected, tmp_path):
     assert any("application/vnd.jupyter.widget-view+json" in (o.get("data") or {}) for o in outputs)
     assert "2 sessions meets it" in text_outputs(nb.cells[1])
     assert text_outputs(nb.cells[2]).strip() == "True [1, 2]"
+
+
+def test_the_built_in_tools_compute_and_refuse_what_they_should():
+    from magnitude_jupyter.calibrate.agent_tools import agent_task, calculator, lookup
+
+    assert calculator("(545000 + 709000) / 2") == "627000" and calculator("2 ** 0.5") == "1.41421"
+    for bad in ("__import__('os')", "9 ** 9999", "open('x')"):
+        with pytest.raises(ValueError):
+            calculator(bad)
+    assert "population 545000" in lookup(" lisbon ") and "the table knows" in lookup("Atlantis")
+    assert len({agent_task(s) for s in range(16)}) == 16
+
+
+@pytest.mark.model
+def test_an_agent_workflow_calls_tools_round_after_round_and_answers_last(server):
+    from magnitude_jupyter.calibrate.workflow import agent_tools
+
+    client = Client(server.url, server.token)
+    result = run_workflow(client, sessions=(2,), rounds=3, max_tokens=64, slo_round_p95_ms=600_000, agent=True)
+    (level,) = result.levels
+    assert result.agent and level.errors == 0 and [r.round for r in level.rounds] == [1, 2, 3]
+    assert level.tool_calls == 2 * 2  # every session called a tool in rounds 1 and 2, then answered
+    # each round resends the call and its result: the prefix cache holds the history
+    assert level.rounds[2].prompt_tokens > level.rounds[1].prompt_tokens > level.rounds[0].prompt_tokens
+    assert level.rounds[2].cached_tokens >= level.rounds[1].prompt_tokens
+    assert "agent workflow" in format_workflow(result) and "4 tool calls" in format_workflow(result)
+    assert {t.name for t in agent_tools()} == {"calculator", "lookup"}
+    assert WorkflowResult.from_json(json.loads(json.dumps(result.to_json()))) == result

@@ -88,17 +88,20 @@ def calibrate_workflow(
     on_level: Callable[[WorkflowLevel], None] | None = None,
     stop: threading.Event | None = None,
     name: str = "",
+    agent: bool = False,
 ) -> Profile:
     """The agent-workflow sweep (see workflow.py), recorded as a profile with the machine and model."""
     client = client or discover()
     model, engine, _, _ = server_facts(client)
-    result = run_workflow(client, sessions, rounds, max_tokens, slo_round_p95_ms, on_level=on_level, stop=stop)
+    result = run_workflow(
+        client, sessions, rounds, max_tokens, slo_round_p95_ms, on_level=on_level, stop=stop, agent=agent
+    )
     return Profile(
         machine=machine_info(),
         server={"url": client.api_base, "engine": "magnitude" if engine else "openai-compatible"},
         model=model,
         engine=engine,
-        config={"workflow": {"sessions": list(sessions), "rounds": rounds, "max_tokens": max_tokens}},
+        config={"workflow": {"sessions": list(sessions), "rounds": rounds, "max_tokens": max_tokens, "agent": agent}},
         levels=[],
         summary=Summary(),
         workflow=result,

@@ -2,7 +2,10 @@
 
 Single calls do not say how a service holds up for agents and notebook conversations; multi-round
 workflows do. S sessions run at once, R rounds each; every round sends the conversation so far plus
-a new message (different for every session) and streams the answer. Per round: TTFT, end-to-end,
+a new message (different for every session) and streams the answer. With `agent`, a session is a
+tool-using agent instead: each round but the last must call one of the built-in tools (a calculator
+and a lookup table, agent_tools.py), whose result goes back in the next round; the last answers in
+text. Round latency then covers what agents do: call, tool result, next call. Per round: TTFT, end-to-end,
 prompt and cached tokens; per S: output tokens/s and round latency percentiles. The verdict is the
 largest S whose every round meets the service-level objective (p95 round latency), and whether the
 largest S asked for meets it (a regression gate for CI).
@@ -10,13 +13,16 @@ largest S asked for meets it (a regression gate for CI).
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..agent import FunctionTool
 from ..client import Client, ClientError, StreamResult
+from .agent_tools import TOOLS, agent_task
 from .records import Percentiles
 from .stats import percentiles
 
@@ -63,6 +69,7 @@ class WorkflowLevel:
     output_tokens: int
     errors: int
     meets_slo: bool
+    tool_calls: int = 0  # in agent sessions: calls made to the built-in tools
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -79,6 +86,7 @@ class WorkflowResult:
     rounds: int
     max_tokens: int
     levels: tuple[WorkflowLevel, ...] = field(default_factory=tuple)
+    agent: bool = False  # sessions were tool-using agents
 
     @property
     def largest_sessions_within_slo(self) -> int | None:
@@ -117,10 +125,11 @@ class WorkflowResult:
                 output_tokens=lv["output_tokens"],
                 errors=lv["errors"],
                 meets_slo=lv["meets_slo"],
+                tool_calls=lv.get("tool_calls", 0),
             )
             for lv in data["levels"]
         )
-        return cls(data["slo_round_p95_ms"], data["rounds"], data["max_tokens"], levels)
+        return cls(data["slo_round_p95_ms"], data["rounds"], data["max_tokens"], levels, data.get("agent", False))
 
     def verdict(self) -> str:
         largest = self.largest_sessions_within_slo
@@ -142,6 +151,7 @@ class _Sample:
     prompt_tokens: int
     cached_tokens: int
     output_tokens: int
+    tool_calls: int = 0
 
 
 def session_message(session: int, round_index: int) -> str:
@@ -151,42 +161,80 @@ def session_message(session: int, round_index: int) -> str:
     return FOLLOW_UPS[(round_index + session) % len(FOLLOW_UPS)]
 
 
-def run_level(client: Client, sessions: int, rounds: int, max_tokens: int, stop: threading.Event) -> list[_Sample]:
+def _timed_round(client: Client, messages: list[dict[str, Any]], k: int, **body: Any) -> tuple[_Sample, StreamResult]:
+    """One streamed request, timed: its sample (round k + 1) and what it answered."""
+    result = StreamResult()
+    start = time.perf_counter()
+    ttft = None
+    for _ in client.stream_chat(messages, result=result, temperature=0, **body):
+        ttft = ttft if ttft is not None else time.perf_counter() - start
+    usage = result.usage or {}
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    sample = _Sample(
+        k + 1,
+        ttft,
+        time.perf_counter() - start,
+        int(usage.get("prompt_tokens") or 0),
+        int(cached),
+        int(usage.get("completion_tokens") or 0),
+        len(result.tool_calls),
+    )
+    return sample, result
+
+
+@functools.cache
+def agent_tools() -> tuple[FunctionTool, ...]:
+    return tuple(FunctionTool.of(fn) for fn in TOOLS)
+
+
+def _agent_round(client: Client, messages: list[dict[str, Any]], k: int, rounds: int, max_tokens: int) -> _Sample:
+    """Round k of an agent session: a call to a built-in tool (whose result joins the history), or,
+    in the last round, the answer in text."""
+    tools = agent_tools()
+    choice = "required" if k < rounds - 1 else "none"
+    schemas = [tool.openai() for tool in tools]
+    sample, result = _timed_round(client, messages, k, max_tokens=max_tokens, tools=schemas, tool_choice=choice)
+    if not result.tool_calls:
+        messages.append({"role": "assistant", "content": result.text})
+        return sample
+    messages.append({"role": "assistant", "content": None, "tool_calls": result.tool_calls})
+    by_name = {tool.name: tool for tool in tools}
+    for call in result.tool_calls:
+        try:
+            content = str(by_name[call["function"]["name"]].call(call["function"]["arguments"]))
+        except Exception as exc:  # a wrong call is an agent's ordinary day: the model sees the error
+            content = f"error: {exc}"
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+    return sample
+
+
+def run_level(
+    client: Client, sessions: int, rounds: int, max_tokens: int, stop: threading.Event, agent: bool = False
+) -> list[_Sample]:
     samples: list[_Sample] = []
     errors: list[str] = []
     lock = threading.Lock()
 
     def session(index: int) -> None:
         messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+        if agent:
+            messages.append({"role": "user", "content": agent_task(index)})
         for k in range(rounds):
             if stop.is_set():
                 return
-            messages.append({"role": "user", "content": session_message(index, k)})
-            result = StreamResult()
-            start = time.perf_counter()
-            ttft = None
             try:
-                for _ in client.stream_chat(
-                    messages, result=result, max_tokens=max_tokens, temperature=0, ignore_eos=True
-                ):
-                    ttft = ttft if ttft is not None else time.perf_counter() - start
+                if agent:
+                    sample = _agent_round(client, messages, k, rounds, max_tokens)
+                else:
+                    messages.append({"role": "user", "content": session_message(index, k)})
+                    sample, result = _timed_round(client, messages, k, max_tokens=max_tokens, ignore_eos=True)
+                    messages.append({"role": "assistant", "content": result.text})
             except ClientError as exc:
                 with lock:
                     errors.append(str(exc))
                 return
-            usage = result.usage or {}
-            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-            sample = _Sample(
-                k + 1,
-                ttft,
-                time.perf_counter() - start,
-                int(usage.get("prompt_tokens") or 0),
-                int(cached),
-                int(usage.get("completion_tokens") or 0),
-            )
             with lock:
                 samples.append(sample)
-            messages.append({"role": "assistant", "content": result.text})
 
     threads = [threading.Thread(target=session, args=(i,), daemon=True) for i in range(sessions)]
     for t in threads:
@@ -222,6 +270,7 @@ def summarize_level(sessions: int, samples: list[_Sample], seconds: float, round
         output_tokens=sum(s.output_tokens for s in done),
         errors=errors,
         meets_slo=meets,
+        tool_calls=sum(s.tool_calls for s in done),
     )
 
 
@@ -233,6 +282,7 @@ def run_workflow(
     slo_round_p95_ms: float = DEFAULT_SLO_ROUND_P95_MS,
     on_level: Callable[[WorkflowLevel], None] | None = None,
     stop: threading.Event | None = None,
+    agent: bool = False,
 ) -> WorkflowResult:
     """Each number of sessions in turn; returns every level and the verdict."""
     if not sessions or min(sessions) < 1 or rounds < 1 or max_tokens < 1:
@@ -243,17 +293,18 @@ def run_workflow(
         if stop.is_set():
             break
         start = time.perf_counter()
-        samples = run_level(client, count, rounds, max_tokens, stop)
+        samples = run_level(client, count, rounds, max_tokens, stop, agent)
         level = summarize_level(count, samples, time.perf_counter() - start, rounds, slo_round_p95_ms)
         levels.append(level)
         if on_level is not None:
             on_level(level)
-    return WorkflowResult(slo_round_p95_ms, rounds, max_tokens, tuple(levels))
+    return WorkflowResult(slo_round_p95_ms, rounds, max_tokens, tuple(levels), agent)
 
 
 def format_workflow(result: WorkflowResult) -> str:
+    kind = "agent workflow (each round a tool call, then the answer)" if result.agent else "workflow"
     lines = [
-        f"workflow: sessions × {result.rounds} rounds, {result.max_tokens} tokens per answer; "
+        f"{kind}: sessions × {result.rounds} rounds, {result.max_tokens} tokens per answer; "
         f"SLO: p95 round latency <= {result.slo_round_p95_ms:.0f} ms"
     ]
     header = (
@@ -266,9 +317,10 @@ def format_workflow(result: WorkflowResult) -> str:
         cached = sum(r.cached_tokens for r in lv.rounds)
         share = f"{cached / prompt:.0%}" if prompt else "—"
         worst = lv.worst_round_p95_ms()
+        calls = f"  {lv.tool_calls} tool calls" if result.agent else ""
         lines.append(
             f"{lv.sessions:>8}  {lv.output_tokens_per_s:>7.1f}  {worst or 0:>18.0f}  {by_round:<40}  {share:>12}  "
-            f"{'ok' if lv.meets_slo else 'MISSED'}"
+            f"{'ok' if lv.meets_slo else 'MISSED'}{calls}"
         )
     lines.append(result.verdict())
     return "\n".join(lines)
