@@ -280,3 +280,62 @@ def test_thread_governor_gives_llama_cpp_the_cores_others_leave_free():
     assert [governor.threads_for(busy) for busy in (0.0, 0.3, 0.5, 1.0, 2.2, 3.9, 8.0)] == [4, 4, 3, 3, 2, 1, 1]
     assert ThreadGovernor(max_threads=2, cores=8).threads_for(0.0) == 2  # never more than asked for
     assert governor.update(0.0) is None  # the first reading only starts the clock
+
+
+# A vocabulary where one text has two spellings: 10 + 11 spell what 20 spells ("{" + "\"" = "{\""),
+# and token 0 is a special token with no text.
+PIECES = {10: b"{", 11: b'"', 20: b'{"', 12: b"name", 13: b'":', 14: b" 1", 15: b"}", 0: b""}
+
+
+def spell(token: int) -> bytes:
+    return PIECES.get(token, f"<{token}>".encode())
+
+
+def test_a_prompt_that_spells_a_cached_answer_otherwise_reuses_the_answers_cells():
+    s = cached_scheduler(spell=spell)
+    history = list(range(100, 140))
+    first = make_request("first", 4, 8)
+    first.prompt_tokens = [*history, 1]
+    s.add_request(first)
+    s.schedule()
+    # the model answered {"name": 1} in its own tokens: "{" then "\"" where the tokenizer writes "{\""
+    first.num_computed_tokens = len(first.prompt_tokens) + 6
+    first.output_tokens = [10, 11, 12, 13, 14, 15]
+    s.finish(first, FinishReason.STOP)
+    s.take_pending_kv_ops()
+    # the next turn sends that answer back as text, tokenized the tokenizer's way, then goes on
+    turn = make_request("turn", 4, 4)
+    turn.prompt_tokens = [*history, 1, 20, 12, 13, 14, 15, 0, 2, 3]
+    s.add_request(turn)
+    out = s.schedule()
+    (entry,) = s.cache.leaves()
+    assert turn.prompt_tokens == [*history, 1, 10, 11, 12, 13, 14, 15, 0, 2, 3]  # the cache's spelling
+    assert copies(out.kv_ops) == [(entry.seq_id, turn.seq_id, 0, 47)] and turn.cached_tokens == 47
+    assert s.cache.respelled_tokens == 6
+
+    # the cache's spelling is kept only as far as the text is the same
+    edited = make_request("edited", 4, 4)
+    edited.prompt_tokens = [*history, 1, 20, 12, 13, 99, 2]
+    s.add_request(edited)
+    s.schedule()
+    assert edited.prompt_tokens == [*history, 1, 10, 11, 12, 13, 99, 2] and edited.cached_tokens == 45
+    other = make_request("other", 4, 4)
+    other.prompt_tokens = [*history, 1, 99, 20, 2]
+    s.add_request(other)
+    s.schedule()
+    assert other.prompt_tokens == [*history, 1, 99, 20, 2] and other.cached_tokens == 41
+
+
+def test_without_a_spelling_the_match_stays_token_for_token():
+    s = cached_scheduler()
+    first = make_request("first", 4, 8)
+    first.prompt_tokens = list(range(100, 141))
+    s.add_request(first)
+    s.schedule()
+    first.num_computed_tokens, first.output_tokens = 43, [10, 11]
+    s.finish(first, FinishReason.STOP)
+    turn = make_request("turn", 4, 4)
+    turn.prompt_tokens = [*range(100, 141), 20, 2]
+    s.add_request(turn)
+    s.schedule()
+    assert turn.cached_tokens == 41 and turn.prompt_tokens[-2:] == [20, 2]

@@ -457,6 +457,7 @@ class Engine:
                 min_prefix_tokens=es.min_prefix_tokens,
                 cache_sequences=cache_sequences(es),
                 cache_ram_bytes=es.prefix_cache_ram_mib << 20,
+                spell=self.runner.token_to_piece,
             )
         except Exception as exc:  # reported through state/load_error, and to wait_ready()
             log.exception("model load failed")

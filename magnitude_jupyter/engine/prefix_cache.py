@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 
@@ -61,6 +61,8 @@ class RestoreSequence:
     shared: int = 0
     shared_from: int | None = None
 
+
+RESPELL_WINDOW = 512  # prompt tokens after a match that a cached entry may spell differently
 
 KVOp = CopyCells | ClearSequence | SaveSequence | RestoreSequence
 Pins = Sequence[tuple[Sequence[int], int]]  # (prompt tokens, cells copied from the tree) of running requests
@@ -126,6 +128,11 @@ class RamTier:
         return best
 
 
+def _spells(spell: Callable[[int], bytes], token: int, text: bytes | bytearray, at: int) -> bool:
+    piece = spell(token)
+    return bool(piece) and text.startswith(piece, at)
+
+
 def common_prefix_len(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:
     n = min(len(a), len(b)) if limit is None else min(len(a), len(b), limit)
     for i in range(n):
@@ -147,6 +154,7 @@ class PrefixCache:
         self.lookup_tokens = 0
         self.hit_tokens = 0
         self.restored_tokens = 0
+        self.respelled_tokens = 0  # cached tokens reused where the prompt spelled the same text otherwise
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -179,6 +187,51 @@ class PrefixCache:
             node = child
         seq_id = path[-1].any_leaf().seq_id if path else None
         return Match(matched, path, seq_id)
+
+    def respelled(
+        self, tokens: Sequence[int], match: Match, spell: Callable[[int], bytes], window: int = RESPELL_WINDOW
+    ) -> tuple[list[int], int] | None:
+        """`tokens` with the part after `match` spelled as a cached entry spells the same text, and how
+        many tokens of the result the cache holds; None when no entry goes further that way.
+
+        A model's answer is not always made of the tokens its text tokenizes to (a grammar, or
+        sampling, can pick `{` then `"` where the tokenizer writes `{"`), so the next turn, which
+        sends that answer back as text, stops matching where the spellings part. Bytes decide here:
+        the cached tokens are kept for as long as they spell exactly what the prompt says."""
+        if not match.path:
+            return None
+        end = len(tokens) - 1  # the last prompt token is always computed
+        ends: dict[int, int] = {}  # bytes of the prompt after the match -> tokens that spell them
+        target = bytearray()
+        for i in range(match.length, min(end, match.length + window)):
+            piece = spell(tokens[i])
+            if not piece:
+                break
+            target += piece
+            ends[len(target)] = i + 1
+        node = match.path[-1]
+        offset = len(node.tokens) - (self._end(match.path) - match.length)
+        walked: list[int] = []
+        best: tuple[int, int] | None = None  # (cached tokens walked, prompt tokens they stand for)
+        spelled = 0
+        while spelled < len(target):
+            if offset == len(node.tokens):
+                child = next((c for c in node.children.values() if _spells(spell, c.tokens[0], target, spelled)), None)
+                if child is None:
+                    break
+                node, offset = child, 0
+            piece = spell(node.tokens[offset])
+            if not piece or not target.startswith(piece, spelled):
+                break
+            walked.append(node.tokens[offset])
+            spelled += len(piece)
+            offset += 1
+            if spelled in ends:
+                best = (len(walked), ends[spelled])
+        if best is None:  # (walked never starts as the prompt does: the match would have gone on)
+            return None
+        cached, used = best
+        return [*tokens[: match.length], *walked[:cached], *tokens[used:]], match.length + cached
 
     # -- what requests do ---------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .budget import KVBudget
@@ -97,6 +97,7 @@ class SchedulerStats:
     prompt_tokens_looked_up: int  # prompt tokens of admitted requests that could use the cache
     prompt_tokens_cached: int  # ... of which came from the cache instead of being computed
     prompt_tokens_restored: int  # ... of which the RAM tier brought back
+    prompt_tokens_respelled: int = 0  # ... of which where the prompt spelled a cached answer's text otherwise
 
 
 class Scheduler:
@@ -111,8 +112,10 @@ class Scheduler:
         min_prefix_tokens: int = 4,
         cache_sequences: int = 0,
         cache_ram_bytes: int = 0,
+        spell: Callable[[int], bytes] | None = None,
     ) -> None:
         self.ctx_size = ctx_size
+        self.spell = spell  # a token's text, for matching a prompt that spells a cached answer otherwise
         self.max_running = max_running
         self.n_batch = n_batch
         self.max_waiting = max_waiting
@@ -219,6 +222,8 @@ class Scheduler:
             match = self.cache.match(request.prompt_tokens, limit)
             if self.cache.ram is not None:
                 match = self._restore_from_ram(request, match.length, limit, out) or match
+            if match.seq_id is not None and match.length >= self.min_prefix_tokens and self.spell is not None:
+                match, limit = self._respell(request, match, limit)
             if match.seq_id is not None:
                 best = (match.seq_id, match.length, True)
                 self.cache.touch(match)
@@ -229,6 +234,22 @@ class Scheduler:
             if n > best[1]:
                 best = (other.seq_id, n, False)
         return best if best[1] >= self.min_prefix_tokens else (None, 0, False)
+
+    def _respell(self, request: Request, match: Match, limit: int) -> tuple[Match, int]:
+        """Take the cache's spelling of the text after the match, where it has one (see
+        `PrefixCache.respelled`): the prompt then uses the tokens its model wrote rather than the
+        tokenizer's, and their cells are copied instead of computed."""
+        assert self.cache is not None and self.spell is not None
+        found = self.cache.respelled(request.prompt_tokens, match, self.spell)
+        if found is None:
+            return match, limit
+        tokens, cached = found
+        if len(tokens) + request.max_tokens > self.max_request_tokens:
+            return match, limit
+        request.prompt_tokens = tokens
+        self.cache.respelled_tokens += cached - match.length
+        limit = len(tokens) - 1
+        return self.cache.match(tokens, limit), limit
 
     def _restore_from_ram(self, request: Request, have: int, limit: int, out: SchedulerOutput) -> Match | None:
         """Bring back a saved entry that covers more of the prompt than the tree does; the new match."""
@@ -270,6 +291,7 @@ class Scheduler:
             prompt_tokens_looked_up=cache.lookup_tokens if cache else 0,
             prompt_tokens_cached=cache.hit_tokens if cache else 0,
             prompt_tokens_restored=cache.restored_tokens if cache else 0,
+            prompt_tokens_respelled=cache.respelled_tokens if cache else 0,
         )
 
     def take_pending_kv_ops(self) -> list[KVOp]:

@@ -74,6 +74,11 @@ class PoolCollector:
                 "Prompt tokens the prefix cache brought back from its RAM tier.",
                 sched.prompt_tokens_restored,
             ),
+            (
+                "magnitude_prompt_cache_respelled_tokens",
+                "Cached answer tokens reused where the prompt's tokens spelled the same text otherwise.",
+                sched.prompt_tokens_respelled,
+            ),
         ):
             family(CounterMetricFamily, counter_name, counter_help).add_metric([model], count)
         for name, help_text, hist in (
