@@ -65,11 +65,14 @@ def stop_process(proc: subprocess.Popen) -> None:
 class LlamaServer:
     """llama.cpp's own server (the peer that counts), built by ../shared/tools/build-llama-server.sh."""
 
-    def __init__(self, binary: str, parallel: int, ctx_size: int, threads: int) -> None:
+    def __init__(
+        self, binary: str, parallel: int, ctx_size: int, threads: int, extra_args: tuple[str, ...] = ()
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [binary, "-m", str(bundled_model_path()), "--host", "127.0.0.1", "--port", str(self.port)]
         cmd += ["-np", str(parallel), "--kv-unified", "-c", str(ctx_size), "-t", str(threads), "--api-key", TOKEN]
+        cmd += extra_args
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -13,6 +13,7 @@ import random
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 import numpy as np
@@ -153,6 +154,9 @@ class LlamaRunner:
             [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)], dtype=np.int64
         )
         self._eog_banned: set[int] = set()  # sequences that ignore_eos: llama-server's rule, EOG never sampled
+        self._grammars: dict[int, ctypes.c_void_p] = {}  # kept out of the chains: see `sample`
+        self._candidates = np.zeros(self.n_vocab, dtype=TOKEN_DATA)
+        self._one = np.zeros(1, dtype=TOKEN_DATA)
         self._piece_buf = ctypes.create_string_buffer(256)
         self._closed = False
 
@@ -197,7 +201,12 @@ class LlamaRunner:
         # tokenizes back to the same cells and the prefix cache keeps hitting.
         if params.bans_eog:
             self._eog_banned.add(seq_id)
-        if params.greedy and not params.penalized and params.grammar is None:
+        if params.grammar is not None:
+            grammar = self._grammar_sampler(params.grammar)
+            if grammar is None:
+                raise RunnerError("llama.cpp could not parse the grammar")
+            self._grammars[seq_id] = grammar
+        if params.greedy and not params.penalized:
             self._samplers[seq_id] = None  # plain argmax over the logits row: no sampler state needed
             return
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
@@ -215,12 +224,6 @@ class LlamaRunner:
             for token in prompt_tokens:  # the penalty sampler alone: a grammar must not see the prompt
                 llama_cpp.llama_sampler_accept(penalties, token)
             llama_cpp.llama_sampler_chain_add(chain, penalties)
-        if params.grammar is not None:
-            grammar = self._grammar_sampler(params.grammar)
-            if grammar is None:
-                llama_cpp.llama_sampler_free(chain)
-                raise RunnerError("llama.cpp could not parse the grammar")
-            llama_cpp.llama_sampler_chain_add(chain, grammar)
         if params.greedy:
             llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
         else:
@@ -278,6 +281,9 @@ class LlamaRunner:
 
     def _free_sampler(self, seq_id: int) -> None:
         self._eog_banned.discard(seq_id)
+        grammar = self._grammars.pop(seq_id, None)
+        if grammar is not None:
+            llama_cpp.llama_sampler_free(grammar)
         chain = self._samplers.pop(seq_id, None)
         if chain is not None:
             llama_cpp.llama_sampler_free(chain)
@@ -316,15 +322,54 @@ class LlamaRunner:
 
     def sample(self, seq_id: int, row: int) -> int:
         chain = self._samplers[seq_id]
-        if chain is None:
-            logits = self._logits_view(row)
+        grammar = self._grammars.get(seq_id)
+        if grammar is None:
+            if chain is None:
+                return self._argmax(seq_id, self._logits_view(row))
+            return int(llama_cpp.llama_sampler_sample(chain, self.ctx, row))
+        # As llama.cpp's own sampling does: the token picked without the grammar, if the grammar
+        # allows it (it mostly does), else the pick among the tokens it allows. Checking one token is
+        # cheap; applying a grammar to every token of the vocabulary, each step, is not.
+        logits = self._logits_view(row)
+        token = self._pick(seq_id, chain, None, logits)
+        if not self._allows(grammar, token, float(logits[token])):
+            token = self._pick(seq_id, chain, grammar, logits)
+        llama_cpp.llama_sampler_accept(grammar, token)
+        if chain is not None:
+            llama_cpp.llama_sampler_accept(chain, token)
+        return token
+
+    def _argmax(self, seq_id: int, logits: np.ndarray) -> int:
+        token = int(np.argmax(logits))
+        if seq_id in self._eog_banned and self.is_eog(token):
+            logits = logits.copy()  # the row itself stays the model's, for logprobs
+            logits[self._eog_tokens] = -np.inf
             token = int(np.argmax(logits))
-            if seq_id in self._eog_banned and self.is_eog(token):
-                logits = logits.copy()  # the row itself stays the model's, for logprobs
-                logits[self._eog_tokens] = -np.inf
-                token = int(np.argmax(logits))
-            return token
-        return int(llama_cpp.llama_sampler_sample(chain, self.ctx, row))
+        return token
+
+    def _pick(self, seq_id: int, chain: Any, grammar: Any, logits: np.ndarray) -> int:
+        """The token the chain picks (argmax without one), over the tokens `grammar` allows if given;
+        nothing is accepted into either."""
+        if chain is None and grammar is None:
+            return self._argmax(seq_id, logits)
+        candidates = self._candidates
+        candidates["id"] = np.arange(self.n_vocab, dtype=np.int32)  # a chain sorts and cuts them in place
+        candidates["logit"] = logits
+        candidates["p"] = 0.0
+        array = _token_data_array(candidates)
+        if grammar is not None:
+            llama_cpp.llama_sampler_apply(grammar, ctypes.byref(array))
+        if chain is None:
+            return int(candidates["id"][int(np.argmax(candidates["logit"][: array.size]))])
+        llama_cpp.llama_sampler_apply(chain, ctypes.byref(array))
+        return int(candidates["id"][array.selected])
+
+    def _allows(self, grammar: Any, token: int, logit: float) -> bool:
+        one = self._one
+        one["id"], one["logit"], one["p"] = token, logit, 0.0
+        array = _token_data_array(one)
+        llama_cpp.llama_sampler_apply(grammar, ctypes.byref(array))
+        return bool(np.isfinite(one["logit"][0]))
 
     def _logits_view(self, row: int) -> np.ndarray:
         ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
@@ -362,6 +407,15 @@ class LlamaRunner:
         llama_cpp.llama_batch_free(self._batch)
         llama_cpp.llama_free(self.ctx)
         llama_cpp.llama_model_free(self.model)
+
+
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
+
+
+def _token_data_array(candidates: np.ndarray) -> Any:
+    """A llama_token_data_array over a numpy array of TOKEN_DATA (no copy)."""
+    data = candidates.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
+    return llama_cpp.llama_token_data_array(data=data, size=len(candidates), selected=-1, sorted=False)
 
 
 QUANTIZE_TYPES = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "f16": "LLAMA_FTYPE_MOSTLY_F16"}

@@ -61,6 +61,12 @@ class Tool:
         return json.dumps({"name": self.name, "description": self.description, "parameters": self.parameters})
 
 
+def preload() -> None:
+    """Import the schema checker now: with its format extras installed (Jupyter installs them),
+    `import jsonschema` takes seconds, which the first request with tools should not wait for."""
+    import jsonschema  # noqa: F401
+
+
 def parse_tools(raw: Any) -> list[Tool]:
     """OpenAI's `tools` list, checked: names, descriptions, and parameter schemas that are valid JSON
     Schema and can become a grammar. Raises ToolError naming the tool."""

@@ -1,0 +1,238 @@
+"""Agents: sessions that call tools round after round, against `magnitude serve` and llama.cpp's own
+`llama-server` (`--jinja`, its tool calling; built by ../shared/tools/build-llama-server.sh).
+
+S sessions (default 8) run at once, R rounds each (default 4): every round but the last must call
+one of two tools (tool_choice "required": a calculator and a lookup table, agent_tools.py, real
+Python run by this script), whose result goes back in the next round; the last round answers in
+text (tool_choice "none"). Each session has its own task (different cities), over one system
+prompt. Every round resends the whole history, calls and results included: what the prefix cache
+keeps decides the later rounds. Greedy, streamed; alternating servers, best of two runs each.
+
+Per server: wall time, output tokens/s, round latency by round,
+how many calls came back and how many of their arguments validate against the tool's schema, and
+prompt tokens served from cache (as each server reports them).
+
+    python benchmarks/agents.py [--sessions 8] [--rounds 4] [--repeats 2] [--llama-server PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import jsonschema
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import TOKEN, LlamaServer, MagnitudeServer, find_llama_server, table
+
+from magnitude_jupyter.calibrate.agent_tools import agent_task
+from magnitude_jupyter.calibrate.workflow import SYSTEM, agent_tools
+from magnitude_jupyter.client import StreamResult, iter_sse
+from magnitude_jupyter.engine.tools import GENERIC, ToolRequest, generic_messages, parse_answer, tools_grammar
+
+
+@dataclass
+class Run:
+    server: str
+    seconds: float = 0.0
+    tokens: int = 0
+    latency_by_round: dict[int, list[float]] = field(default_factory=dict)
+    calls: int = 0
+    valid_calls: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    errors: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def p50(self, values: dict[int, list[float]], rounds: range) -> float:
+        flat = [v for r in rounds for v in values.get(r, [])]
+        return statistics.median(flat) * 1000 if flat else float("nan")
+
+
+def request_body(messages: list[dict], choice: str, max_tokens: int, client_side: bool) -> dict:
+    """The round's request: OpenAI `tools`, or (`client_side`) the same prompt and grammar that
+    magnitude makes of them, written out by the client: the same tokens for a server without tools."""
+    tools = [tool.openai() for tool in agent_tools()]
+    body = {
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if not client_side:
+        return {**body, "messages": messages, "tools": tools, "tool_choice": choice}
+    request = ToolRequest.parse(tools, choice)
+    prompt = generic_messages(messages, request.tools, lambda content, _: content or "")
+    return {**body, "messages": prompt, "grammar": tools_grammar(request, GENERIC.name)}
+
+
+def one_round(http: httpx.Client, url: str, messages: list[dict], choice: str, max_tokens: int, client_side: bool):
+    """(seconds in all, the answer put together, with its usage)."""
+    body = request_body(messages, choice, max_tokens, client_side)
+    result = StreamResult()
+    start = time.perf_counter()
+    with http.stream("POST", url + "/v1/chat/completions", json=body) as response:
+        if response.status_code >= 400:
+            response.read()
+            raise httpx.HTTPStatusError(response.text[:300], request=response.request, response=response)
+        for _, data in iter_sse(response.iter_lines()):
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            for c in chunk.get("choices") or []:
+                delta = c.get("delta") or {}
+                result.text += delta.get("content") or ""
+                result.add_tool_call_deltas(delta.get("tool_calls") or [])
+            if chunk.get("usage"):
+                result.usage = chunk["usage"]
+    elapsed = time.perf_counter() - start
+    if client_side:  # read the calls out of the text, as magnitude does
+        answer = parse_answer(result.text, GENERIC.name)
+        if answer.is_call:
+            result.text = ""
+            for i, call in enumerate(answer.calls):
+                function = {"name": call.name, "arguments": call.arguments}
+                result.tool_calls.append({"id": f"call_{i}", "type": "function", "function": function})
+    return elapsed, result
+
+
+def cached_of(usage: dict) -> int:
+    return int(((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+
+def run_workload(name: str, url: str, sessions: int, rounds: int, max_tokens: int, client_side: bool) -> Run:
+    run = Run(name)
+    lock = threading.Lock()
+    tools = {tool.name: tool for tool in agent_tools()}
+    schemas = {tool.name: tool.openai()["function"]["parameters"] for tool in agent_tools()}
+
+    def session(i: int) -> None:
+        messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": agent_task(i)}]
+        with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=600) as http:
+            for k in range(rounds):
+                choice = "required" if k < rounds - 1 else "none"
+                try:
+                    elapsed, result = one_round(http, url, messages, choice, max_tokens, client_side)
+                except httpx.HTTPError as exc:
+                    print(f"  {name}: session {i} round {k + 1}: {exc}", flush=True)
+                    with lock:
+                        run.errors += 1
+                    return
+                valid = 0
+                for call in result.tool_calls:
+                    try:
+                        jsonschema.validate(
+                            json.loads(call["function"]["arguments"]), schemas[call["function"]["name"]]
+                        )
+                        valid += 1
+                    except (ValueError, KeyError, jsonschema.ValidationError):
+                        pass
+                with lock:
+                    run.tokens += int((result.usage or {}).get("completion_tokens") or 0)
+                    run.prompt_tokens += int((result.usage or {}).get("prompt_tokens") or 0)
+                    run.cached_tokens += cached_of(result.usage)
+                    run.calls += len(result.tool_calls)
+                    run.valid_calls += valid
+                    run.latency_by_round.setdefault(k + 1, []).append(elapsed)
+                if not result.tool_calls:
+                    messages.append({"role": "assistant", "content": result.text})
+                    continue
+                messages.append({"role": "assistant", "content": None, "tool_calls": result.tool_calls})
+                for call in result.tool_calls:
+                    try:
+                        content = str(tools[call["function"]["name"]].call(call["function"]["arguments"]))
+                    except Exception as exc:  # the model sees the error, as an agent's would
+                        content = f"error: {exc}"
+                    messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+
+    threads = [threading.Thread(target=session, args=(i,)) for i in range(sessions)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    run.seconds = time.perf_counter() - start
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--llama-server", default=None, help="path (default: the shared build's cache)")
+    args = parser.parse_args()
+    binary = find_llama_server(args.llama_server)
+    if binary is None:
+        raise SystemExit("llama-server not found: run ../shared/tools/build-llama-server.sh first")
+
+    # (start, client_side): llama-server's own tool calling (--jinja) drops the tools of a template that
+    # knows none (the bundled model's); given magnitude's prompt and grammar it does the same work.
+    servers = {
+        "magnitude serve": (lambda: MagnitudeServer(parallel=16, ctx_size=8192, threads=args.threads), False),
+        "llama-server, our prompt+grammar": (lambda: LlamaServer(binary, 16, 8192, args.threads), True),
+        "llama-server --jinja, its tools": (
+            lambda: LlamaServer(binary, 16, 8192, args.threads, extra_args=("--jinja",)),
+            False,
+        ),
+    }
+    best: dict[str, Run] = {}
+    for repeat in range(args.repeats):
+        for name, (start, client_side) in servers.items():
+            server = start()
+            try:
+                run = run_workload(name, server.url, args.sessions, args.rounds, args.max_tokens, client_side)
+            finally:
+                server.close()
+            print(
+                f"run {repeat + 1}: {name}: {run.tokens_per_s:.1f} tok/s, round p50 "
+                f"{run.p50(run.latency_by_round, range(1, args.rounds + 1)):.0f} ms, errors {run.errors}",
+                flush=True,
+            )
+            if name not in best or run.seconds < best[name].seconds:
+                best[name] = run
+
+    peer = best["llama-server, our prompt+grammar"]
+    rows = []
+    for name, run in best.items():
+        by_round = " / ".join(
+            f"{run.p50(run.latency_by_round, range(r, r + 1)):.0f}" for r in range(1, args.rounds + 1)
+        )
+        rows.append(
+            [
+                name,
+                f"{run.seconds:.1f}",
+                f"{run.tokens_per_s:.1f}",
+                f"{run.p50(run.latency_by_round, range(2, args.rounds + 1)):.0f}",
+                by_round,
+                f"{run.valid_calls}/{run.calls}",
+                f"{run.cached_tokens / run.prompt_tokens:.0%}" if run.prompt_tokens else "—",
+                run.errors,
+                f"{peer.seconds / run.seconds:.2f}×",
+            ]
+        )
+    print(
+        f"{args.sessions} agent sessions × {args.rounds} rounds ({args.rounds - 1} tool calls, then the answer), "
+        f"≤{args.max_tokens} tokens per round, greedy, streamed, {args.threads} threads, parallel 16, 8,192 cells "
+        f"(llama-server: -np 16 --kv-unified -c 8192); best of {args.repeats} alternating runs"
+    )
+    headers = ["server", "wall s", "output tok/s", "round p50 rounds 2+ ms", "round p50 by round ms"]
+    headers += ["valid calls", "prompt cached", "errors", "speed vs llama-server (same work)"]
+    print(table(headers, rows))
+
+
+if __name__ == "__main__":
+    main()
