@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -123,3 +126,30 @@ class MagnitudeServer(LocalServer):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def session_arguments(description: str | None, rounds: int, max_tokens: int) -> argparse.Namespace:
+    """The options of the session benchmarks (conversations, agents), llama-server found."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--max-tokens", type=int, default=max_tokens)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--llama-server", default=None, help="path (default: the shared build's cache)")
+    args = parser.parse_args()
+    args.binary = find_llama_server(args.llama_server)
+    if args.binary is None:
+        raise SystemExit("llama-server not found: run ../shared/tools/build-llama-server.sh first")
+    return args
+
+
+def run_sessions(sessions: int, session: Callable[[int], None]) -> float:
+    """Run `session(i)` for every session at once, on threads; the seconds they took together."""
+    threads = [threading.Thread(target=session, args=(i,)) for i in range(sessions)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start

@@ -17,9 +17,7 @@ prompt tokens served from cache (as each server reports them).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import sys
 import threading
@@ -31,7 +29,7 @@ import httpx
 import jsonschema
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import TOKEN, LlamaServer, MagnitudeServer, find_llama_server, table
+from _common import TOKEN, LlamaServer, MagnitudeServer, run_sessions, session_arguments, table
 
 from magnitude_jupyter.calibrate.agent_tools import agent_task
 from magnitude_jupyter.calibrate.workflow import SYSTEM, agent_tools
@@ -93,6 +91,7 @@ def one_round(http: httpx.Client, url: str, messages: list[dict], choice: str, m
             for c in chunk.get("choices") or []:
                 delta = c.get("delta") or {}
                 result.text += delta.get("content") or ""
+                result.finish_reason = c.get("finish_reason") or result.finish_reason
                 result.add_tool_call_deltas(delta.get("tool_calls") or [])
             if chunk.get("usage"):
                 result.usage = chunk["usage"]
@@ -101,6 +100,8 @@ def one_round(http: httpx.Client, url: str, messages: list[dict], choice: str, m
         answer = parse_answer(result.text, GENERIC.name)
         if answer.is_call:
             result.text = ""
+            if result.finish_reason == "stop" and all(call.complete for call in answer.calls):
+                result.finish_reason = "tool_calls"
             for i, call in enumerate(answer.calls):
                 function = {"name": call.name, "arguments": call.arguments}
                 result.tool_calls.append({"id": f"call_{i}", "type": "function", "function": function})
@@ -148,6 +149,11 @@ def run_workload(name: str, url: str, sessions: int, rounds: int, max_tokens: in
                 if not result.tool_calls:
                     messages.append({"role": "assistant", "content": result.text})
                     continue
+                if result.finish_reason != "tool_calls":  # max_tokens cut the call short
+                    print(f"  {name}: session {i} round {k + 1}: the call was cut short", flush=True)
+                    with lock:
+                        run.errors += 1
+                    return
                 messages.append({"role": "assistant", "content": None, "tool_calls": result.tool_calls})
                 for call in result.tool_calls:
                     try:
@@ -156,28 +162,13 @@ def run_workload(name: str, url: str, sessions: int, rounds: int, max_tokens: in
                         content = f"error: {exc}"
                     messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
 
-    threads = [threading.Thread(target=session, args=(i,)) for i in range(sessions)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    run.seconds = time.perf_counter() - start
+    run.seconds = run_sessions(sessions, session)
     return run
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sessions", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--llama-server", default=None, help="path (default: the shared build's cache)")
-    args = parser.parse_args()
-    binary = find_llama_server(args.llama_server)
-    if binary is None:
-        raise SystemExit("llama-server not found: run ../shared/tools/build-llama-server.sh first")
+    args = session_arguments(__doc__, rounds=4, max_tokens=96)
+    binary = args.binary
 
     # (start, client_side): llama-server's own tool calling (--jinja) drops the tools of a template that
     # knows none (the bundled model's); given magnitude's prompt and grammar it does the same work.

@@ -11,9 +11,7 @@ own `llama-server` (built from the llama.cpp vendored in our pinned llama-cpp-py
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import threading
 import time
@@ -21,7 +19,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import psutil
-from _common import TOKEN, LlamaServer, MagnitudeServer, find_llama_server, table
+from _common import TOKEN, LlamaServer, MagnitudeServer, run_sessions, session_arguments, table
 
 from magnitude_jupyter.calibrate.workflow import SYSTEM, session_message
 from magnitude_jupyter.client import iter_sse
@@ -92,28 +90,13 @@ def run_workload(name: str, url: str, sessions: int, rounds: int, max_tokens: in
                     run.tokens += tokens
                     run.ttft_by_round.setdefault(k + 1, []).append(ttft)
 
-    threads = [threading.Thread(target=session, args=(i,)) for i in range(sessions)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    run.seconds = time.perf_counter() - start
+    run.seconds = run_sessions(sessions, session)
     return run
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sessions", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--llama-server", default=None, help="path (default: the shared build's cache)")
-    args = parser.parse_args()
-    binary = find_llama_server(args.llama_server)
-    if binary is None:
-        raise SystemExit("llama-server not found: run ../shared/tools/build-llama-server.sh first")
+    args = session_arguments(__doc__, rounds=6, max_tokens=48)
+    binary = args.binary
 
     servers = {
         "magnitude serve": lambda: MagnitudeServer(parallel=16, ctx_size=8192, threads=args.threads),

@@ -82,7 +82,7 @@ class FunctionTool:
             raise AgentError(f"{fn!r} has no name a tool can have (1-64 letters, digits, '_' or '-')")
         summary, described = _docstring_parts(fn)
         try:
-            hints = typing.get_type_hints(fn)
+            hints = typing.get_type_hints(fn, include_extras=True)  # Annotated constraints too
         except Exception:  # a hint that does not resolve: the parameter takes any JSON value
             hints = {}
         fields: dict[str, Any] = {}

@@ -13,7 +13,7 @@ import pytest
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine, SamplingParams
 from magnitude_jupyter.engine.chat import render_chat
-from magnitude_jupyter.engine.tools import GENERIC, ToolError, ToolRequest, parse_answer, parse_tools
+from magnitude_jupyter.engine.tools import GENERIC, HERMES, ToolError, ToolRequest, parse_answer, parse_tools
 
 ADD = {
     "type": "function",
@@ -80,21 +80,22 @@ def assemble(stream) -> tuple[dict[int, dict], str | None, str]:
 # -- the call form, without a model -------------------------------------------------------------
 
 
-def test_every_prefix_of_an_answer_reads_as_a_growing_part_of_the_whole():
-    text = GENERIC.render([("add", '{"a": 2, "b": {"c": "}"}}'), ("get_weather", '{"city": "Oslo"}')])
-    whole = parse_answer(text, "generic")
+@pytest.mark.parametrize("form", [GENERIC, HERMES], ids=["generic", "hermes"])
+def test_every_prefix_of_an_answer_reads_as_a_growing_part_of_the_whole(form):
+    text = form.render([("add", '{"a": 2, "b": {"c": "}"}}'), ("get_weather", '{"city": "Oslo"}')])
+    whole = parse_answer(text, form.name)
     assert [(c.name, c.arguments, c.complete) for c in whole.calls] == [
         ("add", '{"a": 2, "b": {"c": "}"}}', True),
         ("get_weather", '{"city": "Oslo"}', True),
     ]
-    before = parse_answer("", "generic")
+    before = parse_answer("", form.name)
     for end in range(1, len(text) + 1):
-        now = parse_answer(text[:end], "generic")
+        now = parse_answer(text[:end], form.name)
         assert now.is_call and now.content == ""
         for old, new in zip(before.calls, now.calls, strict=False):
             assert new.name == old.name and new.arguments.startswith(old.arguments)
         before = now
-    assert parse_answer("Five.", "generic").content == "Five."
+    assert parse_answer("Five.", form.name).content == "Five."
 
 
 @pytest.mark.parametrize(

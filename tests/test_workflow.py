@@ -118,7 +118,7 @@ def test_an_agent_workflow_calls_tools_round_after_round_and_answers_last(server
     from magnitude_jupyter.calibrate.workflow import agent_tools
 
     client = Client(server.url, server.token)
-    result = run_workflow(client, sessions=(2,), rounds=3, max_tokens=64, slo_round_p95_ms=600_000, agent=True)
+    result = run_workflow(client, sessions=(2,), rounds=3, max_tokens=96, slo_round_p95_ms=600_000, agent=True)
     (level,) = result.levels
     assert result.agent and level.errors == 0 and [r.round for r in level.rounds] == [1, 2, 3]
     assert level.tool_calls == 2 * 2  # every session called a tool in rounds 1 and 2, then answered

@@ -28,3 +28,6 @@ def test_notebook_runs_top_to_bottom(path, server, monkeypatch, tmp_path):
     if path.stem.startswith("02"):  # the labels lesson: every answer a label, measured against a baseline
         text = "\n".join(o.get("text", "") for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs)
         assert re.search(r"model accuracy \d+%; always-the-majority baseline 50%", text), text
+    if path.stem.startswith("07"):  # the agent: a real call of a notebook function, and what it cost
+        text = "\n".join(o.get("text", "") for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs)
+        assert re.search(r"→ (population|add)\(\{.*\}\)  ← ", text) and "agent workflow" in text, text

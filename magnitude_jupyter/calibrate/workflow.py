@@ -197,6 +197,8 @@ def _agent_round(client: Client, messages: list[dict[str, Any]], k: int, rounds:
     if not result.tool_calls:
         messages.append({"role": "assistant", "content": result.text})
         return sample
+    if result.finish_reason != "tool_calls":
+        raise ClientError(f"round {k + 1}: max_tokens ({max_tokens}) cut the tool call short; raise it")
     messages.append({"role": "assistant", "content": None, "tool_calls": result.tool_calls})
     by_name = {tool.name: tool for tool in tools}
     for call in result.tool_calls:
