@@ -17,7 +17,6 @@ import tornado.netutil
 import tornado.web
 
 from ..engine.pool import ModelPool
-from ..engine.tools import preload as preload_tools
 from ..runtime import write_runtime_file
 from .handlers import DEFAULT_MAX_BODY_BYTES, MAX_BODY_KEY, ApiMixin, make_routes
 from .sse import POOL_KEY
@@ -121,10 +120,9 @@ async def serve(
     port = sockets[0].getsockname()[1]  # the real one when asked for port 0
     runtime_file = write_runtime_file(host, port, token, pool.default_model)
     pool.start()
-    loop = asyncio.get_running_loop()
-    loop.run_in_executor(None, preload_tools)  # Jupyter's own server has imported it already
     announce(f"magnitude serving {pool.default_model} at http://{host}:{port}/v1 (model loading in the background)")
     stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
