@@ -327,29 +327,59 @@ HERMES_TEMPLATE = (
 )
 
 
-def test_a_template_that_knows_tools_renders_them_and_is_answered_in_its_own_form():
-    engine = Engine(settings=Settings(), parallel=1, ctx_size=2048, chat_template=HERMES_TEMPLATE)
+LLAMA3_TEMPLATE = (
+    "{% if tools %}<|start_header_id|>system<|end_header_id|>\n\nRespond in the format "
+    '{"name": function name, "parameters": dictionary of argument name and its value}.\n'
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}<|eot_id|>{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'assistant' and message.tool_calls %}"
+    "{% set tc = message.tool_calls[0].function %}<|start_header_id|>assistant<|end_header_id|>\n\n"
+    '{"name": "{{ tc.name }}", "parameters": {{ tc.arguments | tojson }}}<|eot_id|>'
+    "{% elif message.role == 'tool' %}<|start_header_id|>ipython<|end_header_id|>\n\n{{ message.content }}<|eot_id|>"
+    "{% else %}<|start_header_id|>{{ message.role }}<|end_header_id|>\n\n{{ message.content }}<|eot_id|>{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+NATIVE = [
+    (
+        HERMES_TEMPLATE,
+        "hermes",
+        '<tool_call>\n{"name": "add", "arguments": ',
+        '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\n5\n</tool_response>",
+    ),
+    (
+        LLAMA3_TEMPLATE,
+        "llama3",
+        '{"name": "add", "parameters": ',
+        '{"name": "add", "parameters": {"a": 2, "b": 3}}<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n5',
+    ),
+]
+
+
+@pytest.mark.parametrize(("template", "form", "start", "history_text"), NATIVE, ids=[n[1] for n in NATIVE])
+def test_a_template_that_knows_tools_renders_them_and_is_answered_in_its_own_form(template, form, start, history_text):
+    engine = Engine(settings=Settings(), parallel=1, ctx_size=2048, chat_template=template)
     engine.start()
     try:
-        tools = ToolRequest.parse([ADD], "required")
+        tools = ToolRequest.parse([ADD], "required", parallel_tool_calls=True)
         messages = [{"role": "user", "content": "What is 2+3?"}]
         request = engine.submit(messages=messages, params=SamplingParams(temperature=0, max_tokens=60), tools=tools)
         request.stream.wait_final(60)
-        assert request.tool_form == "hermes"
-        assert request.output_text.startswith('<tool_call>\n{"name": "add", "arguments": ')
-        answer = parse_answer(request.output_text, "hermes")
-        assert answer.is_call and [c.name for c in answer.calls] == ["add"]
+        assert request.tool_form == form and request.output_text.startswith(start), request.output_text
+        answer = parse_answer(request.output_text, form)
+        assert answer.is_call and [c.name for c in answer.calls][:1] == ["add"]
+        if form == "llama3":  # one call an answer in this form, parallel or not
+            assert len(answer.calls) == 1
         jsonschema.validate(json.loads(answer.calls[0].arguments), SCHEMAS["add"])
-        rendered = render_chat(messages, HERMES_TEMPLATE, tools=tools)
-        assert '<tools>{"type": "function", "function": {"name": "add", "description": "Add two' in rendered
+        rendered = render_chat(messages, template, tools=tools)
+        assert '{"type": "function", "function": {"name": "add", "description": "Add two' in rendered
+        assert "You can call these functions" not in rendered  # the template describes them, not the generic form
         history = [
             *messages,
-            {"role": "assistant", "content": None, "tool_calls": [call("c1", "add", answer.calls[0].arguments)]},
+            {"role": "assistant", "content": None, "tool_calls": [call("c1", "add", '{"a": 2, "b": 3}')]},
             {"role": "tool", "tool_call_id": "c1", "content": "5"},
         ]
-        rendered = render_chat(history, HERMES_TEMPLATE, tools=tools)
-        # The template writes the arguments again itself (its own spacing), then the result as it wants it.
-        expected = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>\n'
-        assert expected + "<|im_start|>user\n<tool_response>\n5\n</tool_response>" in rendered
+        # The template writes the call again itself (its own spacing), then the result as it wants it.
+        assert history_text in render_chat(history, template, tools=tools)
     finally:
         engine.shutdown()

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .tools import HERMES, ToolError, generic_messages, native_messages, template_form
+from .tools import ToolError, generic_messages, native_messages, template_form
 
 if TYPE_CHECKING:
     from .tools import ToolRequest
@@ -96,7 +96,7 @@ def _tool_ready(messages: Any, template: str | None, tools: ToolRequest | None) 
         return messages, None
     normalize_messages(messages)  # shape errors first, named as before
     try:
-        if template_form(template) is HERMES:
+        if template_form(template).native:
             return native_messages(messages), [tool.openai() for tool in tools.tools] if tools else None
         return generic_messages(messages, tools.tools if tools else None, _content_text), None
     except ToolError as exc:

@@ -1,7 +1,7 @@
 """Tool calling: OpenAI `tools` in, a prompt that describes them, a grammar that holds the answer to
 a call or a plain reply, and a parser that reads calls back out of the answer, whole or in pieces.
 
-Two forms of call, chosen by the model's chat template:
+The form of a call is chosen by the model's chat template:
 
 - **generic** (templates that know nothing of tools, the bundled SmolLM2's among them): the tools are
   described in the system prompt (`tools_prompt`) and a call is JSON alone, always spaced the same::
@@ -16,12 +16,14 @@ Two forms of call, chosen by the model's chat template:
       <tool_call>
       {"name": "add", "arguments": {"a": 2, "b": 3}}
       </tool_call>
+- **llama3** (Llama 3.1-3.3 templates, which ask for `"parameters"`): one call an answer,
+  ``{"name": "add", "parameters": {"a": 2, "b": 3}}``.
 
-In both, the wrapper around the arguments is literal text with no choice of spacing, so a call sent
-back in the history renders to the very tokens the model produced and the prefix cache keeps hitting
-across an agent's turns. The arguments follow each tool's JSON Schema (llama-cpp-python's converter),
-so they always validate, whatever the model's size. A plain reply is any text that does not start
-with the call form's first character (`{` or `<`) or with white space.
+In all, the wrapper around the arguments is literal text with no choice of spacing, so a call sent
+back in the history renders to the text the model wrote (and the prefix cache keeps the model's own
+tokens for it: `PrefixCache.respelled`). The arguments follow each tool's JSON Schema
+(schema_grammar.py), so they always validate, whatever the model's size. A plain reply is any text
+that does not start with the call form's first character (`{` or `<`) or with white space.
 """
 
 from __future__ import annotations
@@ -142,8 +144,9 @@ class CallForm:
     call_open: str  # before a call's name
     call_mid: str  # between the name and the arguments
     call_close: str  # after the arguments
-    separator: str  # between two calls
+    separator: str | None  # between two calls; None: one call an answer, whatever the request allows
     closing: str  # after the last call
+    native: bool = True  # the chat template describes the tools and renders tool turns itself
 
     @property
     def first_char(self) -> str:
@@ -152,18 +155,25 @@ class CallForm:
     def render(self, calls: list[tuple[str, str]]) -> str:
         """Calls (name, arguments JSON text) as the model writes them."""
         written = [f"{self.call_open}{name}{self.call_mid}{args}{self.call_close}" for name, args in calls]
-        return self.opening + self.separator.join(written) + self.closing
+        return self.opening + (self.separator or "").join(written) + self.closing
 
 
-GENERIC = CallForm("generic", '{"tool_calls": [', '{"name": "', '", "arguments": ', "}", ", ", "]}")
+GENERIC = CallForm("generic", '{"tool_calls": [', '{"name": "', '", "arguments": ', "}", ", ", "]}", native=False)
 HERMES = CallForm("hermes", "", '<tool_call>\n{"name": "', '", "arguments": ', "}\n</tool_call>", "\n", "")
-FORMS = {form.name: form for form in (GENERIC, HERMES)}
+# Llama 3.1-3.3: one call an answer, its arguments under "parameters" (the template says so itself).
+LLAMA3 = CallForm("llama3", "", '{"name": "', '", "parameters": ', "}", None, "")
+FORMS = {form.name: form for form in (GENERIC, HERMES, LLAMA3)}
 
 
 def template_form(template: str | None) -> CallForm:
-    """The call form a chat template expects: hermes when it reads `tools` and writes `<tool_call>`."""
-    if template and "<tool_call>" in template and re.search(r"\btools\b", template):
+    """The call form a chat template expects, when it reads `tools`: hermes when it writes
+    `<tool_call>` tags, llama3 when it asks for `"parameters"`; else (and without tools) generic."""
+    if not template or not re.search(r"\btools\b", template):
+        return GENERIC
+    if "<tool_call>" in template:
         return HERMES
+    if '"parameters": ' in template and "ipython" in template:
+        return LLAMA3
     return GENERIC
 
 
@@ -190,7 +200,7 @@ def calls_grammar(
         call = _literal(shape.call_open + tool.name + shape.call_mid) + f" {args} " + _literal(shape.call_close)
         alternatives.append(call)
     lines = [converter.format_grammar(), "tool-call ::= " + " | ".join(alternatives)]
-    more = f" ({_literal(shape.separator)} tool-call)*" if parallel else ""
+    more = f" ({_literal(shape.separator)} tool-call)*" if parallel and shape.separator is not None else ""
     lines.append(f"tool-calls ::= {_literal(shape.opening) + ' ' if shape.opening else ''}tool-call{more}")
     if shape.closing:
         lines[-1] += " " + _literal(shape.closing)
@@ -291,7 +301,9 @@ def parse_answer(text: str, form: str) -> ParsedAnswer:
         while text[end : end + 1].isspace():  # a schema whose last rule ends in an optional space
             end += 1
         after = _expect(text, end, shape.call_close)
-        pos = _expect(text, after, shape.separator) if after is not None else None
+        if after is None or shape.separator is None:
+            break
+        pos = _expect(text, after, shape.separator)
     return answer
 
 
