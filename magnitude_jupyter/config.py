@@ -42,6 +42,9 @@ class EngineSettings:
     prefix_reuse: bool = True  # the prefix cache: start a prompt from cells already computed (prefix_cache.py)
     min_prefix_tokens: int = 4
     prefix_cache_ram_mib: int = 256  # evicted cache entries kept in host memory, restored when they come back
+    # Cache entries held in KV cells at once (each a llama.cpp sequence; 256 in all, less `parallel`).
+    # Each sequence costs a logits row in llama.cpp's output buffer, resident: vocab x 4 bytes.
+    prefix_cache_entries: int = 64
     gpu_layers: int = 0  # layers offloaded to a GPU (GPU builds of llama-cpp-python; a CPU build ignores it)
     cache_type: str = "f16"  # the KV cache's K and V: f16, q8_0 (about half), q4_0 (about a quarter)
     cache_type_v: str | None = None  # V's own type, when it differs from K's
@@ -76,7 +79,14 @@ class EngineSettings:
             raise ConfigError(
                 f"engine setting 'prefix_cache_ram_mib' must be an integer >= 0, got {self.prefix_cache_ram_mib!r}"
             )
-        for name in ("parallel", "n_batch", "max_waiting", "default_max_tokens", "min_prefix_tokens"):
+        for name in (
+            "parallel",
+            "n_batch",
+            "max_waiting",
+            "default_max_tokens",
+            "min_prefix_tokens",
+            "prefix_cache_entries",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"engine setting {name!r} must be a positive integer, got {value!r}")
@@ -168,7 +178,13 @@ class Settings:
 
 ENGINE_KEYS = {f.name: f.type for f in dataclasses.fields(EngineSettings)}
 MODEL_KEYS = {"parallel", "ctx_size", "threads", "gpu_layers", "n_batch", "max_waiting", "chat_template"}
-MODEL_KEYS |= {"default_max_tokens", "prefix_reuse", "prefix_cache_ram_mib", "min_prefix_tokens"}
+MODEL_KEYS |= {
+    "default_max_tokens",
+    "prefix_reuse",
+    "prefix_cache_ram_mib",
+    "min_prefix_tokens",
+    "prefix_cache_entries",
+}
 MODEL_KEYS |= {"cache_type", "cache_type_v", "memory_budget", "mlock", "mmap"}
 TOP_KEYS = {"default_model", "models_dir", "engine", "max_loaded_models", "keep_alive", "memory_reserve_mib", "models"}
 DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}

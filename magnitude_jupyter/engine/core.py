@@ -30,7 +30,7 @@ from ..config import EngineSettings, Settings, load_settings
 from ..kvmath import kv_bytes_per_token
 from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
 from .chat import render_chat
-from .memory import ContextSizing, resolve_settings
+from .memory import ContextSizing, cache_sequences, resolve_settings
 from .metrics import EngineMetrics
 from .prefix_cache import ClearSequence, CopyCells, KVOp, RamTier, RestoreSequence, SaveSequence
 from .request import FinishReason, Priority, Request, SamplingParams, invalid_param
@@ -42,7 +42,6 @@ from .threads import ThreadGovernor
 from .tools import ToolRequest, template_form, tools_grammar
 
 log = logging.getLogger(__name__)
-LLAMA_MAX_SEQ = 256  # sequences one llama.cpp context can hold (llama-cparams.h)
 
 
 def apply_kv_ops(runner: Runner, ops: list[KVOp], ram: RamTier | None) -> None:
@@ -63,11 +62,6 @@ def apply_kv_ops(runner: Runner, ops: list[KVOp], ram: RamTier | None) -> None:
                 # The tree's own cells for the part it held already: never the same tokens twice.
                 runner.drop_cells(op.seq_id, 0, op.shared)
                 runner.copy_cells(op.shared_from, op.seq_id, 0, op.shared)
-
-
-def cache_sequences(es: EngineSettings) -> int:
-    """Sequence ids for prefix-cache entries: every one llama.cpp allows beyond the request slots."""
-    return max(0, LLAMA_MAX_SEQ - es.parallel) if es.prefix_reuse else 0
 
 
 def chat_prompt_tokens(
