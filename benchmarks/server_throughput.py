@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import importlib.util
 import json
 import os
 import statistics
@@ -181,7 +182,13 @@ def main() -> None:
             for c, level in asyncio.run(measure(kind, args, levels)).items():
                 if c not in best or level.tokens_per_s > best[c].tokens_per_s:
                     best[c] = level
-    theirs = {} if args.no_llama_cpp_python else asyncio.run(measure("llama_cpp", args, levels))
+    theirs = {}
+    if not args.no_llama_cpp_python:
+        # Its server needs the [bench] extra (fastapi and more): without it, say so and go on.
+        if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("sse_starlette") is None:
+            print('llama_cpp.server skipped: pip install -e ".[bench]" for it', flush=True)
+        else:
+            theirs = asyncio.run(measure("llama_cpp", args, levels))
     rows = []
     for c in levels:
         results = [("llama-server", peer[c]), ("magnitude serve", ours[c])]
