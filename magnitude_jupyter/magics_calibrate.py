@@ -46,9 +46,7 @@ def calibrate_cell(client: Client, args: argparse.Namespace, user_ns: dict[str, 
 
 def _workflow(client: Client, args: argparse.Namespace, user_ns: dict[str, Any]) -> None:
     """The workflow sweep in the cell: its plot grows a line per number of sessions as they finish."""
-    import plotly.graph_objects as go
-
-    from .calibrate.figures import workflow_figure
+    from .calibrate.figures import figure_bundle, workflow_figure
     from .calibrate.run import calibrate_workflow
     from .calibrate.sweep import parse_levels
     from .calibrate.workflow import WorkflowLevel, WorkflowResult, format_workflow
@@ -58,16 +56,17 @@ def _workflow(client: Client, args: argparse.Namespace, user_ns: dict[str, Any])
     except ValueError as exc:
         raise ValueError(str(exc).replace("concurrency", "session")) from None
     done: list[WorkflowLevel] = []
-    plot = go.FigureWidget(workflow_figure(WorkflowResult(args.slo_round_p95_ms, args.rounds, args.max_tokens)))
-    display(plot)
+
+    def figure() -> dict[str, Any]:
+        result = WorkflowResult(args.slo_round_p95_ms, args.rounds, args.max_tokens, tuple(done), args.agent)
+        return figure_bundle(workflow_figure(result))
+
+    # Plain plotly output, updated in place as each level ends (not a FigureWidget: see figure_bundle).
+    plot = display(figure(), raw=True, display_id=True)
 
     def on_level(level: WorkflowLevel) -> None:
         done.append(level)
-        fresh = workflow_figure(WorkflowResult(args.slo_round_p95_ms, args.rounds, args.max_tokens, tuple(done)))
-        with plot.batch_update():
-            plot.data = ()
-            for trace in fresh.data:
-                plot.add_trace(trace)
+        plot.update(figure(), raw=True)
 
     profile = calibrate_workflow(
         client, sessions, args.rounds, args.max_tokens, args.slo_round_p95_ms, on_level=on_level, agent=args.agent

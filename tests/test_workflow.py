@@ -97,7 +97,10 @@ def test_the_workflow_sweep_runs_live_in_a_notebook(connected, tmp_path):
         tmp_path,
     )
     outputs = nb.cells[1].outputs
-    assert any("application/vnd.jupyter.widget-view+json" in (o.get("data") or {}) for o in outputs)
+    # plain plotly output, updated in place: a saved notebook keeps the figure with both levels
+    (plot,) = [o for o in outputs if "application/vnd.plotly.v1+json" in (o.get("data") or {})]
+    figure = plot["data"]["application/vnd.plotly.v1+json"]
+    assert len(figure["data"]) >= 2 and not any("widget-view" in k for o in outputs for k in o.get("data") or {})
     assert "2 sessions meets it" in text_outputs(nb.cells[1])
     assert text_outputs(nb.cells[2]).strip() == "True [1, 2]"
 

@@ -7,7 +7,6 @@ are swept one after the other, each with a line of its own on the throughput and
 
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import asdict, replace
 from typing import Any
@@ -20,6 +19,7 @@ from .figures import (
     capacity_figure,
     capacity_traces,
     concurrency_axis,
+    figure_bundle,
     latency_figure,
     latency_traces,
     throughput_title,
@@ -121,9 +121,7 @@ class CalibrationWidget:
         up with "model not found" for all of them; three figures missed it. An Output widget's
         state is the figure's JSON, and the page redraws it from there (sized to its box)."""
         for figure in figures:
-            spec = json.loads(figure.to_json())
-            plot = {**spec, "config": {"responsive": True}}
-            bundle = {"application/vnd.plotly.v1+json": plot, "text/plain": "<figure>"}
+            bundle = figure_bundle(figure)
             self._views[id(figure)].outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
 
     def _ipython_display_(self) -> None:
