@@ -219,8 +219,9 @@ def run_agent(
             messages.append({"role": "assistant", "content": result.text})
             run.answer = result.text
             return run
-        messages.append({"role": "assistant", "content": None, "tool_calls": result.tool_calls})
-        if result.finish_reason != "tool_calls":  # cut off (max_tokens) in the middle of a call
+        # Neither a call cut off by max_tokens nor a repeated round joins the history: a call there
+        # must be whole and followed by its result, or the history cannot be sent again.
+        if result.finish_reason != "tool_calls":
             run.stopped = result.finish_reason or "error"
             return run
         calls = {(c["function"]["name"], _canonical(c["function"]["arguments"])) for c in result.tool_calls}
@@ -232,6 +233,7 @@ def run_agent(
             continue
         made |= calls
         repeated = False
+        messages.append({"role": "assistant", "content": None, "tool_calls": result.tool_calls})
         for call in result.tool_calls:
             step = AgentStep(round_number, call["id"], call["function"]["name"], call["function"]["arguments"])
             step.model_ms, step.usage, step.timings = model_ms, result.usage, result.timings

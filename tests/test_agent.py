@@ -70,6 +70,13 @@ def test_the_loop_runs_the_function_feeds_the_result_back_and_ends(inproc):
     results = [m for m in run.messages if m["role"] == "tool"]
     assert results[0] == {"role": "tool", "tool_call_id": run.steps[0].call_id, "content": "5"}
     assert run.stopped == "answer" and run.answer is not None  # a small model may answer badly, but it answers
+    # The model repeated its call (a round not run again): every call in the history is followed by
+    # its result, so the conversation can be sent again (OpenAI's servers refuse one that is not).
+    assert any("repeated_calls" in r for r in run.rounds)
+    for i, message in enumerate(run.messages):
+        for call in message.get("tool_calls") or []:
+            answered = [m.get("tool_call_id") for m in run.messages[i + 1 :] if m["role"] == "tool"]
+            assert call["id"] in answered, run.messages
     provenance = json.loads(json.dumps(run.provenance()))
     assert provenance["steps"][0]["arguments"] == '{"a": 2, "b": 3}' and provenance["rounds"][0]["usage"]
 
