@@ -31,6 +31,7 @@ import jsonschema
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import TOKEN, LlamaServer, MagnitudeServer, run_sessions, session_arguments, table
 
+from magnitude_jupyter.agent import answer_call, tool_message
 from magnitude_jupyter.calibrate.agent_tools import agent_task
 from magnitude_jupyter.calibrate.workflow import SYSTEM, agent_tools
 from magnitude_jupyter.client import StreamResult, iter_sse
@@ -116,7 +117,7 @@ def run_workload(name: str, url: str, sessions: int, rounds: int, max_tokens: in
     run = Run(name)
     lock = threading.Lock()
     tools = {tool.name: tool for tool in agent_tools()}
-    schemas = {tool.name: tool.openai()["function"]["parameters"] for tool in agent_tools()}
+    schemas = {tool.name: tool.parameters for tool in agent_tools()}
 
     def session(i: int) -> None:
         messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": agent_task(i)}]
@@ -155,12 +156,7 @@ def run_workload(name: str, url: str, sessions: int, rounds: int, max_tokens: in
                         run.errors += 1
                     return
                 messages.append({"role": "assistant", "content": None, "tool_calls": result.tool_calls})
-                for call in result.tool_calls:
-                    try:
-                        content = str(tools[call["function"]["name"]].call(call["function"]["arguments"]))
-                    except Exception as exc:  # the model sees the error, as an agent's would
-                        content = f"error: {exc}"
-                    messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+                messages += [tool_message(call["id"], *answer_call(tools, call)) for call in result.tool_calls]
 
     run.seconds = run_sessions(sessions, session)
     return run

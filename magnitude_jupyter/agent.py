@@ -70,6 +70,7 @@ class FunctionTool:
     name: str
     description: str
     arguments_model: Any  # a pydantic model of the parameters
+    parameters: dict[str, Any]  # its JSON Schema, made once (pydantic builds it anew on every call)
 
     @classmethod
     def of(cls, fn: Callable[..., Any]) -> FunctionTool:
@@ -95,13 +96,13 @@ class FunctionTool:
             info = pydantic.Field(default, description=described.get(param.name))
             fields[param.name] = (hints.get(param.name, Any), info)
         model = pydantic.create_model(f"{name}_arguments", **fields)
-        return cls(fn, name, summary or f"The Python function {name}.", model)
+        parameters = _strip_titles(model.model_json_schema())
+        return cls(fn, name, summary or f"The Python function {name}.", model, parameters)
 
     def openai(self) -> dict[str, Any]:
-        parameters = _strip_titles(self.arguments_model.model_json_schema())
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": parameters},
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
         }
 
     def call(self, arguments_json: str) -> Any:
@@ -155,6 +156,25 @@ def _result_text(value: Any) -> str:
         return json.dumps(value, default=str)
     except (TypeError, ValueError):
         return repr(value)
+
+
+def answer_call(tools: dict[str, FunctionTool], call: dict[str, Any]) -> tuple[str | None, str | None]:
+    """Run one OpenAI tool call with its function: (the result as text, None), or (None, what went
+    wrong: a name no tool has, arguments that do not fit, or what the function raised)."""
+    function = call["function"]
+    tool = tools.get(function["name"])
+    if tool is None:
+        return None, f"no tool is named {function['name']!r}"
+    try:
+        return _result_text(tool.call(function["arguments"])), None
+    except Exception as exc:  # the model sees what went wrong and may try again
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def tool_message(call_id: str, result: str | None, error: str | None) -> dict[str, Any]:
+    """The `tool` message that answers a call: its result, or the error as JSON."""
+    content = result if error is None else json.dumps({"error": error})
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
 def _canonical(arguments: str) -> str:
@@ -238,14 +258,10 @@ def run_agent(
             step = AgentStep(round_number, call["id"], call["function"]["name"], call["function"]["arguments"])
             step.model_ms, step.usage, step.timings = model_ms, result.usage, result.timings
             began = time.perf_counter()
-            try:
-                step.result = _result_text(by_name[step.name].call(step.arguments))
-            except Exception as exc:  # the model sees what went wrong and may try again
-                step.error = f"{type(exc).__name__}: {exc}"
+            step.result, step.error = answer_call(by_name, call)
             step.tool_ms = (time.perf_counter() - began) * 1000
             run.steps.append(step)
-            content = step.result if step.error is None else json.dumps({"error": step.error})
-            messages.append({"role": "tool", "tool_call_id": step.call_id, "content": content})
+            messages.append(tool_message(step.call_id, step.result, step.error))
             if on_step is not None:
                 on_step(step)
     run.stopped = "step_limit"

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..agent import FunctionTool
+from ..agent import FunctionTool, answer_call, tool_message
 from ..client import Client, ClientError, StreamResult
 from .agent_tools import TOOLS, agent_task
 from .records import Percentiles
@@ -201,12 +201,8 @@ def _agent_round(client: Client, messages: list[dict[str, Any]], k: int, rounds:
         raise ClientError(f"round {k + 1}: max_tokens ({max_tokens}) cut the tool call short; raise it")
     messages.append({"role": "assistant", "content": None, "tool_calls": result.tool_calls})
     by_name = {tool.name: tool for tool in tools}
-    for call in result.tool_calls:
-        try:
-            content = str(by_name[call["function"]["name"]].call(call["function"]["arguments"]))
-        except Exception as exc:  # a wrong call is an agent's ordinary day: the model sees the error
-            content = f"error: {exc}"
-        messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+    # A wrong call is an agent's ordinary day: the model sees the error, as run_agent's would.
+    messages += [tool_message(call["id"], *answer_call(by_name, call)) for call in result.tool_calls]
     return sample
 
 
