@@ -156,6 +156,7 @@ class LlamaRunner:
         self._eog_banned: set[int] = set()  # sequences that ignore_eos: llama-server's rule, EOG never sampled
         self._grammars: dict[int, ctypes.c_void_p] = {}  # kept out of the chains: see `sample`
         self._candidates = np.zeros(self.n_vocab, dtype=TOKEN_DATA)
+        self._token_ids = np.arange(self.n_vocab, dtype=np.int32)
         self._one = np.zeros(1, dtype=TOKEN_DATA)
         self._piece_buf = ctypes.create_string_buffer(256)
         self._closed = False
@@ -353,7 +354,7 @@ class LlamaRunner:
         if chain is None and grammar is None:
             return self._argmax(seq_id, logits)
         candidates = self._candidates
-        candidates["id"] = np.arange(self.n_vocab, dtype=np.int32)  # a chain sorts and cuts them in place
+        candidates["id"] = self._token_ids  # a chain sorts and cuts them in place
         candidates["logit"] = logits
         candidates["p"] = 0.0
         array = _token_data_array(candidates)
