@@ -128,3 +128,18 @@ def test_calibrate_compares_cache_types_on_engines_of_its_own(tmp_path):
     assert len(list((tmp_path / "profiles").glob("*.json"))) == 2, "a profile per type, archived apart"
     refused = CliRunner().invoke(main, [*args, "--url", "http://127.0.0.1:9"], env=env)
     assert refused.exit_code != 0 and "restarts the engine for each type" in refused.output
+
+
+def test_the_prefix_cache_asks_llama_cpp_for_the_sequences_it_is_given_and_the_plan_counts_their_rows(
+    engine, model_path
+):
+    # The shared engine: parallel 9, default prefix_cache_entries (64). Each sequence of a context
+    # holds a resident logits row (benchmarks/server_memory.py), so the cache asks for no more.
+    assert engine.runner.n_seq_max == 9 + EngineSettings().prefix_cache_entries == 73
+    info = read_model_info(model_path)
+    few, many = (EngineSettings(parallel=4, prefix_cache_entries=n) for n in (8, 200))
+    assert _buffers(info, many) - _buffers(info, few) == 192 * info.vocab_size * 4
+    capped = EngineSettings(parallel=200, prefix_cache_entries=200)  # llama.cpp holds 256 in all
+    assert _buffers(info, capped) - _buffers(info, EngineSettings(parallel=200, prefix_cache_entries=56)) == 0
+    with pytest.raises(ConfigError, match="prefix_cache_entries"):
+        EngineSettings(prefix_cache_entries=0)
