@@ -45,6 +45,10 @@ class EngineSettings:
     # Cache entries held in KV cells at once (each a llama.cpp sequence; 256 in all, less `parallel`).
     # Each sequence costs a logits row in llama.cpp's output buffer, resident: vocab x 4 bytes.
     prefix_cache_entries: int = 64
+    # Prompt-lookup drafts (engine/speculate.py): up to this many guessed tokens per step for greedy
+    # requests, decoded while at most `draft_max_sequences` sequences decode. 0 turns drafts off.
+    draft_tokens: int = 4
+    draft_max_sequences: int = 2
     gpu_layers: int = 0  # layers offloaded to a GPU (GPU builds of llama-cpp-python; a CPU build ignores it)
     cache_type: str = "f16"  # the KV cache's K and V: f16, q8_0 (about half), q4_0 (about a quarter)
     cache_type_v: str | None = None  # V's own type, when it differs from K's
@@ -92,7 +96,7 @@ class EngineSettings:
                 raise ConfigError(f"engine setting {name!r} must be a positive integer, got {value!r}")
         if self.parallel > 255:  # llama.cpp holds 256 sequences; the prefix cache needs one at least
             raise ConfigError(f"engine setting 'parallel' must be at most 255, got {self.parallel!r}")
-        for name in ("threads", "gpu_layers"):
+        for name in ("threads", "gpu_layers", "draft_tokens", "draft_max_sequences"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"engine setting {name!r} must be an integer >= 0, got {value!r}")
@@ -184,6 +188,8 @@ MODEL_KEYS |= {
     "prefix_cache_ram_mib",
     "min_prefix_tokens",
     "prefix_cache_entries",
+    "draft_tokens",
+    "draft_max_sequences",
 }
 MODEL_KEYS |= {"cache_type", "cache_type_v", "memory_budget", "mlock", "mmap"}
 TOP_KEYS = {"default_model", "models_dir", "engine", "max_loaded_models", "keep_alive", "memory_reserve_mib", "models"}

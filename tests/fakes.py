@@ -14,7 +14,8 @@ EOG = 0
 
 
 class FakeRunner:
-    """Each sequence 'generates' prompt[-1]+1, +2, ... and never ends on its own unless told to.
+    """Each sequence 'generates' prompt[-1]+1, +2, ... and never ends on its own: the pick at a batch
+    row is the token fed there plus one (so drafts are confirmed or not as a model's rows would be).
 
     It keeps KV cells the way llama.cpp's unified cache does: a cell holds one token at one position
     and belongs to any number of sequences; copying a range tags the same cells with another
@@ -33,7 +34,7 @@ class FakeRunner:
         self.seqs: dict[int, dict[int, int]] = {}  # seq id -> {position: cell id}
         self.cell_tokens: dict[int, int] = {}  # cell id -> token
         self._cell_ids = itertools.count()
-        self.next_token: dict[int, int] = {}
+        self.row_tokens: list[int] = []  # the token fed at each row of the last decode
         self.saved = 0
         self.restored = 0
         self.closed = False
@@ -86,14 +87,13 @@ class FakeRunner:
         return token == EOG
 
     def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: list[int]) -> None:
-        self.next_token[seq_id] = prompt_tokens[-1] + 1
+        pass
 
     def check_grammar(self, grammar: str) -> bool:
         return "root" in grammar
 
     def end_sequence(self, seq_id: int) -> None:
         self.seqs.pop(seq_id, None)
-        self.next_token.pop(seq_id, None)
 
     def sequence_length(self, seq_id: int) -> int:
         return len(self.seqs.get(seq_id, {}))
@@ -103,20 +103,20 @@ class FakeRunner:
         time.sleep(self.step_seconds)
         rows: list[int | None] = []
         n = 0
+        self.row_tokens = []
         for item in items:
             cells = self.seqs.setdefault(item.seq_id, {})
             for offset, token in enumerate(item.tokens):
                 cell = next(self._cell_ids)
                 self.cell_tokens[cell] = token
                 cells[item.start_pos + offset] = cell
+            self.row_tokens.extend(item.tokens)
             n += len(item.tokens)
-            rows.append(n - 1 if item.want_logits else None)
+            rows.append(n - 1 - item.draft if item.want_logits else None)
         return rows
 
     def sample(self, seq_id: int, row: int) -> int:
-        token = self.next_token[seq_id]
-        self.next_token[seq_id] = token + 1
-        return token
+        return self.row_tokens[row] + 1
 
     def token_logprobs(self, row: int, token: int, top_n: int) -> TokenLogprob:
         return TokenLogprob(self.token_to_piece(token), 0.0, ((self.token_to_piece(token), 0.0),) * min(top_n, 1))

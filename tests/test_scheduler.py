@@ -84,7 +84,7 @@ def test_prefill_is_chunked_and_decodes_go_first():
     running = make_request("running", 2, 10)
     s.add_request(running)
     out = s.schedule()
-    s.advance(out.batched[0], 100)  # prompt done, first token sampled
+    s.advance(out.batched[0], [100])  # prompt done, first token sampled
     s.add_request(make_request("long", 20, 4))
     out = s.schedule()
     assert [(c.request.request_id, len(c.tokens), c.sample) for c in out.batched] == [

@@ -426,6 +426,8 @@ class Engine:
             rss_bytes=rss_bytes(),
             recent_tokens_per_s=round(self.metrics.recent_tokens_per_s(), 2),
             generated_tokens_total=self.metrics.generation_tokens_total,
+            draft_tokens_total=self.metrics.draft_tokens_total,
+            draft_accepted_total=self.metrics.draft_accepted_total,
             uptime_s=round(now - self._started_at, 1),
             live=live,
             recent=recent,
@@ -452,6 +454,8 @@ class Engine:
                 cache_sequences=cache_sequences(es),
                 cache_ram_bytes=es.prefix_cache_ram_mib << 20,
                 spell=self.runner.token_to_piece,
+                draft_tokens=es.draft_tokens,
+                draft_max_sequences=es.draft_max_sequences,
             )
         except Exception as exc:  # reported through state/load_error, and to wait_ready()
             log.exception("model load failed")
@@ -522,23 +526,36 @@ class Engine:
         for seq_id in seq_ids:
             runner.end_sequence(seq_id)
 
-    def _execute(self, runner: Runner, out: SchedulerOutput) -> list[Sampled | None]:
-        """Decode the plan: the batched chunks in one call, each reproducible chunk in its own."""
-        sampled: list[Sampled | None] = []
+    def _execute(self, runner: Runner, out: SchedulerOutput) -> list[list[Sampled]]:
+        """Decode the plan: the batched chunks in one call, each reproducible chunk in its own. Per
+        chunk, the tokens sampled after it: none for a prompt chunk that does not end its prompt, one
+        for a decode step, and with a draft, one more for each draft token the picks confirm."""
+        sampled: list[list[Sampled]] = []
         groups = ([out.batched] if out.batched else []) + [[chunk] for chunk in out.solo]
         for group in groups:
-            items = [DecodeItem(c.seq_id, c.tokens, c.start_pos, c.sample) for c in group]
+            items = [chunk.item() for chunk in group]
             rows = self._decode_solo_step(runner, items) if group is not out.batched else runner.decode(items)
             for chunk, row in zip(group, rows, strict=True):
-                if row is None:
-                    sampled.append(None)
-                    continue
-                token = runner.sample(chunk.seq_id, row)
-                params = chunk.request.params
-                # Read from this step's logits row before the next decode overwrites it.
-                logprob = runner.token_logprobs(row, token, params.top_logprobs) if params.logprobs else None
-                sampled.append(Sampled(token, logprob))
+                picks: list[Sampled] = []
+                if row is not None:
+                    for i in range(len(chunk.draft) + 1):
+                        picks.append(self._sample(runner, chunk, row + i))
+                        if i == len(chunk.draft) or picks[-1].token != chunk.draft[i]:
+                            break
+                    if chunk.draft:
+                        # The drafts after the first mismatch were computed on a wrong guess: their cells go.
+                        end = chunk.start_pos + len(chunk.tokens)
+                        runner.drop_cells(chunk.seq_id, end - len(chunk.draft) + len(picks) - 1, end)
+                sampled.append(picks)
         return sampled
+
+    @staticmethod
+    def _sample(runner: Runner, chunk: ScheduledChunk, row: int) -> Sampled:
+        token = runner.sample(chunk.seq_id, row)
+        params = chunk.request.params
+        # Read from this step's logits row before the next decode overwrites it.
+        logprob = runner.token_logprobs(row, token, params.top_logprobs) if params.logprobs else None
+        return Sampled(token, logprob)
 
     def _decode_solo_step(self, runner: Runner, items: list[DecodeItem]) -> list[int | None]:
         """A reproducible request's chunk. Its one-token steps run on one thread: llama.cpp's CPU flash
@@ -556,39 +573,45 @@ class Engine:
     def _chunks(self, out: SchedulerOutput) -> list[ScheduledChunk]:
         return out.batched + out.solo
 
-    def _update(self, out: SchedulerOutput, sampled: list[Sampled | None]) -> list[int]:
+    def _update(self, out: SchedulerOutput, sampled: list[list[Sampled]]) -> list[int]:
         assert self.scheduler is not None
         now = time.monotonic()
         ended: list[int] = []
         generated = 0
-        for chunk, sample in zip(self._chunks(out), sampled, strict=True):
+        for chunk, picks in zip(self._chunks(out), sampled, strict=True):
             request = chunk.request
             if request.is_finished:
                 continue
-            self.scheduler.advance(chunk, sample.token if sample is not None else None)
-            if sample is None:
-                continue
-            generated += 1
-            seq_id = self._on_token(request, sample, now)
-            if seq_id is not None:
-                ended.append(seq_id)
+            self.scheduler.advance(chunk, [pick.token for pick in picks])
+            first = len(request.output_tokens) - len(picks)
+            for i, pick in enumerate(picks):
+                generated += 1
+                seq_id = self._on_token(request, pick, now, first + i + 1)
+                if request.is_finished:
+                    if seq_id is not None:
+                        ended.append(seq_id)
+                    break
+            if chunk.draft:
+                self.metrics.record_draft(len(chunk.draft), len(picks) - 1)
         self.metrics.record_step(generated, now)
         return ended
 
-    def _on_token(self, request: Request, sample: Sampled, now: float) -> int | None:
-        """Turn one sampled token into stream events; returns a seq id to clear if the request ended."""
+    def _on_token(self, request: Request, sample: Sampled, now: float, answer_tokens: int) -> int | None:
+        """Turn one sampled token, the answer's `answer_tokens`-th, into stream events; returns a seq id
+        to clear if the request ended (tokens sampled after that one in the same step are dropped)."""
         assert self.runner is not None and request.text is not None and request.stream is not None
         token = sample.token
         if request.first_token_time is None:
             request.first_token_time = now
         if self.runner.is_eog(token) and not request.params.bans_eog:
-            request.output_tokens.pop()  # the end-of-generation token is not part of the answer
+            del request.output_tokens[answer_tokens - 1 :]  # the end-of-generation token is not part of the answer
             return self._finish(request, FinishReason.STOP, text=request.text.flush())
         delta = request.text.push(self.runner.token_to_piece(token))
         logprobs = (sample.logprob,) if sample.logprob is not None else ()
-        if request.text.stopped_by is not None:
-            return self._finish(request, FinishReason.STOP, text=delta, token_ids=(token,), logprobs=logprobs)
-        if len(request.output_tokens) >= request.max_tokens:
+        if request.text.stopped_by is not None or answer_tokens >= request.max_tokens:
+            del request.output_tokens[answer_tokens:]
+            if request.text.stopped_by is not None:
+                return self._finish(request, FinishReason.STOP, text=delta, token_ids=(token,), logprobs=logprobs)
             text = delta + request.text.flush()
             return self._finish(request, FinishReason.LENGTH, text=text, token_ids=(token,), logprobs=logprobs)
         request.output_text += delta

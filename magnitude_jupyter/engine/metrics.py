@@ -43,6 +43,8 @@ class EngineMetrics:
         self.requests_by_outcome: Counter[str] = Counter()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.draft_tokens_total = 0  # prompt-lookup draft tokens decoded (speculate.py) ...
+        self.draft_accepted_total = 0  # ... and confirmed by the model's own picks
         self.ttft = Histogram()
         self.e2e = Histogram()
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated in that step)
@@ -54,6 +56,11 @@ class EngineMetrics:
             self._recent.append((now, generated_tokens))
             self.generation_tokens_total += generated_tokens
             self._trim(now)
+
+    def record_draft(self, drafted: int, accepted: int) -> None:
+        with self._lock:
+            self.draft_tokens_total += drafted
+            self.draft_accepted_total += accepted
 
     def _trim(self, now: float) -> None:
         while self._recent and now - self._recent[0][0] > self.window_seconds:

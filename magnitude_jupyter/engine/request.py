@@ -9,6 +9,7 @@ from enum import Enum, IntEnum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .speculate import NgramIndex
     from .streams import TokenStream
     from .text import TextAssembler
 
@@ -150,6 +151,13 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def draftable(self) -> bool:
+        """Whether prompt-lookup drafts may speed this request up (speculate.py): its pick is a plain
+        argmax over one logits row, so a draft is confirmed by nothing but that row. Reproducible
+        requests keep their one-token steps: a draft row changes the shape of the computation."""
+        return self.greedy and not self.penalized and self.grammar is None and not self.reproducible
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -192,6 +200,9 @@ class Request:
     load_ms: float | None = None
     stream: TokenStream | None = None
     text: TextAssembler | None = None
+    ngrams: NgramIndex | None = None  # its tokens' n-gram positions, once it has been drafted for
+    draft_tokens: int = 0  # draft tokens decoded for it (speculate.py) ...
+    draft_accepted: int = 0  # ... and how many of them its own picks confirmed
 
     @property
     def kv_cells(self) -> int:

@@ -292,7 +292,9 @@ class LlamaRunner:
     # -- compute ---------------------------------------------------------------------------
 
     def decode(self, items: Sequence[DecodeItem]) -> list[int | None]:
-        """One `llama_decode` over all items; returns, per item, the batch row of its logits (or None)."""
+        """One `llama_decode` over all items; returns, per item, the batch row of its logits (or None).
+        An item with a draft has a row for each of its last `draft + 1` tokens: the first is returned,
+        the others follow it."""
         batch = self._batch
         n = 0
         rows: list[int | None] = []
@@ -309,8 +311,10 @@ class LlamaRunner:
                 pos += 1
                 n += 1
             if item.want_logits and item.tokens:
-                batch.logits[n - 1] = 1
-                rows.append(n - 1)
+                first = n - 1 - item.draft
+                for row in range(first, n):
+                    batch.logits[row] = 1
+                rows.append(first)
             else:
                 rows.append(None)
         batch.n_tokens = n

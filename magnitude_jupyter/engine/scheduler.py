@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from .budget import KVBudget
 from .prefix_cache import CopyCells, KVOp, Match, Pins, PrefixCache, common_prefix_len
 from .request import FinishReason, Priority, Request, RequestStatus
+from .speculate import NgramIndex
 
 CACHE_KEY = "<prefix cache>"  # the cache's cells in the KV budget
 RAM_RESTORE_GAIN = 16  # restore a saved entry when it covers at least this many more prompt tokens
@@ -52,6 +53,7 @@ class DecodeItem:
     tokens: Sequence[int]
     start_pos: int
     want_logits: bool
+    draft: int = 0  # the last `draft` tokens are a guess (speculate.py): each gets a logits row too
 
 
 @dataclass
@@ -62,6 +64,10 @@ class ScheduledChunk:
     tokens: list[int]
     start_pos: int
     sample: bool  # the last token's logits are wanted: the prompt is complete, or this is a decode step
+    draft: list[int] = field(default_factory=list)  # guessed tokens after the sampled one, ending `tokens`
+
+    def item(self) -> DecodeItem:
+        return DecodeItem(self.seq_id, self.tokens, self.start_pos, self.sample, len(self.draft))
 
     @property
     def seq_id(self) -> int:
@@ -113,8 +119,12 @@ class Scheduler:
         cache_sequences: int = 0,
         cache_ram_bytes: int = 0,
         spell: Callable[[int], bytes] | None = None,
+        draft_tokens: int = 0,
+        draft_max_sequences: int = 0,
     ) -> None:
         self.ctx_size = ctx_size
+        self.draft_tokens = draft_tokens  # prompt-lookup drafts per decode step (speculate.py); 0: none
+        self.draft_max_sequences = draft_max_sequences  # ... made while at most this many sequences decode
         self.spell = spell  # a token's text, for matching a prompt that spells a cached answer otherwise
         self.max_running = max_running
         self.n_batch = n_batch
@@ -335,14 +345,43 @@ class Scheduler:
             start = req.num_computed_tokens
             tokens = req.prompt_tokens[start : start + size]
             target.append(ScheduledChunk(req, tokens, start, sample=(size == remaining)))
+
+        # Last, with what the step has left: drafts, while they cost less than they save.
+        decoding = [c for c in out.batched if c.request.prompt_done]
+        if self.draft_tokens and len(decoding) <= self.draft_max_sequences:
+            for chunk in decoding:
+                if token_budget <= 0:
+                    break
+                draft = self._draft(chunk.request, min(self.draft_tokens, token_budget))
+                chunk.draft = draft
+                chunk.tokens = chunk.tokens + draft
+                token_budget -= len(draft)
         return out
 
-    def advance(self, chunk: ScheduledChunk, sampled_token: int | None) -> None:
-        """Record that a chunk's tokens are in the cache, and the token sampled after it."""
+    def _draft(self, req: Request, k: int) -> list[int]:
+        if not req.params.draftable:
+            return []
+        # Never past max_tokens: the step's last token is sampled after the drafts, and every cell a
+        # draft takes lies inside the request's reservation.
+        k = min(k, req.max_tokens - len(req.output_tokens) - 1)
+        if k <= 0:
+            return []
+        if req.ngrams is None:
+            req.ngrams = NgramIndex()
+            req.ngrams.extend(req.prompt_tokens)
+        req.ngrams.extend(req.output_tokens[len(req.ngrams.tokens) - len(req.prompt_tokens) :])
+        return req.ngrams.draft(k)
+
+    def advance(self, chunk: ScheduledChunk, sampled: Sequence[int]) -> None:
+        """Record that a chunk's tokens are in the cache (its drafts as far as the picks confirmed them:
+        the rest are dropped from the sequence) and the tokens sampled after it, in order."""
         req = chunk.request
-        req.num_computed_tokens += len(chunk.tokens)
-        if sampled_token is not None:
-            req.output_tokens.append(sampled_token)
+        confirmed = max(0, len(sampled) - 1) if chunk.draft else 0
+        req.num_computed_tokens += len(chunk.tokens) - len(chunk.draft) + confirmed
+        req.output_tokens.extend(sampled)
+        if chunk.draft:
+            req.draft_tokens += len(chunk.draft)
+            req.draft_accepted += confirmed
 
     def finish(self, request: Request, reason: FinishReason, error: str | None = None) -> int | None:
         """End a request in any state; returns the sequence id whose KV cells must be cleared."""

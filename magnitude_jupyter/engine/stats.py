@@ -78,6 +78,8 @@ class EngineStats:
     uptime_s: float
     live: tuple[LiveRequest, ...]
     recent: tuple[FinishedRequest, ...]
+    draft_tokens_total: int = 0  # prompt-lookup drafts decoded (speculate.py) ...
+    draft_accepted_total: int = 0  # ... and confirmed
 
 
 def rss_bytes() -> int:

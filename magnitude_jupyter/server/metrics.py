@@ -59,6 +59,12 @@ class PoolCollector:
         for counter_name, counter_help, count in (
             ("magnitude_prompt_tokens", "Prompt tokens of finished requests.", metrics.prompt_tokens_total),
             ("magnitude_generation_tokens", "Tokens generated.", metrics.generation_tokens_total),
+            ("magnitude_draft_tokens", "Prompt-lookup draft tokens decoded.", metrics.draft_tokens_total),
+            (
+                "magnitude_draft_accepted_tokens",
+                "Draft tokens the model's own greedy picks confirmed.",
+                metrics.draft_accepted_total,
+            ),
             (
                 "magnitude_prompt_cache_lookup_tokens",
                 "Prompt tokens of admitted requests that could use the prefix cache.",

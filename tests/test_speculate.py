@@ -1,0 +1,124 @@
+"""Prompt-lookup drafts: guessed tokens are kept only as far as the model's own picks confirm them."""
+
+from __future__ import annotations
+
+from magnitude_jupyter.config import Settings
+from magnitude_jupyter.engine import Engine, SamplingParams
+from magnitude_jupyter.engine.request import Request
+from magnitude_jupyter.engine.scheduler import Scheduler
+from magnitude_jupyter.engine.speculate import NgramIndex, accepted
+
+from .fakes import FakeRunner
+
+
+def test_the_index_guesses_what_followed_the_last_run_before():
+    index = NgramIndex(3)
+    index.extend([1, 2, 3, 4, 5, 6, 9, 1, 2])
+    assert index.draft(4) == []  # (9, 1, 2) never occurred before
+    index.extend([3])
+    assert index.draft(4) == [4, 5, 6, 9]
+    assert index.draft(2) == [4, 5]
+    index.extend([7, 1, 2, 3])
+    assert index.draft(3) == [7, 1, 2]  # the latest occurrence wins
+    assert accepted([4, 5, 6], [4, 5, 8, 9]) == 2 and accepted([4], [3]) == 0
+
+
+def request(rid: str, prompt: list[int], max_tokens: int = 8, **params) -> Request:
+    params.setdefault("temperature", 0)
+    return Request(rid, list(prompt), SamplingParams(max_tokens=max_tokens, **params), max_tokens=max_tokens)
+
+
+def test_only_greedy_requests_get_drafts_and_never_past_max_tokens():
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]
+    s = Scheduler(ctx_size=1000, max_running=8, n_batch=64, max_waiting=10, draft_tokens=4, draft_max_sequences=8)
+    for rid, extra in (("greedy", {}), ("sampled", {"temperature": 0.7}), ("repro", {"reproducible": True})):
+        s.add_request(request(rid, prompt, **extra))
+    s.add_request(request("short", prompt, max_tokens=3))
+    out = s.schedule()
+    for chunk in out.batched + out.solo:
+        s.advance(chunk, [3])  # each prompt is done and its first token is 3: (1, 2, 3) occurred
+    out = s.schedule()
+    drafts = {c.request.request_id: (c.draft, len(c.tokens)) for c in out.batched + out.solo}
+    assert drafts["greedy"] == ([4, 5, 6, 7], 5)
+    assert drafts["short"] == ([4], 2)  # 1 sampled + 1 drafted + the pick after it = max_tokens 3
+    assert drafts["sampled"] == ([], 1) and drafts["repro"] == ([], 1)
+
+
+def test_no_drafts_while_more_sequences_decode_than_allowed():
+    s = Scheduler(ctx_size=1000, max_running=8, n_batch=64, max_waiting=10, draft_tokens=4, draft_max_sequences=1)
+    for rid in "ab":
+        s.add_request(request(rid, [1, 2, 3, 4, 1, 2]))
+    out = s.schedule()
+    for chunk in out.batched:
+        s.advance(chunk, [3])
+    assert all(not c.draft for c in s.schedule().batched)
+
+
+def fake_engine(draft_tokens: int) -> Engine:
+    runner = FakeRunner(n_ctx=256)
+    engine = Engine(
+        settings=Settings(),
+        runner_factory=lambda es: runner,
+        parallel=4,
+        ctx_size=256,
+        n_batch=32,
+        draft_tokens=draft_tokens,
+    )
+    engine.fake = runner  # type: ignore[attr-defined]
+    return engine.start()
+
+
+# The fake "model" continues every token with the next integer, so a prompt that counts up and then
+# starts over makes drafts it confirms; one that went on differently before makes drafts it refuses.
+CONFIRMED = "1 2 3 4 5 6 7 8 9 10 11 12 1 2"
+REFUSED = "1 2 3 30 31 32 33 1 2"
+
+
+def test_drafts_give_the_tokens_one_token_steps_give_in_fewer_steps():
+    for prompt in (CONFIRMED, REFUSED):
+        results = {}
+        for draft in (0, 4):
+            with fake_engine(draft) as engine:
+                result = engine.generate(prompt, params=SamplingParams(max_tokens=9, temperature=0))
+                stats, calls = engine.stats(), len(engine.fake.calls)
+                # Refused drafts left no cells: the cache holds exactly what it says it holds.
+                assert engine.fake.live_cells() == stats.scheduler.prefix_cache_cells
+            results[draft] = (result.text, result.token_ids, result.usage, calls, stats)
+        assert results[4][:3] == results[0][:3]
+        assert results[0][1] == list(range(3, 12))
+        drafted = results[4][4]
+        if prompt == CONFIRMED:
+            assert drafted.draft_accepted_total > 0 and results[4][3] < results[0][3]
+        else:
+            assert drafted.draft_tokens_total > 0 and drafted.draft_accepted_total == 0
+        assert results[0][4].draft_tokens_total == 0
+
+
+def test_an_answer_that_ends_inside_a_confirmed_draft_keeps_nothing_after_its_end():
+    with fake_engine(4) as engine:
+        result = engine.generate(CONFIRMED, params=SamplingParams(max_tokens=20, temperature=0, stop=["6 "]))
+        assert result.finish_reason == "stop" and result.text == "3 4 5 "
+        assert result.token_ids == [3, 4, 5, 6] and result.usage["completion_tokens"] == 4
+        assert engine.stats().draft_accepted_total > 0
+        follow = engine.generate(CONFIRMED + " 3 4 5 6 7", params=SamplingParams(max_tokens=2, temperature=0))
+        # The next turn finds the first turn's computed tokens in the cache, and nothing it did not compute.
+        assert follow.text == "8 9 " and follow.usage["prompt_tokens_details"]["cached_tokens"] >= 14
+
+
+def test_the_real_model_gives_the_same_tokens_with_and_without_drafts(model_path):
+    # One llama.cpp thread: with two, llama.cpp's flash attention splits a one-token step's cells
+    # between the threads and the rounding differs from a step of several tokens (near-ties can tip).
+    prompt = "Repeat after me three times: the quick brown fox jumps over the lazy dog."
+    messages = [{"role": "user", "content": prompt}]
+    answers = {}
+    for draft in (0, 4):
+        engine = Engine(settings=Settings(), parallel=2, ctx_size=2048, threads=1, draft_tokens=draft)
+        engine.start()
+        try:
+            result = engine.generate(messages=messages, params=SamplingParams(max_tokens=64, temperature=0))
+            answers[draft] = (result.token_ids, engine.stats())
+        finally:
+            engine.shutdown()
+    assert answers[4][0] == answers[0][0]
+    assert answers[4][1].draft_accepted_total > 0, "the answer repeats its prompt: drafts should be confirmed"
+    assert answers[0][1].draft_tokens_total == 0
