@@ -42,6 +42,9 @@ PROMPTS = [
 ]
 
 
+NO_DRAFTS = "engine:\n  draft_tokens: 0\n"  # a config for `magnitude serve` without prompt-lookup drafts
+
+
 def table(headers: list[str], rows: list[list[object]]) -> str:
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]

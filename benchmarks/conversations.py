@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import psutil
-from _common import TOKEN, LlamaServer, MagnitudeServer, run_sessions, session_arguments, table
+from _common import NO_DRAFTS, TOKEN, LlamaServer, MagnitudeServer, run_sessions, session_arguments, table
 
 from magnitude_jupyter.calibrate.workflow import SYSTEM, session_message
 from magnitude_jupyter.client import iter_sse
@@ -100,6 +100,10 @@ def main() -> None:
 
     servers = {
         "magnitude serve": lambda: MagnitudeServer(parallel=16, ctx_size=8192, threads=args.threads),
+        # The same server without prompt-lookup drafts (engine/speculate.py): what they bring, this run.
+        "magnitude serve, no drafts": lambda: MagnitudeServer(
+            NO_DRAFTS, parallel=16, ctx_size=8192, threads=args.threads
+        ),
         "llama-server": lambda: LlamaServer(binary, parallel=16, ctx_size=8192, threads=args.threads),
     }
     best: dict[str, Run] = {}

@@ -33,7 +33,17 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PROMPTS, TOKEN, LlamaServer, MagnitudeServer, find_llama_server, free_port, stop_process, table
+from _common import (
+    NO_DRAFTS,
+    PROMPTS,
+    TOKEN,
+    LlamaServer,
+    MagnitudeServer,
+    find_llama_server,
+    free_port,
+    stop_process,
+    table,
+)
 
 from magnitude_jupyter.models import bundled_model_path
 
@@ -137,8 +147,9 @@ async def run_level(url: str, concurrency: int, requests: int, max_tokens: int) 
 
 
 async def measure(kind: str, args: argparse.Namespace, levels: list[int]) -> dict[int, Level]:
-    if kind == "magnitude":
-        server = MagnitudeServer(parallel=max(levels), threads=args.threads)  # returns once the model is loaded
+    if kind in ("magnitude", "magnitude-no-drafts"):
+        config = NO_DRAFTS if kind == "magnitude-no-drafts" else ""
+        server = MagnitudeServer(config, parallel=max(levels), threads=args.threads)  # returns once loaded
         url, stop = server.url, server.close
     elif kind == "llama-server":
         peer = LlamaServer(args.llama_server, parallel=max(levels), ctx_size=8192, threads=args.threads)
@@ -177,8 +188,9 @@ def main() -> None:
     # second would otherwise carry the machine's drift as its own.
     peer: dict[int, Level] = {}
     ours: dict[int, Level] = {}
+    undrafted: dict[int, Level] = {}  # the same server without prompt-lookup drafts: what they bring
     for _ in range(args.repeats):
-        for kind, best in (("llama-server", peer), ("magnitude", ours)):
+        for kind, best in (("llama-server", peer), ("magnitude", ours), ("magnitude-no-drafts", undrafted)):
             for c, level in asyncio.run(measure(kind, args, levels)).items():
                 if c not in best or level.tokens_per_s > best[c].tokens_per_s:
                     best[c] = level
@@ -191,7 +203,7 @@ def main() -> None:
             theirs = asyncio.run(measure("llama_cpp", args, levels))
     rows = []
     for c in levels:
-        results = [("llama-server", peer[c]), ("magnitude serve", ours[c])]
+        results = [("llama-server", peer[c]), ("magnitude serve", ours[c]), ("magnitude, no drafts", undrafted[c])]
         if theirs:
             results.insert(0, ("llama_cpp.server", theirs[c]))
         for name, result in results:
@@ -243,7 +255,12 @@ def main() -> None:
                         }
                         for c, r in res.items()
                     }
-                    for name, res in (("magnitude", ours), ("llama-server", peer), ("llama_cpp", theirs))
+                    for name, res in (
+                        ("magnitude", ours),
+                        ("magnitude-no-drafts", undrafted),
+                        ("llama-server", peer),
+                        ("llama_cpp", theirs),
+                    )
                 },
                 indent=2,
             )

@@ -6,7 +6,7 @@ from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine, SamplingParams
 from magnitude_jupyter.engine.request import Request
 from magnitude_jupyter.engine.scheduler import Scheduler
-from magnitude_jupyter.engine.speculate import NgramIndex, accepted
+from magnitude_jupyter.engine.speculate import LONG_MATCH, SHORT_MATCH_DRAFT, NgramIndex, accepted
 
 from .fakes import FakeRunner
 
@@ -16,11 +16,20 @@ def test_the_index_guesses_what_followed_the_last_run_before():
     index.extend([1, 2, 3, 4, 5, 6, 9, 1, 2])
     assert index.draft(4) == []  # (9, 1, 2) never occurred before
     index.extend([3])
-    assert index.draft(4) == [4, 5, 6, 9]
-    assert index.draft(2) == [4, 5]
+    assert index.draft(4) == [4, 5]  # 3 tokens match: a short draft
     index.extend([7, 1, 2, 3])
-    assert index.draft(3) == [7, 1, 2]  # the latest occurrence wins
+    assert index.draft(3) == [7, 1]  # the latest occurrence wins
     assert accepted([4, 5, 6], [4, 5, 8, 9]) == 2 and accepted([4], [3]) == 0
+
+
+def test_a_long_match_drafts_more():
+    index = NgramIndex()
+    text = list(range(10, 30))
+    index.extend([*text, 99, *text[:LONG_MATCH]])
+    assert index.draft(6) == text[LONG_MATCH : LONG_MATCH + 6]
+    index = NgramIndex()
+    index.extend([*text, 99, 98, *text[LONG_MATCH - 4 : LONG_MATCH]])  # only the last 4 tokens match
+    assert index.draft(6) == text[LONG_MATCH : LONG_MATCH + SHORT_MATCH_DRAFT]
 
 
 def request(rid: str, prompt: list[int], max_tokens: int = 8, **params) -> Request:
@@ -28,29 +37,32 @@ def request(rid: str, prompt: list[int], max_tokens: int = 8, **params) -> Reque
     return Request(rid, list(prompt), SamplingParams(max_tokens=max_tokens, **params), max_tokens=max_tokens)
 
 
+COUNTING = list(range(1, 21))
+REPEATING = [*COUNTING, *COUNTING[:9]]  # its next token is 10: then 10 tokens match the start
+
+
 def test_only_greedy_requests_get_drafts_and_never_past_max_tokens():
-    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]
-    s = Scheduler(ctx_size=1000, max_running=8, n_batch=64, max_waiting=10, draft_tokens=4, draft_max_sequences=8)
+    s = Scheduler(ctx_size=1000, max_running=8, n_batch=128, max_waiting=10, draft_tokens=4, draft_max_sequences=8)
     for rid, extra in (("greedy", {}), ("sampled", {"temperature": 0.7}), ("repro", {"reproducible": True})):
-        s.add_request(request(rid, prompt, **extra))
-    s.add_request(request("short", prompt, max_tokens=3))
+        s.add_request(request(rid, REPEATING, **extra))
+    s.add_request(request("short", REPEATING, max_tokens=3))
     out = s.schedule()
     for chunk in out.batched + out.solo:
-        s.advance(chunk, [3])  # each prompt is done and its first token is 3: (1, 2, 3) occurred
+        s.advance(chunk, [10])
     out = s.schedule()
     drafts = {c.request.request_id: (c.draft, len(c.tokens)) for c in out.batched + out.solo}
-    assert drafts["greedy"] == ([4, 5, 6, 7], 5)
-    assert drafts["short"] == ([4], 2)  # 1 sampled + 1 drafted + the pick after it = max_tokens 3
+    assert drafts["greedy"] == ([11, 12, 13, 14], 5)
+    assert drafts["short"] == ([11], 2)  # 1 sampled + 1 drafted + the pick after it = max_tokens 3
     assert drafts["sampled"] == ([], 1) and drafts["repro"] == ([], 1)
 
 
 def test_no_drafts_while_more_sequences_decode_than_allowed():
-    s = Scheduler(ctx_size=1000, max_running=8, n_batch=64, max_waiting=10, draft_tokens=4, draft_max_sequences=1)
+    s = Scheduler(ctx_size=1000, max_running=8, n_batch=128, max_waiting=10, draft_tokens=4, draft_max_sequences=1)
     for rid in "ab":
-        s.add_request(request(rid, [1, 2, 3, 4, 1, 2]))
+        s.add_request(request(rid, REPEATING))
     out = s.schedule()
     for chunk in out.batched:
-        s.advance(chunk, [3])
+        s.advance(chunk, [10])
     assert all(not c.draft for c in s.schedule().batched)
 
 
@@ -70,8 +82,8 @@ def fake_engine(draft_tokens: int) -> Engine:
 
 # The fake "model" continues every token with the next integer, so a prompt that counts up and then
 # starts over makes drafts it confirms; one that went on differently before makes drafts it refuses.
-CONFIRMED = "1 2 3 4 5 6 7 8 9 10 11 12 1 2"
-REFUSED = "1 2 3 30 31 32 33 1 2"
+CONFIRMED = " ".join(map(str, REPEATING))
+REFUSED = "1 2 3 4 5 6 7 8 9 30 31 32 33 1 2 3 4 5 6 7 8"
 
 
 def test_drafts_give_the_tokens_one_token_steps_give_in_fewer_steps():
@@ -85,7 +97,8 @@ def test_drafts_give_the_tokens_one_token_steps_give_in_fewer_steps():
                 assert engine.fake.live_cells() == stats.scheduler.prefix_cache_cells
             results[draft] = (result.text, result.token_ids, result.usage, calls, stats)
         assert results[4][:3] == results[0][:3]
-        assert results[0][1] == list(range(3, 12))
+        first = 10 if prompt == CONFIRMED else 9
+        assert results[0][1] == list(range(first, first + 9))
         drafted = results[4][4]
         if prompt == CONFIRMED:
             assert drafted.draft_accepted_total > 0 and results[4][3] < results[0][3]
@@ -96,13 +109,13 @@ def test_drafts_give_the_tokens_one_token_steps_give_in_fewer_steps():
 
 def test_an_answer_that_ends_inside_a_confirmed_draft_keeps_nothing_after_its_end():
     with fake_engine(4) as engine:
-        result = engine.generate(CONFIRMED, params=SamplingParams(max_tokens=20, temperature=0, stop=["6 "]))
-        assert result.finish_reason == "stop" and result.text == "3 4 5 "
-        assert result.token_ids == [3, 4, 5, 6] and result.usage["completion_tokens"] == 4
+        result = engine.generate(CONFIRMED, params=SamplingParams(max_tokens=20, temperature=0, stop=["13 "]))
+        assert result.finish_reason == "stop" and result.text == "10 11 12 "
+        assert result.token_ids == [10, 11, 12, 13] and result.usage["completion_tokens"] == 4
         assert engine.stats().draft_accepted_total > 0
-        follow = engine.generate(CONFIRMED + " 3 4 5 6 7", params=SamplingParams(max_tokens=2, temperature=0))
+        follow = engine.generate(CONFIRMED + " 10 11 12 13 14", params=SamplingParams(max_tokens=2, temperature=0))
         # The next turn finds the first turn's computed tokens in the cache, and nothing it did not compute.
-        assert follow.text == "8 9 " and follow.usage["prompt_tokens_details"]["cached_tokens"] >= 14
+        assert follow.text == "15 16 " and follow.usage["prompt_tokens_details"]["cached_tokens"] >= len(REPEATING)
 
 
 def test_the_real_model_gives_the_same_tokens_with_and_without_drafts(model_path):

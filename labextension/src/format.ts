@@ -42,6 +42,9 @@ export interface EngineStatus {
   prefix_cache_cells?: number;
   prefix_cache_entries?: number;
   prefix_cache_hit_rate?: number | null;
+  generated_tokens_total?: number;
+  draft_tokens_total?: number;
+  draft_accepted_total?: number;
   requests?: RequestSummary[];
   recent?: RequestSummary[];
 }
@@ -75,6 +78,17 @@ export function cacheLine(status: EngineStatus): string {
   const rate = status.prefix_cache_hit_rate;
   const hits = rate === null || rate === undefined ? '—' : `${Math.round(rate * 100)}%`;
   return `cache: ${entries} ${entries === 1 ? 'entry' : 'entries'}, ${status.prefix_cache_cells ?? 0} cells, ${hits} of prompt tokens reused`;
+}
+
+/** Tokens generated, and how many prompt-lookup drafts were kept of those decoded. */
+export function tokensLine(status: EngineStatus): string {
+  const generated = String(status.generated_tokens_total ?? 0);
+  const drafted = status.draft_tokens_total ?? 0;
+  if (!drafted) {
+    return generated;
+  }
+  const kept = status.draft_accepted_total ?? 0;
+  return `${generated} (drafts: ${kept} of ${drafted} kept, ${Math.round((100 * kept) / drafted)}%)`;
 }
 
 export function formatRate(tokensPerSecond: number): string {

@@ -12,7 +12,8 @@ import {
   formatRate,
   kvShares,
   residentLine,
-  sparklinePoints
+  sparklinePoints,
+  tokensLine
 } from './format';
 
 const SPARK_W = 220;
@@ -119,7 +120,7 @@ export class MagnitudePanel extends Widget {
     this.fields.slots.textContent = `${status.running} / ${status.parallel}`;
     this.fields.waiting.textContent = String(status.waiting);
     this.fields.rate.textContent = formatRate(status.recent_tokens_per_s);
-    this.fields.tokens.textContent = String((status as any).generated_tokens_total ?? 0);
+    this.fields.tokens.textContent = tokensLine(status);
     const shares = kvShares(status);
     this.kvFill.style.width = `${shares.requests.toFixed(1)}%`;
     this.kvCache.style.width = `${shares.cache.toFixed(1)}%`;

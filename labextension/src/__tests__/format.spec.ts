@@ -9,7 +9,8 @@ import {
   pushHistory,
   residentLine,
   sparklinePoints,
-  statusLine
+  statusLine,
+  tokensLine
 } from '../format';
 
 const ready = {
@@ -38,6 +39,13 @@ describe('format', () => {
       'cache: 3 entries, 900 cells, 61% of prompt tokens reused'
     );
     expect(cacheLine({ ...ready, prefix_cache_entries: 1 })).toBe('cache: 1 entry, 0 cells, — of prompt tokens reused');
+  });
+
+  it('says how many drafts were kept, and nothing about drafts where none were made', () => {
+    expect(tokensLine({ ...ready, generated_tokens_total: 120 })).toBe('120');
+    expect(tokensLine({ ...ready, generated_tokens_total: 120, draft_tokens_total: 50, draft_accepted_total: 40 })).toBe(
+      '120 (drafts: 40 of 50 kept, 80%)'
+    );
   });
 
   it('formats rates and durations', () => {
