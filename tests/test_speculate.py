@@ -16,9 +16,9 @@ def test_the_index_guesses_what_followed_the_last_run_before():
     index.extend([1, 2, 3, 4, 5, 6, 9, 1, 2])
     assert index.draft(4) == []  # (9, 1, 2) never occurred before
     index.extend([3])
-    assert index.draft(4) == [4, 5]  # 3 tokens match: a short draft
+    assert index.draft(4) == [4]  # 3 tokens match: a short draft
     index.extend([7, 1, 2, 3])
-    assert index.draft(3) == [7, 1]  # the latest occurrence wins
+    assert index.draft(3) == [7]  # the latest occurrence wins
     assert accepted([4, 5, 6], [4, 5, 8, 9]) == 2 and accepted([4], [3]) == 0
 
 

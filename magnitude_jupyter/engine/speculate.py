@@ -26,7 +26,7 @@ NGRAM = 4  # tokens that must match: fewer find more guesses, and more of them w
 # A longer match is a better guess: measured on conversations, 4-7 matching tokens kept about half of
 # a 6-token draft, 8 or more kept 80-98%. A short match drafts only a little.
 LONG_MATCH = 8
-SHORT_MATCH_DRAFT = 2
+SHORT_MATCH_DRAFT = 1
 
 
 class NgramIndex:
