@@ -113,6 +113,7 @@ def test_an_answer_that_ends_inside_a_confirmed_draft_keeps_nothing_after_its_en
         assert result.finish_reason == "stop" and result.text == "10 11 12 "
         assert result.token_ids == [10, 11, 12, 13] and result.usage["completion_tokens"] == 4
         assert engine.stats().draft_accepted_total > 0
+        assert engine.get_request(result.request_id).ngrams is None  # freed with the request
         follow = engine.generate(CONFIRMED + " 10 11 12 13 14", params=SamplingParams(max_tokens=2, temperature=0))
         # The next turn finds the first turn's computed tokens in the cache, and nothing it did not compute.
         assert follow.text == "15 16 " and follow.usage["prompt_tokens_details"]["cached_tokens"] >= len(REPEATING)

@@ -408,5 +408,6 @@ class Scheduler:
         request.finish_reason = reason
         request.error = error
         request.finished_time = time.monotonic()
+        request.ngrams = None  # a finished request's record stays a while (for its stream): not its index
         request.seq_id = None
         return seq_id
