@@ -6,6 +6,8 @@ import itertools
 import json
 import time
 
+from magnitude_jupyter.config import Settings
+from magnitude_jupyter.engine import Engine
 from magnitude_jupyter.engine.request import SamplingParams
 from magnitude_jupyter.engine.scheduler import DecodeItem
 from magnitude_jupyter.engine.streams import TokenLogprob
@@ -106,6 +108,9 @@ class FakeRunner:
         self.row_tokens = []
         for item in items:
             cells = self.seqs.setdefault(item.seq_id, {})
+            # llama.cpp's own check: a sequence's new tokens continue right after its last position.
+            last = max(cells, default=-1)
+            assert item.start_pos == last + 1, f"sequence {item.seq_id} continues at {item.start_pos} after {last}"
             for offset, token in enumerate(item.tokens):
                 cell = next(self._cell_ids)
                 self.cell_tokens[cell] = token
@@ -126,3 +131,13 @@ class FakeRunner:
 
     def close(self) -> None:
         self.closed = True
+
+
+def fake_engine(**overrides) -> Engine:
+    """A started engine on a FakeRunner (as `engine.fake`): 4 slots, 256 cells, steps of 16 tokens,
+    unless overridden."""
+    runner = FakeRunner(n_ctx=overrides.pop("n_ctx", 256), step_seconds=overrides.pop("step_seconds", 0.002))
+    settings = {"parallel": 4, "ctx_size": 256, "n_batch": 16} | overrides
+    engine = Engine(settings=Settings(), runner_factory=lambda es: runner, **settings)
+    engine.fake = runner  # type: ignore[attr-defined]
+    return engine.start()

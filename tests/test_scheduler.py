@@ -6,9 +6,7 @@ import time
 
 import pytest
 
-from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import (
-    Engine,
     FinishReason,
     OverloadedError,
     Priority,
@@ -19,7 +17,7 @@ from magnitude_jupyter.engine.prefix_cache import ClearSequence, CopyCells
 from magnitude_jupyter.engine.request import Request, RequestStatus
 from magnitude_jupyter.engine.scheduler import REPRODUCIBLE_CHUNK, Scheduler
 
-from .fakes import FakeRunner
+from .fakes import fake_engine
 
 
 def make_request(rid: str, prompt_len: int = 4, max_tokens: int = 4, priority=Priority.INTERACTIVE, **params):
@@ -103,16 +101,6 @@ def test_reproducible_requests_are_scheduled_alone_with_fixed_chunks():
     wide = Scheduler(ctx_size=1000, max_running=4, n_batch=512, max_waiting=10)
     wide.add_request(make_request("repro", 200, 4, reproducible=True))
     assert [len(c.tokens) for c in wide.schedule().solo] == [REPRODUCIBLE_CHUNK]  # never a tiled chunk
-
-
-def fake_engine(**overrides) -> Engine:
-    runner = FakeRunner(n_ctx=overrides.pop("n_ctx", 256), step_seconds=overrides.pop("step_seconds", 0.002))
-    settings = Settings()
-    engine = Engine(
-        settings=settings, runner_factory=lambda es: runner, parallel=4, ctx_size=256, n_batch=16, **overrides
-    )
-    engine.fake = runner  # type: ignore[attr-defined]
-    return engine.start()
 
 
 def test_engine_loop_batches_and_finishes_with_usage():

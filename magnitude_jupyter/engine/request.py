@@ -201,8 +201,6 @@ class Request:
     stream: TokenStream | None = None
     text: TextAssembler | None = None
     ngrams: NgramIndex | None = None  # its tokens' n-gram positions, once it has been drafted for
-    draft_tokens: int = 0  # draft tokens decoded for it (speculate.py) ...
-    draft_accepted: int = 0  # ... and how many of them its own picks confirmed
 
     @property
     def kv_cells(self) -> int:

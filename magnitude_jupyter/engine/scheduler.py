@@ -379,9 +379,6 @@ class Scheduler:
         confirmed = max(0, len(sampled) - 1) if chunk.draft else 0
         req.num_computed_tokens += len(chunk.tokens) - len(chunk.draft) + confirmed
         req.output_tokens.extend(sampled)
-        if chunk.draft:
-            req.draft_tokens += len(chunk.draft)
-            req.draft_accepted += confirmed
 
     def finish(self, request: Request, reason: FinishReason, error: str | None = None) -> int | None:
         """End a request in any state; returns the sequence id whose KV cells must be cleared."""

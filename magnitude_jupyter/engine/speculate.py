@@ -9,13 +9,13 @@ the ones one-token steps pick (bit for bit on one thread; on several, llama.cpp 
 step's attention between them and rounds differently, as any change of batch does). (Prompt lookup
 decoding, as in llama.cpp's `lookup` example and vLLM's n-gram speculation; no draft model.)
 
-A draft token costs a row of compute whether it is kept or not: on the 2-core machine this was
-measured on, a one-sequence step of 1 token took 17.6 ms and each draft row about 10 ms more, so
-drafts pay only where most of them are kept. Hence a 4-token match (3 finds more guesses, and more
-wrong ones), a short draft unless 8 tokens match, and guesses only from the sequence itself. In
-steps of many sequences the extra rows go into larger matrix products, which this CPU runs more
-efficiently per row; conversations gained there too (8 and 16 sessions: about 1.2x), and
-`EngineSettings.draft_max_sequences` bounds it for machines where they do not.
+A draft token costs a row of compute whether it is kept or not, and on a 2-core CPU a row costs a
+good part of a one-token step, so drafts pay only where most of them are kept. Hence a 4-token
+match, a short draft unless 8 tokens match, and guesses only from the sequence itself.
+`benchmarks/conversations.py` and `benchmarks/server_throughput.py` run the server with and without
+drafts in one run: conversations gain, short single prompts come out about even.
+`EngineSettings.draft_max_sequences` bounds drafting for machines where rows in large steps cost
+as much as they save.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 NGRAM = 4  # tokens that must match: fewer find more guesses, and more of them wrong
-# A longer match is a better guess: measured on conversations, 4-7 matching tokens kept about half of
-# a 6-token draft, 8 or more kept 80-98%. A short match drafts only a little.
+# A longer match is a better guess, so a short match drafts only a little.
 LONG_MATCH = 8
 SHORT_MATCH_DRAFT = 1
 
@@ -60,11 +59,3 @@ class NgramIndex:
         if matched < LONG_MATCH:
             k = min(k, SHORT_MATCH_DRAFT)
         return tokens[start : start + k]
-
-
-def accepted(draft: Sequence[int], picks: Sequence[int]) -> int:
-    """How many draft tokens the picks confirm: `picks[i]` is the token chosen after draft[:i]."""
-    n = 0
-    while n < len(draft) and n < len(picks) and picks[n] == draft[n]:
-        n += 1
-    return n
