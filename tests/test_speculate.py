@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine, SamplingParams
+from magnitude_jupyter.engine.draft_policy import DraftPolicy
 from magnitude_jupyter.engine.request import Request
 from magnitude_jupyter.engine.scheduler import Scheduler
-from magnitude_jupyter.engine.speculate import LONG_MATCH, SHORT_MATCH_DRAFT, NgramIndex
+from magnitude_jupyter.engine.speculate import MAX_MATCH, Guess, NgramIndex
 
 from .fakes import fake_engine
 
@@ -14,21 +17,76 @@ from .fakes import fake_engine
 def test_the_index_guesses_what_followed_the_last_run_before():
     index = NgramIndex(3)
     index.extend([1, 2, 3, 4, 5, 6, 9, 1, 2])
-    assert index.draft(4) == []  # (9, 1, 2) never occurred before
+    assert index.guess(4) is None  # (9, 1, 2) never occurred before
     index.extend([3])
-    assert index.draft(4) == [4]  # 3 tokens match: a short draft
+    assert index.guess(4) == Guess([4, 5, 6, 9], 3)
     index.extend([7, 1, 2, 3])
-    assert index.draft(3) == [7]  # the latest occurrence wins
+    assert index.guess(3) == Guess([7, 1, 2], 3)  # the latest occurrence wins
 
 
-def test_a_long_match_drafts_more():
+def test_a_guess_says_how_long_its_match_is():
     index = NgramIndex()
-    text = list(range(10, 30))
-    index.extend([*text, 99, *text[:LONG_MATCH]])
-    assert index.draft(6) == text[LONG_MATCH : LONG_MATCH + 6]
+    text = list(range(10, 40))
+    index.extend([*text, 99, *text[:10]])
+    assert index.guess(6) == Guess(text[10:16], 10)
     index = NgramIndex()
-    index.extend([*text, 99, 98, *text[LONG_MATCH - 4 : LONG_MATCH]])  # only the last 4 tokens match
-    assert index.draft(6) == text[LONG_MATCH : LONG_MATCH + SHORT_MATCH_DRAFT]
+    index.extend([*text, 99, 98, *text[6:10]])  # only the last 4 tokens match
+    assert index.guess(6) == Guess(text[10:16], 4)
+    index = NgramIndex()
+    index.extend([*text, 99, *text[:25]])
+    assert index.guess(2).matched == MAX_MATCH
+
+
+def cpu_like(policy: DraftPolicy) -> DraftPolicy:
+    """Step costs of a small model on a 2-core CPU: a row costs most of a one-token step."""
+    for n in (1, 2, 5, 10, 20, 40):
+        policy.cost.observe(n, 0.007 + 0.008 * n)
+    return policy
+
+
+def gpu_like(policy: DraftPolicy) -> DraftPolicy:
+    """A few more rows are nearly free."""
+    for n in (1, 2, 5, 10, 20, 40):
+        policy.cost.observe(n, 0.010 + 0.00001 * n)
+    return policy
+
+
+def test_step_costs_are_learned_from_the_steps():
+    cost = cpu_like(DraftPolicy(6)).cost
+    assert cost.seconds(8) == pytest.approx(0.071)
+    assert cost.seconds(1000) == pytest.approx(8.007)  # beyond the largest step seen: the last slope
+    only_one = DraftPolicy(6).cost
+    only_one.observe(1, 0.010)
+    assert only_one.seconds(3) == pytest.approx(0.020)  # one size seen: a row costs half a one-token step
+
+
+def test_drafts_run_long_where_rows_are_cheap_and_short_or_none_where_they_are_not():
+    long_guess, short_guess = Guess(list(range(6)), 12), Guess(list(range(6)), 4)
+    assert gpu_like(DraftPolicy(6)).plan([(long_guess, NgramIndex())], 1, 1, 100) == [6]
+    cpu = cpu_like(DraftPolicy(6))
+    one = cpu.plan([(long_guess, NgramIndex())], 1, 1, 100)[0]
+    assert 1 <= one < 6  # one sequence: a near-certain guess pays for a few rows
+    assert cpu.plan([(short_guess, NgramIndex())], 1, 1, 100)[0] <= 1  # a 4-token match: a coin toss
+    # Eight sequences share the step: each extra row slows all eight, so only the likeliest pay, if any.
+    eight = cpu.plan([(long_guess, NgramIndex())] * 8, 8, 8, 100)
+    assert sum(eight) < 8 * one
+    assert cpu.plan([(short_guess, NgramIndex())] * 8, 8, 8, 100) == [0] * 8
+    # Rows that are nearly free still stop at the step's room, the likeliest (first) positions first.
+    assert gpu_like(DraftPolicy(6)).plan([(long_guess, NgramIndex())] * 8, 8, 8, 10) == [2, 2, 1, 1, 1, 1, 1, 1]
+
+
+def test_a_sequence_whose_guesses_fail_stops_drafting_and_one_whose_guesses_hold_drafts_more():
+    policy = cpu_like(DraftPolicy(6))
+    guess = Guess(list(range(6)), 8)
+    failing, holding = NgramIndex(), NgramIndex()
+    before = policy.plan([(guess, failing)], 1, 1, 100)[0]
+    assert before > 0
+    for _ in range(10):
+        policy.acceptance.record(8, 2, 0, failing)
+    assert policy.plan([(guess, failing)], 1, 1, 100) == [0]
+    for _ in range(10):
+        policy.acceptance.record(8, 6, 6, holding)
+    assert policy.plan([(guess, holding)], 1, 1, 100)[0] > before
 
 
 def request(rid: str, prompt: list[int], max_tokens: int = 8, **params) -> Request:
@@ -42,6 +100,8 @@ REPEATING = [*COUNTING, *COUNTING[:9]]  # its next token is 10: then 10 tokens m
 
 def test_only_greedy_requests_get_drafts_and_never_past_max_tokens():
     s = Scheduler(ctx_size=1000, max_running=8, n_batch=128, max_waiting=10, draft_tokens=4, draft_max_sequences=8)
+    assert s.drafts is not None
+    gpu_like(s.drafts)
     for rid, extra in (("greedy", {}), ("sampled", {"temperature": 0.7}), ("repro", {"reproducible": True})):
         s.add_request(request(rid, REPEATING, **extra))
     s.add_request(request("short", REPEATING, max_tokens=3))
@@ -57,6 +117,8 @@ def test_only_greedy_requests_get_drafts_and_never_past_max_tokens():
 
 def test_no_drafts_while_more_sequences_decode_than_allowed():
     s = Scheduler(ctx_size=1000, max_running=8, n_batch=128, max_waiting=10, draft_tokens=4, draft_max_sequences=1)
+    assert s.drafts is not None
+    gpu_like(s.drafts)
     for rid in "ab":
         s.add_request(request(rid, REPEATING))
     out = s.schedule()

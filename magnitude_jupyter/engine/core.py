@@ -483,6 +483,8 @@ class Engine:
                 if threads is not None:
                     runner.set_threads(threads)
                     self._threads = threads
+                    if scheduler.drafts is not None:
+                        scheduler.drafts.costs_changed()
             with self._lock:
                 now = time.monotonic()
                 if now >= next_housekeeping:
@@ -534,7 +536,14 @@ class Engine:
         groups = ([out.batched] if out.batched else []) + [[chunk] for chunk in out.solo]
         for group in groups:
             items = [chunk.item() for chunk in group]
-            rows = self._decode_solo_step(runner, items) if group is not out.batched else runner.decode(items)
+            if group is out.batched:
+                started = time.perf_counter()
+                rows = runner.decode(items)
+                if self.scheduler is not None and self.scheduler.drafts is not None:
+                    tokens = sum(len(item.tokens) for item in items)
+                    self.scheduler.drafts.cost.observe(tokens, time.perf_counter() - started)
+            else:
+                rows = self._decode_solo_step(runner, items)
             for chunk, row in zip(group, rows, strict=True):
                 picks: list[Sampled] = []
                 if row is not None:
@@ -583,6 +592,9 @@ class Engine:
             if request.is_finished:
                 continue
             self.scheduler.advance(chunk, [pick.token for pick in picks])
+            if chunk.draft:
+                self.metrics.record_draft(len(chunk.draft), len(picks) - 1)
+                self.scheduler.record_draft(chunk, len(picks) - 1)
             first = len(request.output_tokens) - len(picks)
             for i, pick in enumerate(picks):
                 generated += 1
@@ -591,8 +603,6 @@ class Engine:
                     if seq_id is not None:
                         ended.append(seq_id)
                     break
-            if chunk.draft:
-                self.metrics.record_draft(len(chunk.draft), len(picks) - 1)
         self.metrics.record_step(generated, now)
         return ended
 

@@ -20,9 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .budget import KVBudget
+from .draft_policy import DraftPolicy
 from .prefix_cache import CopyCells, KVOp, Match, Pins, PrefixCache, common_prefix_len
 from .request import FinishReason, Priority, Request, RequestStatus
-from .speculate import NgramIndex
+from .speculate import Guess, NgramIndex
 
 CACHE_KEY = "<prefix cache>"  # the cache's cells in the KV budget
 RAM_RESTORE_GAIN = 16  # restore a saved entry when it covers at least this many more prompt tokens
@@ -65,6 +66,7 @@ class ScheduledChunk:
     start_pos: int
     sample: bool  # the last token's logits are wanted: the prompt is complete, or this is a decode step
     draft: list[int] = field(default_factory=list)  # guessed tokens after the sampled one, ending `tokens`
+    draft_match: int = 0  # how many tokens matched where the draft was found
 
     def item(self) -> DecodeItem:
         return DecodeItem(self.seq_id, self.tokens, self.start_pos, self.sample, len(self.draft))
@@ -124,6 +126,7 @@ class Scheduler:
     ) -> None:
         self.ctx_size = ctx_size
         self.draft_tokens = draft_tokens  # prompt-lookup drafts per decode step (speculate.py); 0: none
+        self.drafts = DraftPolicy(draft_tokens) if draft_tokens > 0 else None
         self.draft_max_sequences = draft_max_sequences  # ... made while at most this many sequences decode
         self.spell = spell  # a token's text, for matching a prompt that spells a cached answer otherwise
         self.max_running = max_running
@@ -346,31 +349,39 @@ class Scheduler:
             tokens = req.prompt_tokens[start : start + size]
             target.append(ScheduledChunk(req, tokens, start, sample=(size == remaining)))
 
-        # Last, with what the step has left: drafts, while they cost less than they save.
+        # Last, with what the step has left: drafts, where they are expected to pay (draft_policy.py).
         decoding = [c for c in out.batched if c.request.prompt_done]
-        if self.draft_tokens and len(decoding) <= self.draft_max_sequences:
-            for chunk in decoding:
-                if token_budget <= 0:
-                    break
-                draft = self._draft(chunk.request, min(self.draft_tokens, token_budget))
-                chunk.draft = draft
-                chunk.tokens = chunk.tokens + draft
-                token_budget -= len(draft)
+        if self.drafts is not None and token_budget > 0 and len(decoding) <= self.draft_max_sequences:
+            guessed = [(c, g) for c in decoding if (g := self._guess(c.request)) is not None]
+            if guessed:
+                yielded = sum(1 for c in out.batched if c.sample)
+                guesses = [g for _, g in guessed]
+                lengths = self.drafts.plan(guesses, self.n_batch - token_budget, yielded, token_budget)
+                for (chunk, (guess, _)), n in zip(guessed, lengths, strict=True):
+                    if n:
+                        chunk.draft, chunk.draft_match = guess.tokens[:n], guess.matched
+                        chunk.tokens = chunk.tokens + chunk.draft
         return out
 
-    def _draft(self, req: Request, k: int) -> list[int]:
+    def _guess(self, req: Request) -> tuple[Guess, NgramIndex] | None:
         if not req.params.draftable:
-            return []
+            return None
         # Never past max_tokens: the step's last token is sampled after the drafts, and every cell a
         # draft takes lies inside the request's reservation.
-        k = min(k, req.max_tokens - len(req.output_tokens) - 1)
+        k = min(self.draft_tokens, req.max_tokens - len(req.output_tokens) - 1)
         if k <= 0:
-            return []
+            return None
         if req.ngrams is None:
             req.ngrams = NgramIndex()
             req.ngrams.extend(req.prompt_tokens)
         req.ngrams.extend(req.output_tokens[len(req.ngrams.tokens) - len(req.prompt_tokens) :])
-        return req.ngrams.draft(k)
+        guess = req.ngrams.guess(k)
+        return (guess, req.ngrams) if guess is not None else None
+
+    def record_draft(self, chunk: ScheduledChunk, kept: int) -> None:
+        """What the picks made of a chunk's draft, for the policy's chances."""
+        if self.drafts is not None and chunk.draft and chunk.request.ngrams is not None:
+            self.drafts.acceptance.record(chunk.draft_match, len(chunk.draft), kept, chunk.request.ngrams)
 
     def advance(self, chunk: ScheduledChunk, sampled: Sequence[int]) -> None:
         """Record that a chunk's tokens are in the cache (its drafts as far as the picks confirmed them:

@@ -9,23 +9,24 @@ the ones one-token steps pick (bit for bit on one thread; on several, llama.cpp 
 step's attention between them and rounds differently, as any change of batch does). (Prompt lookup
 decoding, as in llama.cpp's `lookup` example and vLLM's n-gram speculation; no draft model.)
 
-A draft token costs a row of compute whether it is kept or not, and on a 2-core CPU a row costs a
-good part of a one-token step, so drafts pay only where most of them are kept. Hence a 4-token
-match, a short draft unless 8 tokens match, and guesses only from the sequence itself.
-`benchmarks/conversations.py` and `benchmarks/server_throughput.py` run the server with and without
-drafts in one run: conversations gain, short single prompts come out about even.
-`EngineSettings.draft_max_sequences` bounds drafting for machines where rows in large steps cost
-as much as they save.
+How many of the guessed tokens a step decodes is `draft_policy.py`'s call: a draft token costs a
+row of compute whether it is kept or not, so it is decoded only where its chance of being kept
+outweighs that cost on this machine, now.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 NGRAM = 4  # tokens that must match: fewer find more guesses, and more of them wrong
-# A longer match is a better guess, so a short match drafts only a little.
-LONG_MATCH = 8
-SHORT_MATCH_DRAFT = 1
+MAX_MATCH = 16  # how far back a match is measured (a longer match is a better guess, up to here)
+
+
+@dataclass(frozen=True)
+class Guess:
+    tokens: list[int]  # what followed the last occurrence of the sequence's final run
+    matched: int  # how many tokens before them match the sequence's last ones (NGRAM to MAX_MATCH)
 
 
 class NgramIndex:
@@ -35,6 +36,9 @@ class NgramIndex:
         self.n = n
         self.tokens: list[int] = []
         self._after: dict[tuple[int, ...], int] = {}  # run -> position of the token that followed it last
+        # This sequence's own record, against what the policy expected of its guesses (draft_policy.py).
+        self.kept = 0.0
+        self.expected = 0.0
 
     def extend(self, tokens: Sequence[int]) -> None:
         n, seen, after = self.n, self.tokens, self._after
@@ -44,18 +48,16 @@ class NgramIndex:
             if end >= n:
                 after[tuple(seen[end - n : end])] = end
 
-    def draft(self, k: int) -> list[int]:
-        """Up to `k` tokens that followed the last occurrence of the current final run (up to
-        `SHORT_MATCH_DRAFT` where fewer than `LONG_MATCH` tokens match there); [] if none."""
+    def guess(self, k: int) -> Guess | None:
+        """Up to `k` tokens that followed the last occurrence of the current final run, and how long
+        the match there is; None if the run never occurred before."""
         tokens = self.tokens
         if k <= 0 or len(tokens) < self.n:
-            return []
+            return None
         start = self._after.get(tuple(tokens[-self.n :]))
         if start is None:
-            return []
+            return None
         matched, end = self.n, len(tokens)
-        while matched < LONG_MATCH and start > matched and tokens[start - matched - 1] == tokens[end - matched - 1]:
+        while matched < MAX_MATCH and start > matched and tokens[start - matched - 1] == tokens[end - matched - 1]:
             matched += 1
-        if matched < LONG_MATCH:
-            k = min(k, SHORT_MATCH_DRAFT)
-        return tokens[start : start + k]
+        return Guess(tokens[start : start + k], matched)

@@ -1,0 +1,144 @@
+"""How many guessed tokens a step decodes: only those whose chance of being kept pays for their row.
+
+A step of N tokens takes T(N) seconds and yields Y tokens (one per sequence it samples, plus the
+drafts kept). Draft tokens kept with probabilities q1, q2, ... make it N + k tokens yielding
+Y + q1 + ... + qk; the policy decodes the k that gives the step the most tokens per second (the
+goodput rule SmartSpec, Liu et al. 2024, proposes for vLLM). Both sides are measured here, while
+the engine runs:
+
+- `StepCost`: T(N) from the engine's own decode times, averaged per band of step sizes (1, 2-3,
+  4-7, ...), straight lines between the bands. Where a few more rows are nearly free (a GPU,
+  a big model's weight reads) drafts run long; where a row costs a good part of a one-token step (a
+  small model on a 2-core CPU) only a near-certain guess pays, and less so the more sequences
+  share the step, since each extra row then slows all of them.
+- `AcceptanceModel`: the chance that draft token j is kept when the ones before it were, for each
+  length of the match the guess came from (4 matching tokens guess worse than 12), counted from
+  what the picks confirmed; and per sequence, how its own guesses fared against that (a
+  conversation that resends its history keeps most, an answer that echoes a phrase once few).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .speculate import Guess, NgramIndex
+
+STEP_EWMA = 0.1  # weight of a new step time in its band's average: the machine's load drifts
+# Match lengths (tokens) from which a guess counts in the next class up, and what each class is
+# expected to keep per draft token before anything is counted (measured on conversation data:
+# 4-7 matching tokens kept about half of a 6-token draft, 8 or more kept 80-98%).
+MATCH_CLASSES = (4, 6, 8, 12, 16)
+PRIOR_KEPT = (0.55, 0.65, 0.8, 0.88, 0.92)
+PRIOR_WEIGHT = 4.0  # the prior counts as this many drafts: the first counted ones soon outweigh it
+MAX_COUNT = 2000.0  # counts are halved past this, so the model follows a workload that changes
+SEQUENCE_WEIGHT = 4.0  # how many expected tokens a sequence's own record needs to move its chances
+MAX_CHANCE = 0.99
+
+
+class StepCost:
+    """Seconds per decode step as a function of its tokens, learned from the engine's own steps."""
+
+    def __init__(self) -> None:
+        self._bands: dict[int, list[float]] = {}  # bit length of N -> [mean N, mean seconds]
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if tokens <= 0 or seconds <= 0:
+            return
+        band = self._bands.get(tokens.bit_length())
+        if band is None:
+            self._bands[tokens.bit_length()] = [float(tokens), seconds]
+        else:
+            band[0] += STEP_EWMA * (tokens - band[0])
+            band[1] += STEP_EWMA * (seconds - band[1])
+
+    def seconds(self, tokens: int) -> float:
+        """T(N) at N = `tokens`: straight lines between the bands' averages, the end ones extended.
+        Before two sizes of step have been seen, a row is taken to cost as much as the rest of a
+        one-token step (a CPU's case; a GPU's steps soon show otherwise)."""
+        points = sorted(self._bands.values())
+        if len(points) < 2:
+            per_token = points[0][1] / (points[0][0] + 1) if points else 1.0
+            return per_token * (tokens + 1)
+        i = 1
+        while i < len(points) - 1 and points[i][0] < tokens:
+            i += 1
+        (n0, t0), (n1, t1) = points[i - 1], points[i]
+        slope = max(0.0, (t1 - t0) / (n1 - n0))
+        return max(t0 + slope * (tokens - n0), 1e-9)
+
+
+class AcceptanceModel:
+    """The chance a draft token is kept given the ones before it were, per match class and position."""
+
+    def __init__(self, positions: int) -> None:
+        self.tried = [[PRIOR_WEIGHT] * positions for _ in MATCH_CLASSES]
+        self.kept = [[PRIOR_WEIGHT * p] * positions for p in PRIOR_KEPT]
+
+    @staticmethod
+    def match_class(matched: int) -> int:
+        return max(i for i, low in enumerate(MATCH_CLASSES) if matched >= low or i == 0)
+
+    def chance(self, match_class: int, position: int) -> float:
+        return self.kept[match_class][position] / self.tried[match_class][position]
+
+    def record(self, matched: int, drafted: int, kept: int, index: NgramIndex) -> None:
+        """Count a draft of `drafted` tokens of which the first `kept` were confirmed: position j was
+        put to the test only if every draft token before it was kept."""
+        c = self.match_class(matched)
+        tried, counted = self.tried[c], self.kept[c]
+        for j in range(min(kept + 1, drafted)):
+            index.expected += self.chance(c, j)
+            index.kept += j < kept
+            tried[j] += 1
+            counted[j] += j < kept
+            if tried[j] > MAX_COUNT:
+                tried[j] /= 2
+                counted[j] /= 2
+
+    def chances(self, guess: Guess, index: NgramIndex) -> list[float]:
+        """For each token of the guess, the chance that it and every one before it are kept."""
+        c = self.match_class(guess.matched)
+        # The sequence's own record against the class's: a repetitive answer keeps more, a fresh one less.
+        own = (index.kept + SEQUENCE_WEIGHT) / (index.expected + SEQUENCE_WEIGHT)
+        chances, q = [], 1.0
+        for j in range(min(len(guess.tokens), len(self.tried[c]))):
+            q *= min(MAX_CHANCE, self.chance(c, j) * own)
+            chances.append(q)
+        return chances
+
+
+class DraftPolicy:
+    """Decides, each step, how many tokens of each sequence's guess to decode (see the module doc)."""
+
+    def __init__(self, max_draft: int) -> None:
+        self.max_draft = max_draft
+        self.cost = StepCost()
+        self.acceptance = AcceptanceModel(max_draft)
+
+    def costs_changed(self) -> None:
+        """The machine's step costs changed (llama.cpp got another thread count): measure them anew."""
+        self.cost = StepCost()
+
+    def plan(
+        self, guesses: Sequence[tuple[Guess, NgramIndex]], step_tokens: int, yielded: int, budget: int
+    ) -> list[int]:
+        """How many tokens of each guess to decode, in a step of `step_tokens` tokens so far that
+        samples `yielded` sequences, with room for `budget` more tokens."""
+        candidates: list[tuple[float, int, int]] = []  # (-chance, position, guess)
+        for i, (guess, index) in enumerate(guesses):
+            candidates += [(-q, j, i) for j, q in enumerate(self.acceptance.chances(guess, index))]
+        # Best first across sequences: a guess's chances fall with each position, so whatever the
+        # number of rows, the likeliest ones are prefixes of the guesses. The number of rows is the
+        # one that gives the step the most tokens per second: costs need not be convex (on a CPU a
+        # second row can cost nearly a whole step, and the next few little), so every count is tried.
+        candidates.sort()
+        best_rows, best_rate, gain = 0, yielded / self.cost.seconds(step_tokens), 0.0
+        for rows, (neg_q, _, _) in enumerate(candidates[:budget], start=1):
+            gain -= neg_q
+            rate = (yielded + gain) / self.cost.seconds(step_tokens + rows)
+            if rate > best_rate:
+                best_rows, best_rate = rows, rate
+        lengths = [0] * len(guesses)
+        for _, _, i in candidates[:best_rows]:
+            lengths[i] += 1
+        return lengths
