@@ -131,8 +131,8 @@ class MagnitudeServer(LocalServer):
         self.close()
 
 
-def session_arguments(description: str | None, rounds: int, max_tokens: int) -> argparse.Namespace:
-    """The options of the session benchmarks (conversations, agents), llama-server found."""
+def session_arguments(description: str | None, rounds: int, max_tokens: int, peer: bool = True) -> argparse.Namespace:
+    """The options of the session benchmarks (conversations, agents, drafts), llama-server found if `peer`."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=rounds)
@@ -142,7 +142,7 @@ def session_arguments(description: str | None, rounds: int, max_tokens: int) -> 
     parser.add_argument("--llama-server", default=None, help="path (default: the shared build's cache)")
     args = parser.parse_args()
     args.binary = find_llama_server(args.llama_server)
-    if args.binary is None:
+    if args.binary is None and peer:
         raise SystemExit("llama-server not found: run ../shared/tools/build-llama-server.sh first")
     return args
 

@@ -214,6 +214,10 @@ def test_sixteen_concurrent_streaming_clients(client, server):
         assert usage.completion_tokens == 8 + i and text
     status = httpx.get(server.url + "/status", headers=auth()).json()
     assert status["running"] == 0 and status["kv_cells_reserved"] == status["prefix_cache_cells"]
+    # What the draft policy measured on this machine: step times grow with the step's tokens.
+    step_ms = status["drafts"]["step_ms"]
+    assert step_ms and step_ms["32"] > step_ms["1"] > 0
+    assert set(status["drafts"]["kept_chance"]) == {"4-5", "6-7", "8-11", "12-15", "16+"}
 
 
 # The validation itself is unit-tested in test_protocol.py; these go through the whole server.

@@ -405,9 +405,11 @@ class Engine:
             if sched is not None:
                 scheduler = sched.make_stats()
                 live_requests = [*sched.running, *(r for q in sched.waiting.values() for r in q)]
+                drafts = sched.drafts.snapshot() if sched.drafts is not None else None
             else:
                 scheduler = SchedulerStats(0, 0, es.cells, 0, 0, 0, 0, 0, 0, 0, 0, 0)
                 live_requests = []
+                drafts = None
             live = tuple(LiveRequest.of(r, now) for r in live_requests)
             recent = tuple(self._recent)
         info = self.model_info
@@ -428,6 +430,7 @@ class Engine:
             generated_tokens_total=self.metrics.generation_tokens_total,
             draft_tokens_total=self.metrics.draft_tokens_total,
             draft_accepted_total=self.metrics.draft_accepted_total,
+            drafts=drafts,
             uptime_s=round(now - self._started_at, 1),
             live=live,
             recent=recent,

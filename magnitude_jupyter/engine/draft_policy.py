@@ -20,6 +20,8 @@ the engine runs:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
+from typing import Any
 
 from .speculate import Guess, NgramIndex
 
@@ -33,6 +35,7 @@ PRIOR_WEIGHT = 4.0  # the prior counts as this many drafts: the first counted on
 MAX_COUNT = 2000.0  # counts are halved past this, so the model follows a workload that changes
 SEQUENCE_WEIGHT = 4.0  # how many expected tokens a sequence's own record needs to move its chances
 MAX_CHANCE = 0.99
+SHOWN_STEP_SIZES = (1, 2, 4, 8, 16, 32)
 
 
 class StepCost:
@@ -51,11 +54,15 @@ class StepCost:
             band[0] += STEP_EWMA * (tokens - band[0])
             band[1] += STEP_EWMA * (seconds - band[1])
 
+    def points(self) -> list[tuple[float, float]]:
+        """(mean tokens, mean seconds) per band measured, smallest first (safe from another thread)."""
+        return sorted((n, t) for n, t in list(self._bands.values()))
+
     def seconds(self, tokens: int) -> float:
         """T(N) at N = `tokens`: straight lines between the bands' averages, the end ones extended.
         Before two sizes of step have been seen, a row is taken to cost as much as the rest of a
         one-token step (a CPU's case; a GPU's steps soon show otherwise)."""
-        points = sorted(self._bands.values())
+        points = self.points()
         if len(points) < 2:
             per_token = points[0][1] / (points[0][0] + 1) if points else 1.0
             return per_token * (tokens + 1)
@@ -73,6 +80,10 @@ class AcceptanceModel:
     def __init__(self, positions: int) -> None:
         self.tried = [[PRIOR_WEIGHT] * positions for _ in MATCH_CLASSES]
         self.kept = [[PRIOR_WEIGHT * p] * positions for p in PRIOR_KEPT]
+
+    @staticmethod
+    def labels() -> list[str]:
+        return [*(f"{low}-{high - 1}" for low, high in pairwise(MATCH_CLASSES)), f"{MATCH_CLASSES[-1]}+"]
 
     @staticmethod
     def match_class(matched: int) -> int:
@@ -142,3 +153,17 @@ class DraftPolicy:
         for _, _, i in candidates[:best_rows]:
             lengths[i] += 1
         return lengths
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the policy has measured, for /status: a step's milliseconds by its tokens (once two
+        sizes were seen), and per match length the chance of keeping each draft position, with the
+        number of drafts counted there."""
+        measured = len(self.cost.points()) >= 2
+        model, labels = self.acceptance, self.acceptance.labels()
+        return {
+            "step_ms": {str(n): round(self.cost.seconds(n) * 1000, 2) for n in SHOWN_STEP_SIZES} if measured else {},
+            "kept_chance": {
+                label: [round(model.chance(c, j), 3) for j in range(self.max_draft)] for c, label in enumerate(labels)
+            },
+            "drafts_counted": {label: round(model.tried[c][0] - PRIOR_WEIGHT) for c, label in enumerate(labels)},
+        }

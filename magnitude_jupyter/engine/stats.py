@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
@@ -80,6 +81,7 @@ class EngineStats:
     recent: tuple[FinishedRequest, ...]
     draft_tokens_total: int = 0  # prompt-lookup drafts decoded (speculate.py) ...
     draft_accepted_total: int = 0  # ... and confirmed
+    drafts: dict[str, Any] | None = None  # what the draft policy measured (DraftPolicy.snapshot), if drafting
 
 
 def rss_bytes() -> int:
