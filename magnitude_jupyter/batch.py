@@ -455,25 +455,30 @@ def score_dataframe(df: pd.DataFrame, template: str, client: ChatClient | None =
 
     stop = threading.Event()
     inflight: dict[int, str] = {}
-    errors = 0
     bar = tqdm(total=len(df), initial=len(results), desc="magnitude batch", unit="row", disable=not opts.progress)
     pool = ThreadPoolExecutor(max_workers=opts.concurrency, thread_name_prefix="magnitude-batch")
     futures: dict[Future, Any] = {pool.submit(_score_row, worker, *requests[i], opts, stop, inflight): i for i in todo}
     interrupted = False
+    collected: set[Any] = set()
+    shown_errors = [0]
 
     def collect(future: Future) -> None:
-        nonlocal errors
+        # Ctrl-C can land between any two lines here, and the finally below collects again whatever
+        # did not reach `collected`: so the row is written to the checkpoint first (a second copy of
+        # a line is harmless), and counts as a result only once it is there.
         index = futures[future]
+        if index in collected:
+            return
         record = future.result()
         if record.get("error") == "not run (interrupted)":
             return
-        results[index] = record
-        if record.get("error"):
-            errors += 1
-        else:
+        if not record.get("error"):
             checkpoint.append(index, keys[index], record)
+        results[index] = record
+        collected.add(index)
+        shown_errors[0] += bool(record.get("error"))  # for the bar; the count returned is recounted
         bar.update(1)
-        bar.set_postfix(errors=errors, refresh=False)
+        bar.set_postfix(errors=shown_errors[0], refresh=False)
 
     try:
         pending = set(futures)
@@ -490,11 +495,12 @@ def score_dataframe(df: pd.DataFrame, template: str, client: ChatClient | None =
             future.cancel()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-        for future, index in futures.items():  # rows that finished while we were stopping
-            if index not in results and future.done() and not future.cancelled():
+        for future in futures:  # rows that finished while we were stopping, or mid-collect
+            if future.done() and not future.cancelled():
                 collect(future)
         bar.close()
         worker.close()
+    errors = sum(1 for i in collected if results[i].get("error"))
 
     out = df.copy()
     for column in opts.columns:

@@ -232,3 +232,38 @@ def test_cli_chat_holds_a_conversation_at_a_terminal(server):
     finally:
         child.close()
     assert child.exitstatus == 0
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_ctrl_c_as_a_row_is_written_to_the_checkpoint_loses_nothing(engine, tmp_path, monkeypatch, when):
+    # Ctrl-C can land on any line of the batch loop: here, just before or just after a row's
+    # checkpoint write. Every row the interrupted run counts as done must be in the checkpoint,
+    # and every row in the checkpoint counted as done, or the rerun scores it twice or loses it.
+    import pandas as pd
+
+    from magnitude_jupyter import batch as batch_module
+    from magnitude_jupyter.inprocess import EngineClient
+
+    write = batch_module.Checkpoint.append
+    writes: list[object] = []
+
+    def interrupted_write(self, row, key, record):
+        writes.append(row)
+        if when == "before" and len(writes) == 2:
+            raise KeyboardInterrupt
+        write(self, row, key, record)
+        if when == "after" and len(writes) == 2:
+            raise KeyboardInterrupt
+
+    df = pd.DataFrame({"text": [f"Name a colour, number {i}." for i in range(12)]})
+    options = {"max_tokens": 4, "concurrency": 2, "checkpoint": str(tmp_path / "rows.jsonl"), "progress": False}
+    with monkeypatch.context() as patch:
+        patch.setattr(batch_module.Checkpoint, "append", interrupted_write)
+        first = batch_module.score_dataframe(df, "{{ text }}", client=EngineClient(engine), **options)
+    assert first.attrs["magnitude"]["interrupted"]
+    done = int(first["error"].isna().sum())
+    assert 2 <= done < 12
+    second = batch_module.score_dataframe(df, "{{ text }}", client=EngineClient(engine), **options)
+    assert second.attrs["magnitude"]["skipped_from_checkpoint"] == done
+    assert second["error"].isna().all()

@@ -98,21 +98,35 @@ COUNTING = list(range(1, 21))
 REPEATING = [*COUNTING, *COUNTING[:9]]  # its next token is 10: then 10 tokens match the start
 
 
-def test_only_greedy_requests_get_drafts_and_never_past_max_tokens():
-    s = Scheduler(ctx_size=1000, max_running=8, n_batch=128, max_waiting=10, draft_tokens=4, draft_max_sequences=8)
-    assert s.drafts is not None
-    gpu_like(s.drafts)
-    for rid, extra in (("greedy", {}), ("sampled", {"temperature": 0.7}), ("repro", {"reproducible": True})):
-        s.add_request(request(rid, REPEATING, **extra))
-    s.add_request(request("short", REPEATING, max_tokens=3))
+def scheduled_after_one_token(s: Scheduler) -> dict[str, tuple[list[int], int]]:
     out = s.schedule()
     for chunk in out.batched + out.solo:
         s.advance(chunk, [10])
     out = s.schedule()
-    drafts = {c.request.request_id: (c.draft, len(c.tokens)) for c in out.batched + out.solo}
+    return {c.request.request_id: (c.draft, len(c.tokens)) for c in out.batched + out.solo}
+
+
+def test_only_greedy_requests_get_drafts_and_never_past_max_tokens():
+    s = Scheduler(ctx_size=1000, max_running=8, n_batch=128, max_waiting=10, draft_tokens=4, draft_max_sequences=8)
+    assert s.drafts is not None
+    gpu_like(s.drafts)
+    s.add_request(request("greedy", REPEATING))
+    s.add_request(request("sampled", REPEATING, temperature=0.7))
+    s.add_request(request("short", REPEATING, max_tokens=3))
+    drafts = scheduled_after_one_token(s)
     assert drafts["greedy"] == ([11, 12, 13, 14], 5)
     assert drafts["short"] == ([11], 2)  # 1 sampled + 1 drafted + the pick after it = max_tokens 3
-    assert drafts["sampled"] == ([], 1) and drafts["repro"] == ([], 1)
+    assert drafts["sampled"] == ([], 1)
+
+
+def test_nothing_drafts_beside_a_reproducible_request():
+    # Refused drafts leave holes in the cache that its tokens would fill out of order (see schedule).
+    s = Scheduler(ctx_size=1000, max_running=8, n_batch=128, max_waiting=10, draft_tokens=4, draft_max_sequences=8)
+    assert s.drafts is not None
+    gpu_like(s.drafts)
+    s.add_request(request("greedy", REPEATING))
+    s.add_request(request("repro", REPEATING, reproducible=True))
+    assert scheduled_after_one_token(s) == {"greedy": ([], 1), "repro": ([], 1)}
 
 
 def test_no_drafts_while_more_sequences_decode_than_allowed():

@@ -350,8 +350,17 @@ class Scheduler:
             target.append(ScheduledChunk(req, tokens, start, sample=(size == remaining)))
 
         # Last, with what the step has left: drafts, where they are expected to pay (draft_policy.py).
+        # Not beside a reproducible request: the cells of refused drafts are dropped, and llama.cpp
+        # then fills those holes first, with its tokens too, out of position order, which changes
+        # the order its attention adds them up in and so its answer.
         decoding = [c for c in out.batched if c.request.prompt_done]
-        if self.drafts is not None and token_budget > 0 and len(decoding) <= self.draft_max_sequences:
+        beside_reproducible = bool(out.solo) or any(r.params.reproducible for r in self.running)
+        if (
+            self.drafts is not None
+            and token_budget > 0
+            and len(decoding) <= self.draft_max_sequences
+            and not beside_reproducible
+        ):
             guessed = [(c, g) for c in decoding if (g := self._guess(c.request)) is not None]
             if guessed:
                 yielded = sum(1 for c in out.batched if c.sample)
