@@ -46,7 +46,8 @@ class EngineSettings:
     # Each sequence costs a logits row in llama.cpp's output buffer, resident: vocab x 4 bytes.
     prefix_cache_entries: int = 64
     # Prompt-lookup drafts (engine/speculate.py): up to this many guessed tokens per step for greedy
-    # requests, decoded while at most `draft_max_sequences` sequences decode. 0 turns drafts off.
+    # requests (how many is measured: engine/draft_policy.py), and none while more than
+    # `draft_max_sequences` sequences decode. 0 turns drafts off.
     draft_tokens: int = 6
     draft_max_sequences: int = 16
     gpu_layers: int = 0  # layers offloaded to a GPU (GPU builds of llama-cpp-python; a CPU build ignores it)
