@@ -542,9 +542,11 @@ class Engine:
             if group is out.batched:
                 started = time.perf_counter()
                 rows = runner.decode(items)
-                if self.scheduler is not None and self.scheduler.drafts is not None:
-                    tokens = sum(len(item.tokens) for item in items)
-                    self.scheduler.drafts.cost.observe(tokens, time.perf_counter() - started)
+                # Only steps of decode rows teach the policy what a draft row costs: prompt rows are
+                # cheaper per token (they fill the step in one matrix product) and would hide the price.
+                drafts = self.scheduler.drafts if self.scheduler is not None else None
+                if drafts is not None and all(chunk.request.prompt_done for chunk in group):
+                    drafts.cost.observe(sum(len(item.tokens) for item in items), time.perf_counter() - started)
             else:
                 rows = self._decode_solo_step(runner, items)
             for chunk, row in zip(group, rows, strict=True):
