@@ -460,12 +460,13 @@ def score_dataframe(df: pd.DataFrame, template: str, client: ChatClient | None =
     futures: dict[Future, Any] = {pool.submit(_score_row, worker, *requests[i], opts, stop, inflight): i for i in todo}
     interrupted = False
     collected: set[Any] = set()
-    shown_errors = [0]
+    shown_errors = 0  # for the bar; the count returned is recounted from the results
 
     def collect(future: Future) -> None:
         # Ctrl-C can land between any two lines here, and the finally below collects again whatever
         # did not reach `collected`: so the row is written to the checkpoint first (a second copy of
         # a line is harmless), and counts as a result only once it is there.
+        nonlocal shown_errors
         index = futures[future]
         if index in collected:
             return
@@ -476,9 +477,9 @@ def score_dataframe(df: pd.DataFrame, template: str, client: ChatClient | None =
             checkpoint.append(index, keys[index], record)
         results[index] = record
         collected.add(index)
-        shown_errors[0] += bool(record.get("error"))  # for the bar; the count returned is recounted
+        shown_errors += bool(record.get("error"))
         bar.update(1)
-        bar.set_postfix(errors=shown_errors[0], refresh=False)
+        bar.set_postfix(errors=shown_errors, refresh=False)
 
     try:
         pending = set(futures)

@@ -79,13 +79,16 @@ def test_a_sequence_whose_guesses_fail_stops_drafting_and_one_whose_guesses_hold
     policy = cpu_like(DraftPolicy(6))
     guess = Guess(list(range(6)), 8)
     failing, holding = NgramIndex(), NgramIndex()
-    before = policy.plan([(guess, failing)], 1, 1, 100)[0]
+    before = policy.plan([(guess, NgramIndex())], 1, 1, 100)[0]
     assert before > 0
-    for _ in range(10):
-        policy.acceptance.record(8, 2, 0, failing)
-    assert policy.plan([(guess, failing)], 1, 1, 100) == [0]
-    for _ in range(10):
+    # The same match class: most of its drafts are kept (another sequence's), this one's are not.
+    for _ in range(20):
         policy.acceptance.record(8, 6, 6, holding)
+    for _ in range(3):
+        policy.acceptance.record(8, 2, 0, failing)
+    fresh = policy.plan([(guess, NgramIndex())], 1, 1, 100)[0]
+    assert fresh > 0  # the class still guesses well ...
+    assert policy.plan([(guess, failing)], 1, 1, 100) == [0]  # ... but not for this sequence
     assert policy.plan([(guess, holding)], 1, 1, 100)[0] > before
 
 

@@ -6,9 +6,9 @@ Y + q1 + ... + qk; the policy decodes the k that gives the step the most tokens 
 goodput rule SmartSpec, Liu et al. 2024, proposes for vLLM). Both sides are measured here, while
 the engine runs:
 
-- `StepCost`: T(N) from the engine's own decode times, averaged per band of step sizes (1, 2-3,
-  4-7, ...), straight lines between the bands. Where a few more rows are nearly free (a GPU,
-  a big model's weight reads) drafts run long; where a row costs a good part of a one-token step (a
+- `StepCost`: T(N) from the engine's own times for steps of decode rows, averaged per band of
+  step sizes (1, 2-3, 4-7, ...), straight lines between the bands. Where a few more rows are
+  nearly free drafts run long; where a row costs a good part of a one-token step (a
   small model on a 2-core CPU) only a near-certain guess pays, and less so the more sequences
   share the step, since each extra row then slows all of them.
 - `AcceptanceModel`: the chance that draft token j is kept when the ones before it were, for each
@@ -80,6 +80,7 @@ class AcceptanceModel:
     def __init__(self, positions: int) -> None:
         self.tried = [[PRIOR_WEIGHT] * positions for _ in MATCH_CLASSES]
         self.kept = [[PRIOR_WEIGHT * p] * positions for p in PRIOR_KEPT]
+        self.drafts = [0] * len(MATCH_CLASSES)  # drafts recorded per class (never halved: for /status)
 
     @staticmethod
     def labels() -> list[str]:
@@ -96,15 +97,16 @@ class AcceptanceModel:
         """Count a draft of `drafted` tokens of which the first `kept` were confirmed: position j was
         put to the test only if every draft token before it was kept."""
         c = self.match_class(matched)
-        tried, counted = self.tried[c], self.kept[c]
+        self.drafts[c] += 1
+        tried, kept_at = self.tried[c], self.kept[c]
         for j in range(min(kept + 1, drafted)):
             index.expected += self.chance(c, j)
             index.kept += j < kept
             tried[j] += 1
-            counted[j] += j < kept
+            kept_at[j] += j < kept
             if tried[j] > MAX_COUNT:
                 tried[j] /= 2
-                counted[j] /= 2
+                kept_at[j] /= 2
 
     def chances(self, guess: Guess, index: NgramIndex) -> list[float]:
         """For each token of the guess, the chance that it and every one before it are kept."""
@@ -165,5 +167,5 @@ class DraftPolicy:
             "kept_chance": {
                 label: [round(model.chance(c, j), 3) for j in range(self.max_draft)] for c, label in enumerate(labels)
             },
-            "drafts_counted": {label: round(model.tried[c][0] - PRIOR_WEIGHT) for c, label in enumerate(labels)},
+            "drafts_counted": dict(zip(labels, model.drafts, strict=True)),
         }

@@ -125,7 +125,7 @@ class Scheduler:
         draft_max_sequences: int = 0,
     ) -> None:
         self.ctx_size = ctx_size
-        self.draft_tokens = draft_tokens  # prompt-lookup drafts per decode step (speculate.py); 0: none
+        # Prompt-lookup drafts (speculate.py), up to `draft_tokens` per decode step; 0: none.
         self.drafts = DraftPolicy(draft_tokens) if draft_tokens > 0 else None
         self.draft_max_sequences = draft_max_sequences  # ... made while at most this many sequences decode
         self.spell = spell  # a token's text, for matching a prompt that spells a cached answer otherwise
@@ -354,14 +354,14 @@ class Scheduler:
         # then fills those holes first, with its tokens too, out of position order, which changes
         # the order its attention adds them up in and so its answer.
         decoding = [c for c in out.batched if c.request.prompt_done]
-        beside_reproducible = bool(out.solo) or any(r.params.reproducible for r in self.running)
         if (
             self.drafts is not None
             and token_budget > 0
             and len(decoding) <= self.draft_max_sequences
-            and not beside_reproducible
+            and not any(r.params.reproducible for r in self.running)
         ):
-            guessed = [(c, g) for c in decoding if (g := self._guess(c.request)) is not None]
+            max_draft = self.drafts.max_draft
+            guessed = [(c, g) for c in decoding if (g := self._guess(c.request, max_draft)) is not None]
             if guessed:
                 yielded = sum(1 for c in out.batched if c.sample)
                 guesses = [g for _, g in guessed]
@@ -372,12 +372,12 @@ class Scheduler:
                         chunk.tokens = chunk.tokens + chunk.draft
         return out
 
-    def _guess(self, req: Request) -> tuple[Guess, NgramIndex] | None:
+    def _guess(self, req: Request, max_draft: int) -> tuple[Guess, NgramIndex] | None:
         if not req.params.draftable:
             return None
         # Never past max_tokens: the step's last token is sampled after the drafts, and every cell a
         # draft takes lies inside the request's reservation.
-        k = min(self.draft_tokens, req.max_tokens - len(req.output_tokens) - 1)
+        k = min(max_draft, req.max_tokens - len(req.output_tokens) - 1)
         if k <= 0:
             return None
         if req.ngrams is None:
