@@ -7,9 +7,9 @@ import pytest
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine, SamplingParams
 from magnitude_jupyter.engine.draft_policy import DraftPolicy
-from magnitude_jupyter.engine.request import Request
+from magnitude_jupyter.engine.request import FinishReason, Request
 from magnitude_jupyter.engine.scheduler import Scheduler
-from magnitude_jupyter.engine.speculate import MAX_MATCH, Guess, NgramIndex
+from magnitude_jupyter.engine.speculate import MAX_MATCH, MEMORY_KEY, AnswerMemory, Guess, NgramIndex
 
 from .fakes import fake_engine
 
@@ -35,6 +35,43 @@ def test_a_guess_says_how_long_its_match_is():
     index = NgramIndex()
     index.extend([*text, 99, *text[:25]])
     assert index.guess(2).matched == MAX_MATCH
+
+
+def test_the_answer_memory_guesses_an_earlier_answer_to_the_same_prompt_only():
+    memory = AnswerMemory(capacity=200)
+    header = [90, 91, 92]  # a chat template's turn header, which every prompt ends with
+    memory.remember([1, 2, 3, 4, 5, 6, *header], [40, 41, 42, 43])
+    memory.remember([7, 8, 9, 10, 11, 12, *header], [50, 51, 52])
+    assert memory.guess([1, 2, 3, 4, 5, 6, *header], 3) == Guess([40, 41, 42], MEMORY_KEY + 1)
+    assert memory.guess([1, 2, 3, 4, 5, 6, *header, 40, 41], 5) == Guess([42, 43], MEMORY_KEY + 3)  # not into the next
+    assert memory.guess([0, 0, 0, 0, 0, 6, *header], 3) is None  # only the header and 1 token match
+    for n in range(60):  # older answers make way for new ones, and the memory stays bounded
+        memory.remember([n, n, n, n, n, n, *header], [n + 100] * 5)
+    assert len(memory.tokens) <= 200 and memory.guess([1, 2, 3, 4, 5, 6, *header], 3) is None
+    assert memory.guess([59] * 6 + header, 3) == Guess([159] * 3, MEMORY_KEY + 1)
+
+
+def test_a_greedy_request_that_repeats_an_earlier_one_drafts_that_answer_from_its_first_step():
+    s = Scheduler(ctx_size=1000, max_running=8, n_batch=128, max_waiting=10, draft_tokens=4, draft_max_sequences=8)
+    assert s.drafts is not None
+    gpu_like(s.drafts)
+    prompt = [5, 9, 2, 7, 3, 8, 1, 6, 4]  # nothing in it repeats: the request alone guesses nothing
+    first = request("first", prompt)
+    s.add_request(first)
+    (chunk,) = s.schedule().batched
+    s.advance(chunk, [70])
+    for token in (71, 72, 73, 74, 75):
+        (chunk,) = s.schedule().batched
+        assert not chunk.draft
+        s.advance(chunk, [token])
+    s.finish(first, FinishReason.LENGTH)
+    s.add_request(request("again", prompt))
+    (chunk,) = s.schedule().batched
+    s.advance(chunk, [70])
+    (chunk,) = s.schedule().batched
+    assert chunk.draft == [71, 72, 73, 74]
+    s.add_request(request("sampled", prompt, temperature=0.7))  # not a greedy request: never drafts
+    assert all(not c.draft for c in s.schedule().batched if c.request.request_id == "sampled")
 
 
 def cpu_like(policy: DraftPolicy) -> DraftPolicy:
@@ -132,6 +169,34 @@ def test_nothing_drafts_beside_a_reproducible_request():
     assert scheduled_after_one_token(s) == {"greedy": ([], 1), "repro": ([], 1)}
 
 
+def test_a_draft_that_promises_less_than_the_noise_is_not_decoded():
+    # A second row at 90% of a one-token step: a near-certain guess would make the step 5% faster
+    # per token on paper, less than a step time's own drift; a third of a step pays clearly.
+    guess, index = Guess([1, 2, 3, 4, 5, 6], MAX_MATCH), NgramIndex()
+    for row_cost, drafts in ((0.9, False), (0.33, True)):
+        policy = DraftPolicy(6)
+        for n in (1, 2, 4, 8):
+            policy.cost.observe(n, 0.010 * (1 + row_cost * (n - 1)))
+        assert (sum(policy.plan([(guess, index)], 1, 1, 100)) > 0) is drafts
+
+
+def test_no_drafts_in_a_step_that_carries_a_prompt():
+    # A request waiting for its first token would wait for the drafts' rows as well.
+    s = Scheduler(ctx_size=1000, max_running=8, n_batch=128, max_waiting=10, draft_tokens=4, draft_max_sequences=8)
+    assert s.drafts is not None
+    gpu_like(s.drafts)
+    s.add_request(request("greedy", REPEATING))
+    (chunk,) = s.schedule().batched
+    s.advance(chunk, [10])
+    s.add_request(request("newcomer", [7, 3, 5]))
+    out = s.schedule()
+    assert {c.request.request_id: c.draft for c in out.batched} == {"greedy": [], "newcomer": []}
+    for chunk in out.batched:
+        s.advance(chunk, [11 if chunk.request.request_id == "greedy" else 8])
+    drafts = {c.request.request_id: c.draft for c in s.schedule().batched}
+    assert drafts == {"greedy": [12, 13, 14, 15], "newcomer": []}  # the prompt is in: drafts again
+
+
 def test_no_drafts_while_more_sequences_decode_than_allowed():
     s = Scheduler(ctx_size=1000, max_running=8, n_batch=128, max_waiting=10, draft_tokens=4, draft_max_sequences=1)
     assert s.drafts is not None
@@ -192,6 +257,10 @@ def test_the_real_model_gives_the_same_tokens_with_and_without_drafts(model_path
     for draft in (0, 4):
         engine = Engine(settings=Settings(), parallel=2, ctx_size=2048, threads=1, draft_tokens=draft)
         engine.start()
+        if engine.scheduler is not None and engine.scheduler.drafts is not None:
+            # On one CPU thread a row costs as much as a one-token step, so the policy would rightly
+            # not draft at all: give it the costs of a machine where rows are cheap (a GPU's).
+            gpu_like(engine.scheduler.drafts)
         try:
             result = engine.generate(messages=messages, params=SamplingParams(max_tokens=64, temperature=0))
             answers[draft] = (result.token_ids, engine.stats())

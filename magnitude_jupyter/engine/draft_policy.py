@@ -35,6 +35,10 @@ PRIOR_WEIGHT = 4.0  # the prior counts as this many drafts: the first counted on
 MAX_COUNT = 2000.0  # counts are halved past this, so the model follows a workload that changes
 SEQUENCE_WEIGHT = 4.0  # how many expected tokens a sequence's own record needs to move its chances
 MAX_CHANCE = 0.99
+# How much more tokens per second drafts must promise than the step without them: a step time is an
+# average over a drifting machine, and a draft also costs what the step time does not show (a row
+# of logits to read, refused cells to drop), so a promise within the noise is not taken.
+MIN_GAIN = 1.1
 SHOWN_STEP_SIZES = (1, 2, 4, 8, 16, 32)
 
 
@@ -145,7 +149,8 @@ class DraftPolicy:
         # one that gives the step the most tokens per second: costs need not be convex (on a CPU a
         # second row can cost nearly a whole step, and the next few little), so every count is tried.
         candidates.sort()
-        best_rows, best_rate, gain = 0, yielded / self.cost.seconds(step_tokens), 0.0
+        plain_rate = yielded / self.cost.seconds(step_tokens)
+        best_rows, best_rate, gain = 0, plain_rate * MIN_GAIN, 0.0
         for rows, (neg_q, _, _) in enumerate(candidates[:budget], start=1):
             gain -= neg_q
             rate = (yielded + gain) / self.cost.seconds(step_tokens + rows)

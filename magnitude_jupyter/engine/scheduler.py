@@ -23,7 +23,7 @@ from .budget import KVBudget
 from .draft_policy import DraftPolicy
 from .prefix_cache import CopyCells, KVOp, Match, Pins, PrefixCache, common_prefix_len
 from .request import FinishReason, Priority, Request, RequestStatus
-from .speculate import Guess, NgramIndex
+from .speculate import AnswerMemory, Guess, NgramIndex
 
 CACHE_KEY = "<prefix cache>"  # the cache's cells in the KV budget
 RAM_RESTORE_GAIN = 16  # restore a saved entry when it covers at least this many more prompt tokens
@@ -128,6 +128,7 @@ class Scheduler:
         # Prompt-lookup drafts (speculate.py), up to `draft_tokens` per decode step; 0: none.
         self.drafts = DraftPolicy(draft_tokens) if draft_tokens > 0 else None
         self.draft_max_sequences = draft_max_sequences  # ... made while at most this many sequences decode
+        self.answers = AnswerMemory()  # greedy answers given lately: guesses for a request that repeats one
         self.spell = spell  # a token's text, for matching a prompt that spells a cached answer otherwise
         self.max_running = max_running
         self.n_batch = n_batch
@@ -352,11 +353,14 @@ class Scheduler:
         # Last, with what the step has left: drafts, where they are expected to pay (draft_policy.py).
         # Not beside a reproducible request: the cells of refused drafts are dropped, and llama.cpp
         # then fills those holes first, with its tokens too, out of position order, which changes
-        # the order its attention adds them up in and so its answer.
+        # the order its attention adds them up in and so its answer. Not in a step that carries a
+        # prompt either: a request waiting for its first token would wait for the drafts' rows too.
         decoding = [c for c in out.batched if c.request.prompt_done]
         if (
             self.drafts is not None
             and token_budget > 0
+            and len(decoding) == len(out.batched)
+            and not out.solo
             and len(decoding) <= self.draft_max_sequences
             and not any(r.params.reproducible for r in self.running)
         ):
@@ -385,6 +389,10 @@ class Scheduler:
             req.ngrams.extend(req.prompt_tokens)
         req.ngrams.extend(req.output_tokens[len(req.ngrams.tokens) - len(req.prompt_tokens) :])
         guess = req.ngrams.guess(k)
+        # An earlier answer that went the same way is the better guess when it matches longer.
+        remembered = self.answers.guess(req.ngrams.tokens, k)
+        if remembered is not None and (guess is None or remembered.matched > guess.matched):
+            guess = remembered
         return (guess, req.ngrams) if guess is not None else None
 
     def record_draft(self, chunk: ScheduledChunk, kept: int) -> None:
@@ -425,6 +433,8 @@ class Scheduler:
         request.finish_reason = reason
         request.error = error
         request.finished_time = time.monotonic()
+        if self.drafts is not None and request.params.draftable and reason != FinishReason.ERROR:
+            self.answers.remember(request.prompt_tokens, request.output_tokens)
         request.ngrams = None  # a finished request's record stays a while (for its stream): not its index
         request.seq_id = None
         return seq_id
