@@ -545,7 +545,7 @@ class Engine:
                 # Only steps of decode rows teach the policy what a draft row costs: prompt rows are
                 # cheaper per token (they fill the step in one matrix product) and would hide the price.
                 drafts = self.scheduler.drafts if self.scheduler is not None else None
-                if drafts is not None and all(chunk.request.prompt_done for chunk in group):
+                if drafts is not None and out.decodes_only:
                     drafts.cost.observe(sum(len(item.tokens) for item in items), time.perf_counter() - started)
             else:
                 rows = self._decode_solo_step(runner, items)

@@ -88,6 +88,11 @@ class SchedulerOutput:
     def empty(self) -> bool:
         return not self.batched and not self.solo
 
+    @property
+    def decodes_only(self) -> bool:
+        """The batched step holds decode rows only (no prompt chunk)."""
+        return all(c.request.prompt_done for c in self.batched)
+
 
 @dataclass(frozen=True)
 class SchedulerStats:
@@ -355,19 +360,17 @@ class Scheduler:
         # then fills those holes first, with its tokens too, out of position order, which changes
         # the order its attention adds them up in and so its answer. Not in a step that carries a
         # prompt either: a request waiting for its first token would wait for the drafts' rows too.
-        decoding = [c for c in out.batched if c.request.prompt_done]
         if (
             self.drafts is not None
             and token_budget > 0
-            and len(decoding) == len(out.batched)
-            and not out.solo
-            and len(decoding) <= self.draft_max_sequences
+            and out.decodes_only
+            and len(out.batched) <= self.draft_max_sequences
             and not any(r.params.reproducible for r in self.running)
         ):
             max_draft = self.drafts.max_draft
-            guessed = [(c, g) for c in decoding if (g := self._guess(c.request, max_draft)) is not None]
+            guessed = [(c, g) for c in out.batched if (g := self._guess(c.request, max_draft)) is not None]
             if guessed:
-                yielded = sum(1 for c in out.batched if c.sample)
+                yielded = len(out.batched)  # every decode chunk samples
                 guesses = [g for _, g in guessed]
                 lengths = self.drafts.plan(guesses, self.n_batch - token_budget, yielded, token_budget)
                 for (chunk, (guess, _)), n in zip(guessed, lengths, strict=True):
