@@ -32,6 +32,16 @@ MEMORY_KEY = 8  # tokens that must match an earlier answer: its prompt's tail en
 MEMORY_TOKENS = 32_768  # tokens of earlier answers kept (the newest half is kept when it is full)
 
 
+def matched_before(source: Sequence[int], start: int, tokens: Sequence[int], matched: int = 0) -> int:
+    """How many tokens before `source[start]` equal the last ones of `tokens`, up to MAX_MATCH
+    (`matched` of them already known to)."""
+    end = len(tokens)
+    longest = min(MAX_MATCH, end)
+    while matched < longest and start > matched and source[start - matched - 1] == tokens[end - matched - 1]:
+        matched += 1
+    return matched
+
+
 @dataclass(frozen=True)
 class Guess:
     tokens: list[int]  # what followed the last occurrence of the sequence's final run
@@ -66,10 +76,7 @@ class NgramIndex:
         start = self._after.get(tuple(tokens[-self.n :]))
         if start is None:
             return None
-        matched, end = self.n, len(tokens)
-        while matched < MAX_MATCH and start > matched and tokens[start - matched - 1] == tokens[end - matched - 1]:
-            matched += 1
-        return Guess(tokens[start : start + k], matched)
+        return Guess(tokens[start : start + k], matched_before(tokens, start, tokens, self.n))
 
 
 class AnswerMemory:
@@ -106,13 +113,10 @@ class AnswerMemory:
         start = self._after.get(hash(tuple(tokens[-MEMORY_KEY:])))
         if start is None:
             return None
-        memory, end, matched = self.tokens, len(tokens), 0
-        longest = min(MAX_MATCH, end)
-        while matched < longest and start > matched and memory[start - matched - 1] == tokens[end - matched - 1]:
-            matched += 1
+        matched = matched_before(self.tokens, start, tokens)
         if matched < MEMORY_KEY:  # another run with the same hash
             return None
-        guess = memory[start : start + k]
+        guess = self.tokens[start : start + k]
         if -1 in guess:
             guess = guess[: guess.index(-1)]
         return Guess(guess, matched) if guess else None
