@@ -32,6 +32,16 @@ class Run:
     tokens: int = 0
     ttft_by_round: dict[int, list[float]] = field(default_factory=dict)
     errors: int = 0
+    answers: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # as each server reports it (usage.prompt_tokens_details.cached_tokens)
+    draft_rows: int = 0  # guessed tokens decoded (magnitude's drafts; llama-server drafts none here)
+
+    @property
+    def rows(self) -> int:
+        """Tokens that went through llama_decode: the prompt tokens not taken from a cache, one row per
+        answer token but the last (it is sampled, never decoded), and the guessed tokens tried."""
+        return self.prompt_tokens - self.cached_tokens + self.tokens - self.answers + self.draft_rows
 
     @property
     def tokens_per_s(self) -> float:
@@ -42,8 +52,8 @@ class Run:
         return statistics.median(values) * 1000 if values else float("nan")
 
 
-def one_round(http: httpx.Client, url: str, messages: list[dict], max_tokens: int) -> tuple[float, int, str]:
-    """(TTFT seconds, tokens, answer text) of one streamed, greedy answer of exactly `max_tokens` tokens."""
+def one_round(http: httpx.Client, url: str, messages: list[dict], max_tokens: int) -> tuple[float, dict, str]:
+    """(TTFT seconds, usage, answer text) of one streamed, greedy answer of exactly `max_tokens` tokens."""
     body = {
         "messages": messages,
         "max_tokens": max_tokens,
@@ -53,7 +63,7 @@ def one_round(http: httpx.Client, url: str, messages: list[dict], max_tokens: in
         "stream_options": {"include_usage": True},
     }
     start = time.perf_counter()
-    ttft, text, tokens = None, [], 0
+    ttft, text, usage = None, [], {}
     with http.stream("POST", url + "/v1/chat/completions", json=body) as response:
         response.raise_for_status()
         for _, data in iter_sse(response.iter_lines()):
@@ -65,9 +75,8 @@ def one_round(http: httpx.Client, url: str, messages: list[dict], max_tokens: in
                 if piece:
                     ttft = ttft if ttft is not None else time.perf_counter() - start
                     text.append(piece)
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-    return (ttft if ttft is not None else time.perf_counter() - start), tokens, "".join(text)
+            usage = chunk.get("usage") or usage
+    return (ttft if ttft is not None else time.perf_counter() - start), usage, "".join(text)
 
 
 def run_workload(name: str, url: str, sessions: int, rounds: int, max_tokens: int) -> Run:
@@ -80,14 +89,17 @@ def run_workload(name: str, url: str, sessions: int, rounds: int, max_tokens: in
             for k in range(rounds):
                 messages.append({"role": "user", "content": session_message(i, k)})
                 try:
-                    ttft, tokens, answer = one_round(http, url, messages, max_tokens)
+                    ttft, usage, answer = one_round(http, url, messages, max_tokens)
                 except httpx.HTTPError:
                     with lock:
                         run.errors += 1
                     return
                 messages.append({"role": "assistant", "content": answer})
                 with lock:
-                    run.tokens += tokens
+                    run.tokens += usage["completion_tokens"]
+                    run.answers += 1
+                    run.prompt_tokens += usage["prompt_tokens"]
+                    run.cached_tokens += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
                     run.ttft_by_round.setdefault(k + 1, []).append(ttft)
 
     run.seconds = run_sessions(sessions, session)
@@ -117,6 +129,7 @@ def main() -> None:
                     rss[name] = server.rss_bytes()
                 else:
                     rss[name] = psutil.Process(server.proc.pid).memory_info().rss
+                    run.draft_rows = server.client.status()["draft_tokens_total"]
             finally:
                 server.close()
             print(f"run {repeat + 1}: {name}: {run.tokens_per_s:.1f} tok/s, errors {run.errors}", flush=True)
@@ -134,6 +147,9 @@ def main() -> None:
                 f"{run.ttft_p50(range(2, args.rounds + 1)):.0f}",
                 by_round,
                 f"{rss[name] / 2**20:.0f}",
+                f"{run.prompt_tokens - run.cached_tokens:,}",
+                f"{run.rows:,}",
+                f"{run.rows / run.seconds:.1f}",
                 run.errors,
                 f"{run.tokens_per_s / peer.tokens_per_s:.2f}×",
             ]
@@ -143,8 +159,14 @@ def main() -> None:
         f"{args.threads} threads, parallel 16, 8,192 cells (llama-server: -np 16 --kv-unified -c 8192); "
         f"best of {args.repeats} alternating runs"
     )
-    headers = ["server", "output tok/s", "TTFT p50 rounds 2+ ms", "TTFT p50 by round ms", "RSS MiB", "errors"]
+    headers = ["server", "output tok/s", "TTFT p50 rounds 2+ ms", "TTFT p50 by round ms", "RSS MiB"]
+    headers += ["prompt tokens computed", "rows decoded", "rows/s", "errors"]
     print(table([*headers, "vs llama-server"], rows))
+    print(
+        "rows decoded: prompt tokens computed + answer tokens decoded + guessed tokens tried, i.e. the work "
+        "each server did; rows/s is how fast the machine did it. Output tok/s is rows/s times the share of "
+        "rows that became answer tokens, so a server can only be faster at the same rows/s by doing less work."
+    )
 
 
 if __name__ == "__main__":
