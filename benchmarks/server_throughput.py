@@ -8,8 +8,11 @@ from 16 distinct ones, from `c` concurrent streaming clients, each sending its n
 its last answer is complete. llama-server runs as the conversation benchmark runs it (`-np` the
 largest level, `--kv-unified -c 8192`).
 
-Output tokens come from the stream's usage where the server reports it (magnitude), else from the
-number of content chunks (llama-cpp-python's server sends one per token).
+Output tokens come from the stream's usage where the server reports it (magnitude, llama-server),
+else from the number of content chunks (llama-cpp-python's server sends one per token). The work
+each server did is counted as in conversations.py: rows decoded = prompt tokens not taken from a
+cache (its own usage.prompt_tokens_details.cached_tokens) + one per answer token but the last +
+guessed tokens tried (our /status), and rows/s.
 
     pip install -e ".[bench]"
     python benchmarks/server_throughput.py [--levels 1,4,16] [--requests 32] [--max-tokens 64]
@@ -53,6 +56,15 @@ class Level:
     tokens: int
     seconds: float
     ttfts: list[float]
+    answers: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    draft_rows: int = 0
+
+    @property
+    def rows(self) -> int:
+        """Tokens through llama_decode (see the module doc)."""
+        return self.prompt_tokens - self.cached_tokens + self.tokens - self.answers + self.draft_rows
 
     @property
     def tokens_per_s(self) -> float:
@@ -85,7 +97,7 @@ async def wait_up(url: str, proc: subprocess.Popen) -> None:
     raise RuntimeError("server did not come up")
 
 
-async def one_request(http: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) -> tuple[int, float]:
+async def one_request(http: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) -> tuple[int, float, dict]:
     # llama-server (cpp-httplib) closes a kept-alive connection after a few requests; a request sent on
     # one it has just closed gets no response at all, and is sent again on a fresh connection.
     for attempt in range(3):
@@ -97,7 +109,7 @@ async def one_request(http: httpx.AsyncClient, url: str, prompt: str, max_tokens
     raise AssertionError("unreachable")
 
 
-async def _one_request(http: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) -> tuple[int, float]:
+async def _one_request(http: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) -> tuple[int, float, dict]:
     body = {
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
@@ -123,27 +135,31 @@ async def _one_request(http: httpx.AsyncClient, url: str, prompt: str, max_token
                     if ttft is None:
                         ttft = time.perf_counter() - start
     tokens = usage["completion_tokens"] if usage else chunks
-    return tokens, ttft if ttft is not None else time.perf_counter() - start
+    return tokens, ttft if ttft is not None else time.perf_counter() - start, usage or {}
 
 
 async def run_level(url: str, concurrency: int, requests: int, max_tokens: int) -> Level:
     queue: asyncio.Queue[str] = asyncio.Queue()
     for i in range(requests):
         queue.put_nowait(PROMPTS[i % len(PROMPTS)])
-    tokens, ttfts = [], []
+    tokens, ttfts, usages = [], [], []
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, limits=limits) as http:
 
         async def client() -> None:
             while not queue.empty():
                 prompt = queue.get_nowait()
-                n, ttft = await one_request(http, url, prompt, max_tokens)
+                n, ttft, usage = await one_request(http, url, prompt, max_tokens)
                 tokens.append(n)
                 ttfts.append(ttft)
+                usages.append(usage)
 
         start = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
-        return Level(sum(tokens), time.perf_counter() - start, ttfts)
+        level = Level(sum(tokens), time.perf_counter() - start, ttfts, answers=len(tokens))
+    level.prompt_tokens = sum(u.get("prompt_tokens", 0) for u in usages)
+    level.cached_tokens = sum((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) for u in usages)
+    return level
 
 
 async def measure(kind: str, args: argparse.Namespace, levels: list[int]) -> dict[int, Level]:
@@ -163,7 +179,13 @@ async def measure(kind: str, args: argparse.Namespace, levels: list[int]) -> dic
         if kind == "llama_cpp":
             await wait_up(url, proc)
         await run_level(url, 1, 1, 8)  # warm-up
-        return {c: await run_level(url, c, args.requests, args.max_tokens) for c in levels}
+        results = {}
+        for c in levels:
+            drafted = server.client.status()["draft_tokens_total"] if kind.startswith("magnitude") else 0
+            results[c] = await run_level(url, c, args.requests, args.max_tokens)
+            if kind.startswith("magnitude"):
+                results[c].draft_rows = server.client.status()["draft_tokens_total"] - drafted
+        return results
     finally:
         stop()
 
@@ -215,6 +237,8 @@ def main() -> None:
                     result.tokens,
                     f"{result.seconds:.1f}",
                     f"{result.tokens_per_s:.1f}",
+                    f"{result.rows:,}" if result.prompt_tokens else "-",
+                    f"{result.rows / result.seconds:.1f}" if result.prompt_tokens else "-",
                     f"{result.ttft_pct(50):.0f}",
                     f"{result.ttft_pct(95):.0f}",
                     f"{result.tokens_per_s / peer[c].tokens_per_s:.2f}×",
@@ -234,6 +258,8 @@ def main() -> None:
                 "output tokens",
                 "seconds",
                 "output tok/s",
+                "rows decoded",
+                "rows/s",
                 "TTFT p50 ms",
                 "TTFT p95 ms",
                 "tok/s vs llama-server",
