@@ -45,6 +45,13 @@ PROMPTS = [
 NO_DRAFTS = "engine:\n  draft_tokens: 0\n"  # a config for `magnitude serve` without prompt-lookup drafts
 
 
+def rows_decoded(prompt_tokens: int, cached_tokens: int, answer_tokens: int, answers: int, draft_rows: int) -> int:
+    """Tokens that went through llama_decode: the prompt tokens not taken from a cache (as the server
+    reports them), one row per answer token but the last (it is sampled, never decoded), and the
+    guessed tokens tried (ours; llama-server drafts none in these benchmarks)."""
+    return prompt_tokens - cached_tokens + answer_tokens - answers + draft_rows
+
+
 def table(headers: list[str], rows: list[list[object]]) -> str:
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]

@@ -19,7 +19,16 @@ from dataclasses import dataclass, field
 
 import httpx
 import psutil
-from _common import NO_DRAFTS, TOKEN, LlamaServer, MagnitudeServer, run_sessions, session_arguments, table
+from _common import (
+    NO_DRAFTS,
+    TOKEN,
+    LlamaServer,
+    MagnitudeServer,
+    rows_decoded,
+    run_sessions,
+    session_arguments,
+    table,
+)
 
 from magnitude_jupyter.calibrate.workflow import SYSTEM, session_message
 from magnitude_jupyter.client import iter_sse
@@ -39,9 +48,7 @@ class Run:
 
     @property
     def rows(self) -> int:
-        """Tokens that went through llama_decode: the prompt tokens not taken from a cache, one row per
-        answer token but the last (it is sampled, never decoded), and the guessed tokens tried."""
-        return self.prompt_tokens - self.cached_tokens + self.tokens - self.answers + self.draft_rows
+        return rows_decoded(self.prompt_tokens, self.cached_tokens, self.tokens, self.answers, self.draft_rows)
 
     @property
     def tokens_per_s(self) -> float:

@@ -44,6 +44,7 @@ from _common import (
     MagnitudeServer,
     find_llama_server,
     free_port,
+    rows_decoded,
     stop_process,
     table,
 )
@@ -63,8 +64,7 @@ class Level:
 
     @property
     def rows(self) -> int:
-        """Tokens through llama_decode (see the module doc)."""
-        return self.prompt_tokens - self.cached_tokens + self.tokens - self.answers + self.draft_rows
+        return rows_decoded(self.prompt_tokens, self.cached_tokens, self.tokens, self.answers, self.draft_rows)
 
     @property
     def tokens_per_s(self) -> float:
