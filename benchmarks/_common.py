@@ -45,6 +45,11 @@ PROMPTS = [
 NO_DRAFTS = "engine:\n  draft_tokens: 0\n"  # a config for `magnitude serve` without prompt-lookup drafts
 
 
+def cached_of(usage: dict | None) -> int:
+    """The prompt tokens a server says it took from its cache (OpenAI's usage.prompt_tokens_details)."""
+    return int(((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+
 def rows_decoded(prompt_tokens: int, cached_tokens: int, answer_tokens: int, answers: int, draft_rows: int) -> int:
     """Tokens that went through llama_decode: the prompt tokens not taken from a cache (as the server
     reports them), one row per answer token but the last (it is sampled, never decoded), and the

@@ -29,7 +29,7 @@ import httpx
 import jsonschema
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import TOKEN, LlamaServer, MagnitudeServer, run_sessions, session_arguments, table
+from _common import TOKEN, LlamaServer, MagnitudeServer, cached_of, run_sessions, session_arguments, table
 
 from magnitude_jupyter.agent import answer_call, tool_message
 from magnitude_jupyter.calibrate.agent_tools import agent_task
@@ -107,10 +107,6 @@ def one_round(http: httpx.Client, url: str, messages: list[dict], choice: str, m
                 function = {"name": call.name, "arguments": call.arguments}
                 result.tool_calls.append({"id": f"call_{i}", "type": "function", "function": function})
     return elapsed, result
-
-
-def cached_of(usage: dict) -> int:
-    return int(((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
 
 
 def run_workload(name: str, url: str, sessions: int, rounds: int, max_tokens: int, client_side: bool) -> Run:

@@ -24,6 +24,7 @@ from _common import (
     TOKEN,
     LlamaServer,
     MagnitudeServer,
+    cached_of,
     rows_decoded,
     run_sessions,
     session_arguments,
@@ -106,7 +107,7 @@ def run_workload(name: str, url: str, sessions: int, rounds: int, max_tokens: in
                     run.tokens += usage["completion_tokens"]
                     run.answers += 1
                     run.prompt_tokens += usage["prompt_tokens"]
-                    run.cached_tokens += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                    run.cached_tokens += cached_of(usage)
                     run.ttft_by_round.setdefault(k + 1, []).append(ttft)
 
     run.seconds = run_sessions(sessions, session)

@@ -42,6 +42,7 @@ from _common import (
     TOKEN,
     LlamaServer,
     MagnitudeServer,
+    cached_of,
     find_llama_server,
     free_port,
     rows_decoded,
@@ -158,11 +159,17 @@ async def run_level(url: str, concurrency: int, requests: int, max_tokens: int) 
         await asyncio.gather(*(client() for _ in range(concurrency)))
         level = Level(sum(tokens), time.perf_counter() - start, ttfts, answers=len(tokens))
     level.prompt_tokens = sum(u.get("prompt_tokens", 0) for u in usages)
-    level.cached_tokens = sum((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) for u in usages)
+    level.cached_tokens = sum(cached_of(u) for u in usages)
     return level
 
 
+def draft_tokens_total(server: MagnitudeServer | None) -> int:
+    """Guessed tokens our server has tried so far (the peers draft none)."""
+    return server.client.status()["draft_tokens_total"] if server is not None else 0
+
+
 async def measure(kind: str, args: argparse.Namespace, levels: list[int]) -> dict[int, Level]:
+    server = None
     if kind in ("magnitude", "magnitude-no-drafts"):
         config = NO_DRAFTS if kind == "magnitude-no-drafts" else ""
         server = MagnitudeServer(config, parallel=max(levels), threads=args.threads)  # returns once loaded
@@ -181,10 +188,9 @@ async def measure(kind: str, args: argparse.Namespace, levels: list[int]) -> dic
         await run_level(url, 1, 1, 8)  # warm-up
         results = {}
         for c in levels:
-            drafted = server.client.status()["draft_tokens_total"] if kind.startswith("magnitude") else 0
+            drafted = draft_tokens_total(server)
             results[c] = await run_level(url, c, args.requests, args.max_tokens)
-            if kind.startswith("magnitude"):
-                results[c].draft_rows = server.client.status()["draft_tokens_total"] - drafted
+            results[c].draft_rows = draft_tokens_total(server) - drafted
         return results
     finally:
         stop()
