@@ -50,11 +50,31 @@ def cached_of(usage: dict | None) -> int:
     return int(((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
 
 
-def rows_decoded(prompt_tokens: int, cached_tokens: int, answer_tokens: int, answers: int, draft_rows: int) -> int:
+def rows_decoded(prompt_tokens: int, cached_tokens: int, answer_tokens: int, answers: int, refused: int) -> int:
     """Tokens that went through llama_decode: the prompt tokens not taken from a cache (as the server
-    reports them), one row per answer token but the last (it is sampled, never decoded), and the
-    guessed tokens tried (ours; llama-server drafts none in these benchmarks)."""
-    return prompt_tokens - cached_tokens + answer_tokens - answers + draft_rows
+    reports them), one row per answer token but the last (it is sampled, never decoded; a guessed
+    token the picks confirmed is one of these), and the guessed tokens the picks refused (ours;
+    llama-server drafts none in these benchmarks). Our server counts the same rows itself (/status
+    `steps`); this form works for any server's `usage`."""
+    return prompt_tokens - cached_tokens + answer_tokens - answers + refused
+
+
+def refused_drafts(status: dict) -> int:
+    """Guessed tokens our server decoded that its picks did not confirm, from /status."""
+    return int(status["draft_tokens_total"]) - int(status["draft_accepted_total"])
+
+
+def step_split(before: dict | None, after: dict) -> str:
+    """Our engine thread per llama_decode call between two /status `steps` readings: ms inside it, ms
+    of the rest of the step (planning, sampling, events), and the rows a call computed."""
+    before = before or {"decode_calls": 0, "decode_rows": 0, "decode_seconds": 0.0, "step_seconds": 0.0}
+    calls = after["decode_calls"] - before["decode_calls"]
+    if not calls:
+        return "-"
+    decode = after["decode_seconds"] - before["decode_seconds"]
+    rest = after["step_seconds"] - before["step_seconds"] - decode
+    rows = after["decode_rows"] - before["decode_rows"]
+    return f"{decode / calls * 1000:.2f} + {rest / calls * 1000:.2f} ms × {calls:,} ({rows / calls:.1f} rows)"
 
 
 def table(headers: list[str], rows: list[list[object]]) -> str:

@@ -25,9 +25,11 @@ from _common import (
     LlamaServer,
     MagnitudeServer,
     cached_of,
+    refused_drafts,
     rows_decoded,
     run_sessions,
     session_arguments,
+    step_split,
     table,
 )
 
@@ -45,11 +47,12 @@ class Run:
     answers: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0  # as each server reports it (usage.prompt_tokens_details.cached_tokens)
-    draft_rows: int = 0  # guessed tokens decoded (magnitude's drafts; llama-server drafts none here)
+    refused: int = 0  # guessed tokens decoded and refused (magnitude's drafts; llama-server drafts none here)
+    steps: str = "-"  # our engine thread per llama_decode call (/status steps)
 
     @property
     def rows(self) -> int:
-        return rows_decoded(self.prompt_tokens, self.cached_tokens, self.tokens, self.answers, self.draft_rows)
+        return rows_decoded(self.prompt_tokens, self.cached_tokens, self.tokens, self.answers, self.refused)
 
     @property
     def tokens_per_s(self) -> float:
@@ -137,7 +140,9 @@ def main() -> None:
                     rss[name] = server.rss_bytes()
                 else:
                     rss[name] = psutil.Process(server.proc.pid).memory_info().rss
-                    run.draft_rows = server.client.status()["draft_tokens_total"]
+                    status = server.client.status()
+                    run.refused = refused_drafts(status)
+                    run.steps = step_split(None, status["steps"])
             finally:
                 server.close()
             print(f"run {repeat + 1}: {name}: {run.tokens_per_s:.1f} tok/s, errors {run.errors}", flush=True)
@@ -159,6 +164,7 @@ def main() -> None:
                 f"{run.rows:,}",
                 f"{run.rows / run.seconds:.1f}",
                 run.errors,
+                run.steps,
                 f"{run.tokens_per_s / peer.tokens_per_s:.2f}×",
             ]
         )
@@ -168,12 +174,14 @@ def main() -> None:
         f"best of {args.repeats} alternating runs"
     )
     headers = ["server", "output tok/s", "TTFT p50 rounds 2+ ms", "TTFT p50 by round ms", "RSS MiB"]
-    headers += ["prompt tokens computed", "rows decoded", "rows/s", "errors"]
+    headers += ["prompt tokens computed", "rows decoded", "rows/s", "errors", "our llama_decode + rest per call"]
     print(table([*headers, "vs llama-server"], rows))
     print(
-        "rows decoded: prompt tokens computed + answer tokens decoded + guessed tokens tried, i.e. the work "
-        "each server did; rows/s is how fast the machine did it. Output tok/s is rows/s times the share of "
-        "rows that became answer tokens, so a server can only be faster at the same rows/s by doing less work."
+        "rows decoded: prompt tokens computed + answer tokens decoded + guessed tokens refused, i.e. the work "
+        "each server did; rows/s is how fast the machine did it. A prompt row costs a fraction of an answer "
+        "row (one matrix product fills many), so rows/s only compares servers whose mix of the two is alike. "
+        "The last column splits our engine thread's time per llama_decode call (/status steps): inside it, "
+        "and the rest of the step (planning, sampling, events)."
     )
 
 

@@ -12,7 +12,8 @@ Output tokens come from the stream's usage where the server reports it (magnitud
 else from the number of content chunks (llama-cpp-python's server sends one per token). The work
 each server did is counted as in conversations.py: rows decoded = prompt tokens not taken from a
 cache (its own usage.prompt_tokens_details.cached_tokens) + one per answer token but the last +
-guessed tokens tried (our /status), and rows/s.
+guessed tokens refused (our /status), and rows/s; for our server, its engine thread's time per
+llama_decode call (/status steps): inside the call, and the rest of the step.
 
     pip install -e ".[bench]"
     python benchmarks/server_throughput.py [--levels 1,4,16] [--requests 32] [--max-tokens 64]
@@ -45,7 +46,9 @@ from _common import (
     cached_of,
     find_llama_server,
     free_port,
+    refused_drafts,
     rows_decoded,
+    step_split,
     stop_process,
     table,
 )
@@ -61,11 +64,12 @@ class Level:
     answers: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
-    draft_rows: int = 0
+    refused: int = 0  # guessed tokens decoded and refused (ours; the peers draft none)
+    steps: str = "-"  # our engine thread per llama_decode call (/status steps)
 
     @property
     def rows(self) -> int:
-        return rows_decoded(self.prompt_tokens, self.cached_tokens, self.tokens, self.answers, self.draft_rows)
+        return rows_decoded(self.prompt_tokens, self.cached_tokens, self.tokens, self.answers, self.refused)
 
     @property
     def tokens_per_s(self) -> float:
@@ -163,9 +167,9 @@ async def run_level(url: str, concurrency: int, requests: int, max_tokens: int) 
     return level
 
 
-def draft_tokens_total(server: MagnitudeServer | None) -> int:
-    """Guessed tokens our server has tried so far (the peers draft none)."""
-    return server.client.status()["draft_tokens_total"] if server is not None else 0
+def our_status(server: MagnitudeServer | None) -> dict | None:
+    """Our server's /status (its draft and step counts); None for the peers."""
+    return server.client.status() if server is not None else None
 
 
 async def measure(kind: str, args: argparse.Namespace, levels: list[int]) -> dict[int, Level]:
@@ -188,9 +192,12 @@ async def measure(kind: str, args: argparse.Namespace, levels: list[int]) -> dic
         await run_level(url, 1, 1, 8)  # warm-up
         results = {}
         for c in levels:
-            drafted = draft_tokens_total(server)
+            before = our_status(server)
             results[c] = await run_level(url, c, args.requests, args.max_tokens)
-            results[c].draft_rows = draft_tokens_total(server) - drafted
+            after = our_status(server)
+            if before is not None and after is not None:
+                results[c].refused = refused_drafts(after) - refused_drafts(before)
+                results[c].steps = step_split(before["steps"], after["steps"])
         return results
     finally:
         stop()
@@ -247,6 +254,7 @@ def main() -> None:
                     f"{result.rows / result.seconds:.1f}" if result.prompt_tokens else "-",
                     f"{result.ttft_pct(50):.0f}",
                     f"{result.ttft_pct(95):.0f}",
+                    result.steps,
                     f"{result.tokens_per_s / peer[c].tokens_per_s:.2f}×",
                     f"{result.ttft_pct(50) / peer[c].ttft_pct(50):.2f}×",
                 ]
@@ -268,6 +276,7 @@ def main() -> None:
                 "rows/s",
                 "TTFT p50 ms",
                 "TTFT p95 ms",
+                "our llama_decode + rest per call",
                 "tok/s vs llama-server",
                 "TTFT p50 vs llama-server",
             ],

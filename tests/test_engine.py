@@ -285,3 +285,25 @@ def test_an_evicted_conversation_comes_back_from_ram_as_if_it_never_left():
     # The same next token. Not the same logits to the last bit: where cells sit in the shared cache
     # changes how llama.cpp's attention groups them (the restore itself is exact: test_runner.py).
     assert restored.token == kept.token
+
+
+def test_step_counts_account_for_every_row_llama_decode_computed(engine):
+    before = engine.stats()
+    result = chat(engine, [{"role": "user", "content": "Count from one to twenty, in words."}], 24, ignore_eos=True)
+    after = engine.stats()
+    assert before.steps is not None and after.steps is not None
+    usage = result.usage
+    computed_prompt = usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
+    refused = (after.draft_tokens_total - after.draft_accepted_total) - (
+        before.draft_tokens_total - before.draft_accepted_total
+    )
+    rows = after.steps.decode_rows - before.steps.decode_rows
+    assert after.steps.decode_prompt_rows - before.steps.decode_prompt_rows == computed_prompt
+    # every answer token but the last is decoded once (the last is sampled, never decoded; a guess the
+    # picks confirmed is one of them), plus the guesses they refused
+    assert rows == computed_prompt + usage["completion_tokens"] - 1 + refused
+    calls = after.steps.decode_calls - before.steps.decode_calls
+    assert 1 <= calls <= rows
+    decode_s = after.steps.decode_seconds - before.steps.decode_seconds
+    step_s = after.steps.step_seconds - before.steps.step_seconds
+    assert 0 < decode_s <= step_s

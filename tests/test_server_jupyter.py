@@ -109,6 +109,16 @@ async def test_non_streaming_and_errors_in_openai_shape(jp_fetch, jp_serverapp):
     assert json.loads(info.value.response.body)["error"]["param"] == "max_tokens"
     metrics = (await jp_fetch("magnitude", "metrics")).body.decode()
     assert "magnitude_generation_tokens_total" in metrics
+    # where the engine thread's time goes: rows and seconds inside llama_decode, and whole steps
+    values = {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith(("magnitude_decode_", "magnitude_step_seconds"))
+    }
+    assert values["magnitude_decode_rows_total"] >= values["magnitude_decode_calls_total"] >= 1
+    assert 0 < values["magnitude_decode_seconds_total"] <= values["magnitude_step_seconds_total"]
+    status = json.loads((await jp_fetch("magnitude", "status")).body)
+    assert status["steps"]["decode_rows"] == values["magnitude_decode_rows_total"]
 
 
 async def test_the_calibration_notebook_is_copied_from_the_package_once(jp_fetch, jp_serverapp, jp_root_dir):

@@ -431,6 +431,7 @@ class Engine:
             draft_tokens_total=self.metrics.draft_tokens_total,
             draft_accepted_total=self.metrics.draft_accepted_total,
             drafts=drafts,
+            steps=self.metrics.step_counts(),
             uptime_s=round(now - self._started_at, 1),
             live=live,
             recent=recent,
@@ -505,6 +506,7 @@ class Engine:
                 if cancelled:
                     self._notify_step()
                 continue
+            step_started = time.perf_counter()
             try:
                 self._apply_kv_ops(runner, out.kv_ops)
                 for request in out.admitted:
@@ -518,6 +520,8 @@ class Engine:
                 continue
             with self._lock:
                 self._end_sequences(runner, self._update(out, sampled))
+                # Under the lock: a caller woken by this step's last event reads stats() after it.
+                self.metrics.record_step_time(time.perf_counter() - step_started)
             self._notify_step()
 
     def _apply_kv_ops(self, runner: Runner, ops: list[KVOp]) -> None:
@@ -539,16 +543,22 @@ class Engine:
         groups = ([out.batched] if out.batched else []) + [[chunk] for chunk in out.solo]
         for group in groups:
             items = [chunk.item() for chunk in group]
+            n_rows = sum(len(item.tokens) for item in items)
+            prompt_rows = sum(len(chunk.tokens) for chunk in group if not chunk.request.prompt_done)
+            started = time.perf_counter()
             if group is out.batched:
-                started = time.perf_counter()
                 rows = runner.decode(items)
+                seconds = time.perf_counter() - started
                 # Only steps of decode rows teach the policy what a draft row costs: prompt rows are
                 # cheaper per token (they fill the step in one matrix product) and would hide the price.
                 drafts = self.scheduler.drafts if self.scheduler is not None else None
                 if drafts is not None and out.decodes_only:
-                    drafts.cost.observe(sum(len(item.tokens) for item in items), time.perf_counter() - started)
+                    drafts.cost.observe(n_rows, seconds)
             else:
                 rows = self._decode_solo_step(runner, items)
+                seconds = time.perf_counter() - started
+            if n_rows:
+                self.metrics.record_decode(n_rows, prompt_rows, seconds)
             for chunk, row in zip(group, rows, strict=True):
                 picks: list[Sampled] = []
                 if row is not None:

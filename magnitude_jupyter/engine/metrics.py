@@ -36,6 +36,18 @@ class Histogram:
         return out
 
 
+@dataclass(frozen=True)
+class StepCounts:
+    """The engine thread's work so far: llama_decode calls, the rows they computed (prompt rows among
+    them), the seconds inside them, and the seconds of whole steps (plan, decode, sampling, events)."""
+
+    decode_calls: int
+    decode_rows: int
+    decode_prompt_rows: int
+    decode_seconds: float
+    step_seconds: float
+
+
 class EngineMetrics:
     def __init__(self, window_seconds: float = 10.0) -> None:
         self._lock = threading.Lock()
@@ -45,6 +57,14 @@ class EngineMetrics:
         self.generation_tokens_total = 0
         self.draft_tokens_total = 0  # prompt-lookup draft tokens decoded (speculate.py) ...
         self.draft_accepted_total = 0  # ... and confirmed by the model's own picks
+        # Where the engine thread's time goes: the llama_decode calls (and the rows they computed,
+        # prompt rows apart: on CPU they cost a fraction of an answer row each), and whole steps, from
+        # the plan to the step's events. Their difference is the engine's own cost per step.
+        self.decode_calls_total = 0
+        self.decode_rows_total = 0
+        self.decode_prompt_rows_total = 0
+        self.decode_seconds_total = 0.0
+        self.step_seconds_total = 0.0
         self.ttft = Histogram()
         self.e2e = Histogram()
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated in that step)
@@ -61,6 +81,27 @@ class EngineMetrics:
         with self._lock:
             self.draft_tokens_total += drafted
             self.draft_accepted_total += accepted
+
+    def record_decode(self, rows: int, prompt_rows: int, seconds: float) -> None:
+        with self._lock:
+            self.decode_calls_total += 1
+            self.decode_rows_total += rows
+            self.decode_prompt_rows_total += prompt_rows
+            self.decode_seconds_total += seconds
+
+    def record_step_time(self, seconds: float) -> None:
+        with self._lock:
+            self.step_seconds_total += seconds
+
+    def step_counts(self) -> StepCounts:
+        with self._lock:
+            return StepCounts(
+                self.decode_calls_total,
+                self.decode_rows_total,
+                self.decode_prompt_rows_total,
+                round(self.decode_seconds_total, 6),
+                round(self.step_seconds_total, 6),
+            )
 
     def _trim(self, now: float) -> None:
         while self._recent and now - self._recent[0][0] > self.window_seconds:

@@ -7,6 +7,7 @@ from typing import Any
 
 import psutil
 
+from .metrics import StepCounts
 from .request import Request
 from .scheduler import SchedulerStats
 
@@ -82,6 +83,7 @@ class EngineStats:
     draft_tokens_total: int = 0  # prompt-lookup drafts decoded (speculate.py) ...
     draft_accepted_total: int = 0  # ... and confirmed
     drafts: dict[str, Any] | None = None  # what the draft policy measured (DraftPolicy.snapshot), if drafting
+    steps: StepCounts | None = None  # where the engine thread's time went (metrics.StepCounts)
 
 
 def rss_bytes() -> int:

@@ -65,6 +65,15 @@ class PoolCollector:
                 "Draft tokens the model's own greedy picks confirmed.",
                 metrics.draft_accepted_total,
             ),
+            ("magnitude_decode_calls", "llama_decode calls.", metrics.decode_calls_total),
+            ("magnitude_decode_rows", "Rows llama_decode computed: prompt, answer, draft.", metrics.decode_rows_total),
+            ("magnitude_decode_prompt_rows", "Prompt rows among them.", metrics.decode_prompt_rows_total),
+            ("magnitude_decode_seconds", "Seconds inside llama_decode.", metrics.decode_seconds_total),
+            (
+                "magnitude_step_seconds",
+                "Seconds of whole engine steps: plan, llama_decode, sampling, events.",
+                metrics.step_seconds_total,
+            ),
             (
                 "magnitude_prompt_cache_lookup_tokens",
                 "Prompt tokens of admitted requests that could use the prefix cache.",
