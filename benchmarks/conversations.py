@@ -178,8 +178,8 @@ def main() -> None:
     print(table([*headers, "vs llama-server"], rows))
     print(
         "rows decoded: prompt tokens computed + answer tokens decoded + guessed tokens refused, i.e. the work "
-        "each server did; rows/s is how fast the machine did it. A prompt row costs a fraction of an answer "
-        "row (one matrix product fills many), so rows/s only compares servers whose mix of the two is alike. "
+        "each server did; rows/s is how fast the machine did it. A prompt row costs less than an answer row "
+        "(llama-batched-bench: S_PP above S_TG), so rows/s only compares servers whose mix of the two is alike. "
         "The last column splits our engine thread's time per llama_decode call (/status steps): inside it, "
         "and the rest of the step (planning, sampling, events)."
     )
