@@ -17,6 +17,7 @@ import httpx
 import psutil
 
 from magnitude_jupyter.client import Client
+from magnitude_jupyter.engine.runner import repack_weights
 from magnitude_jupyter.models import bundled_model_path
 from magnitude_jupyter.runtime import LocalServer
 
@@ -110,7 +111,7 @@ class LlamaServer:
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [binary, "-m", str(bundled_model_path()), "--host", "127.0.0.1", "--port", str(self.port)]
         cmd += ["-np", str(parallel), "--kv-unified", "-c", str(ctx_size), "-t", str(threads), "--api-key", TOKEN]
-        cmd += extra_args
+        cmd += peer_repack_args() + list(extra_args)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -128,6 +129,12 @@ class LlamaServer:
 
     def close(self) -> None:
         stop_process(self.proc)
+
+
+def peer_repack_args() -> list[str]:
+    """llama-server's weight layout as ours (engine/runner.py `repack_weights`): where our build turns
+    repacking off (its AMX kernels crash; the peer's, built from the same sources, too), so does the peer."""
+    return [] if repack_weights(None) else ["--no-repack"]
 
 
 def find_llama_server(given: str | None) -> str | None:

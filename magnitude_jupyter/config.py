@@ -59,6 +59,9 @@ class EngineSettings:
     memory_budget: int | float | str | None = None
     mlock: bool = False  # keep the weights in RAM (llama.cpp's use_mlock)
     mmap: bool | None = None  # map the weights from the file (None: llama.cpp's choice, mmap on CPU)
+    # llama.cpp's extra layouts for the weights (CPU repacking, AMX tiles). None: on, unless this build
+    # compiled llama.cpp's AMX kernels, which crash (engine/runner.py `repack_weights`).
+    repack: bool | None = None
 
     def __post_init__(self) -> None:
         if self.ctx_size != "auto" and (
@@ -79,6 +82,8 @@ class EngineSettings:
             raise ConfigError(
                 f"engine settings 'mlock' and 'mmap' must be true or false, got {self.mlock!r}, {self.mmap!r}"
             )
+        if not (self.repack is None or isinstance(self.repack, bool)):
+            raise ConfigError(f"engine setting 'repack' must be true, false or null, got {self.repack!r}")
         if not isinstance(self.prefix_reuse, bool):
             raise ConfigError(f"engine setting 'prefix_reuse' must be true or false, got {self.prefix_reuse!r}")
         if not isinstance(self.prefix_cache_ram_mib, int) or self.prefix_cache_ram_mib < 0:

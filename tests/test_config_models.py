@@ -120,3 +120,12 @@ def test_unbatched_weights_share():
     share, types = dataclasses.replace(info, weight_types={"Q4_1": 30, "Q6_K": 10, "Q4_K": 60}).unbatched_weights()
     assert share == 0.4 and types == ["Q4_1", "Q6_K"]
     assert dataclasses.replace(info, weight_types={}).unbatched_weights() == (0.0, [])
+
+
+def test_repack_takes_true_false_or_null(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("engine:\n  repack: false\n")
+    assert load_settings(path, environ={}).engine.repack is False
+    path.write_text("engine:\n  repack: sometimes\n")
+    with pytest.raises(ConfigError, match="'repack' must be true, false or null"):
+        load_settings(path, environ={})

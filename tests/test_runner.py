@@ -6,11 +6,15 @@ and among others; a sequence-id, position or logits-row mix-up would make them d
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import llama_cpp
 import numpy as np
 import pytest
 
 from magnitude_jupyter.engine.request import SamplingParams
-from magnitude_jupyter.engine.runner import LlamaRunner
+from magnitude_jupyter.engine.runner import LlamaRunner, repack_weights
 from magnitude_jupyter.engine.scheduler import DecodeItem
 
 pytestmark = pytest.mark.model
@@ -157,3 +161,30 @@ def test_a_saved_sequence_restores_bit_for_bit(model_path):
         assert np.array_equal(original, restored)
     finally:
         r.close()
+
+
+def test_repack_setting_wins_and_its_default_avoids_the_builds_amx_kernels():
+    amx_built = b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
+    assert repack_weights(None) is not amx_built
+    assert repack_weights(True) is True and repack_weights(False) is False
+
+
+def test_a_long_prompt_decodes_with_the_default_settings(model_path):
+    """On a CPU with AMX, the pinned llama.cpp's AMX kernels die of SIGILL on the first matrix product
+    of 32 rows or more (runner.repack_weights): a child process decodes such a prompt, so a crash
+    fails this test instead of ending the test run."""
+    script = f"""
+from magnitude_jupyter.engine.request import SamplingParams
+from magnitude_jupyter.engine.runner import LlamaRunner
+from magnitude_jupyter.engine.scheduler import DecodeItem
+r = LlamaRunner({str(model_path)!r}, n_ctx=1024, n_seq_max=2, n_batch=512, n_threads=2)
+tokens = r.tokenize("A long prompt for a wide matrix product. " * 12)
+assert len(tokens) >= 64, len(tokens)
+r.start_sequence(0, SamplingParams(temperature=0), tokens)
+(row,) = r.decode([DecodeItem(0, tokens, 0, True)])
+print("next token", r.sample(0, row), "repack", r.repack)
+r.close()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+    assert "next token" in done.stdout

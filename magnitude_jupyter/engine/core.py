@@ -192,6 +192,7 @@ class Engine:
             cache_types=es.kv_types,
             mlock=es.mlock,
             mmap=es.mmap,
+            repack=es.repack,
             verbose=self._verbose,
         )
 
@@ -443,6 +444,9 @@ class Engine:
         try:
             self.runner = self._runner_factory(self.engine_settings)
             trained = getattr(self.runner, "n_ctx_train", 0) or None
+            if self.engine_settings.repack is None and hasattr(self.runner, "repack"):
+                # What it runs with, as ctx_size auto is shown resolved (/v1/models).
+                self.engine_settings = replace(self.engine_settings, repack=self.runner.repack)
             es = self.engine_settings
             # threads: 0 (the default) follows what other processes leave free; a number is fixed.
             self.governor = ThreadGovernor(es.n_threads) if es.threads == 0 else None

@@ -62,6 +62,21 @@ def gpu_offload_supported() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
+def repack_weights(setting: bool | None) -> bool:
+    """Whether llama.cpp may lay the weights out in its extra CPU buffer types (repacked blocks, AMX
+    tiles): the `repack` setting, or by default on, unless this build compiled llama.cpp's AMX kernels.
+
+    The pinned llama.cpp builds its AMX tile configuration on the stack, and GCC (12, Debian's and
+    this project's CI) drops the stores that fill it in, so the first matrix product of 32 rows or
+    more (any prompt that long) dies of SIGILL on a CPU with AMX (llama.cpp PR 26954). The CPU's
+    plain AVX-512 kernels compute the same products; repacking also covers Q4_0/Q4_K layouts, which
+    a build with working AMX (`repack: true`) keeps.
+    """
+    if setting is not None:
+        return setting
+    return b"AMX_INT8 = 1" not in llama_cpp.llama_print_system_info()
+
+
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 MMAP_THRESHOLD_BYTES = 1 << 20
 
@@ -104,12 +119,17 @@ class LlamaRunner:
         cache_types: tuple[str, str] = ("f16", "f16"),
         mlock: bool = False,
         mmap: bool | None = None,
+        repack: bool | None = None,
         verbose: bool = False,
     ) -> None:
         _init_backend(verbose)
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = gpu_layers
         mparams.load_mode = load_mode(mlock, mmap)
+        self.repack = repack_weights(repack)
+        mparams.use_extra_bufts = self.repack
+        if repack is None and not self.repack:
+            log.info("weight repacking off: this build has llama.cpp's AMX kernels, which crash (engine.repack)")
         if gpu_layers and not gpu_offload_supported():
             log.warning("gpu_layers=%d ignored: this build of llama-cpp-python has no GPU support", gpu_layers)
         self.model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), mparams)
