@@ -26,7 +26,10 @@ from .request import FinishReason, Priority, Request, RequestStatus
 from .speculate import AnswerMemory, Guess, NgramIndex
 
 CACHE_KEY = "<prefix cache>"  # the cache's cells in the KV budget
-RAM_RESTORE_GAIN = 16  # restore a saved entry when it covers at least this many more prompt tokens
+# Restore a saved entry when it covers at least this many more prompt tokens than the tree: a restore
+# (and the save when it goes idle again) costs about 40 us a cell, a few ms for a chat prompt and its
+# answer, less than one prompt row computes in (benchmarks/idle_cells.py, ram_tier.py).
+RAM_RESTORE_GAIN = 2
 
 # llama.cpp's CPU flash attention runs prompt chunks of 64 tokens or more in KV tiles, grouping a
 # sequence's cells by where they sit in the shared cache; below that it visits them one by one, in
