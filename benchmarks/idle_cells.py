@@ -1,4 +1,4 @@
-"""What idle KV cells cost, and when moving them to host RAM pays (prefix_cache.SPILL_AFTER_ROWS).
+"""What idle KV cells cost, and when moving them to host RAM would pay (the prefix cache's idle entries).
 
 One context as the server sizes it (8,192 cells, 16 request slots + 64 cache sequences): 16
 sequences decode one token each per step, beside 0, 950, 1,900 or 3,800 cells that other sequences
@@ -114,7 +114,7 @@ def main() -> None:
     print(
         f"save {save_us:.1f} + restore {restore_us:.1f} us per cell; holding {hold:.3f} us per cell per row: "
         f"moving an idle entry pays after {(save_us + restore_us) / hold:.0f} rows "
-        "(prefix_cache.SPILL_AFTER_ROWS is 64)"
+        "(a trial moved them after 64: see the README)"
     )
 
 

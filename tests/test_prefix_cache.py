@@ -6,7 +6,6 @@ import random
 
 from magnitude_jupyter.engine.core import apply_kv_ops
 from magnitude_jupyter.engine.prefix_cache import (
-    SPILL_AFTER_ROWS,
     KVOp,
     PrefixCache,
 )
@@ -142,34 +141,3 @@ def test_random_workloads_keep_the_tree_exact():
             ):
                 apply(runner, cache, ops)
         check(runner, cache)
-
-
-def test_an_idle_entry_moves_to_the_ram_tier_and_a_shared_or_used_one_stays():
-    runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 20), ram_bytes=1 << 20)
-    system = list(range(1, 21))
-    idle, busy, running = system + list(range(100, 140)), system + list(range(200, 240)), [*system, 7, 8, 9]
-    for tokens in (idle, busy, running):
-        finish(runner, cache, tokens)
-    pins = [(running, len(running))]  # a request runs on the third entry's cells
-    ops: list[KVOp] = []
-    assert cache.spill_idle(SPILL_AFTER_ROWS - 10, ops, pins) == 0  # not idle for long enough yet
-    cache.touch(cache.match(busy, 999))  # the second one is used again meanwhile
-    assert cache.spill_idle(20, ops, pins) == 1
-    apply(runner, cache, ops)
-    assert runner.saved == 1 and cache.spilled_entries == 1 and len(cache.ram.entries) == 1
-    assert cache.match(idle, 999).length == len(system) and cache.match(busy, 999).length == len(busy)
-    assert cache.match(running, 999).length == len(running)  # pinned: idle as long, and kept
-    check(runner, cache)
-    tokens, n = cache.ram.best([*idle, 5], 999)
-    assert n == len(idle) and cache.restore(tokens, cache.ram.pop(tokens), ops)
-    apply(runner, cache, ops)
-    assert cache.match(idle, 999).length == len(idle)
-    check(runner, cache)
-
-
-def test_without_a_ram_tier_idle_entries_stay_until_their_cells_are_needed():
-    runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 20))
-    finish(runner, cache, list(range(1, 41)))
-    ops: list[KVOp] = []
-    assert cache.spill_idle(10 * SPILL_AFTER_ROWS, ops) == 0 and not ops
-    assert cache.entries == 1

@@ -13,7 +13,7 @@ from magnitude_jupyter.engine import (
     PromptTooLongError,
     SamplingParams,
 )
-from magnitude_jupyter.engine.prefix_cache import ClearSequence, CopyCells, RestoreSequence
+from magnitude_jupyter.engine.prefix_cache import ClearSequence, CopyCells
 from magnitude_jupyter.engine.request import Request, RequestStatus
 from magnitude_jupyter.engine.scheduler import REPRODUCIBLE_CHUNK, Scheduler
 
@@ -327,28 +327,3 @@ def test_without_a_spelling_the_match_stays_token_for_token():
     s.add_request(turn)
     s.schedule()
     assert turn.cached_tokens == 41 and turn.prompt_tokens[-2:] == [20, 2]
-
-
-def test_a_saved_entry_comes_back_for_the_few_prompt_tokens_it_adds_to_the_tree():
-    """Restoring costs less than computing one prompt row (scheduler.RAM_RESTORE_GAIN), so a saved
-    entry that covers only 5 tokens more than the KV cache holds is brought back, not recomputed."""
-    s = cached_scheduler(cache_ram_bytes=1 << 20)
-    head, tail = list(range(100, 120)), [7, 8, 9, 10, 11]
-    for rid, prompt in (("held", [*head, 50, 51]), ("saved", [*head, *tail])):
-        req = make_request(rid)
-        req.prompt_tokens = prompt
-        s.add_request(req)
-        s.schedule()
-        req.num_computed_tokens = len(prompt)
-        s.finish(req, FinishReason.STOP)
-        s.take_pending_kv_ops()
-    ops: list = []
-    saved = next(leaf for leaf in s.cache.leaves() if leaf.tokens[-1] == tail[-1])
-    s.cache._drop(saved, ops)  # what spill_idle does to an idle entry
-    s.cache.ram.put(tuple([*head, *tail]), b"state")
-    back = make_request("back")
-    back.prompt_tokens = [*head, *tail, 60, 61]
-    s.add_request(back)
-    out = s.schedule()
-    assert any(isinstance(op, RestoreSequence) for op in out.kv_ops)
-    assert back.cached_tokens == len(head) + len(tail) and s.cache.restored_tokens == len(tail)
