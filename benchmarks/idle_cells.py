@@ -3,7 +3,7 @@
 One context as the server sizes it (8,192 cells, 16 request slots + 64 cache sequences): 16
 sequences decode one token each per step, beside 0, 950, 1,900 or 3,800 cells that other sequences
 hold and nobody reads (a prefix cache's idle entries). Then the same entries' state is saved to
-bytes and restored (what the RAM tier does), per cell. Holding a cell costs some microseconds per
+bytes and restored (what the RAM tier does), per cell. Holding a cell costs a little time for every
 row decoded; moving it costs a save and a restore once: their ratio is the number of rows after
 which an idle entry is better in host RAM. Each held size is measured in alternation with the
 others (`--repeats`), median ms per step, the best median kept.
@@ -92,10 +92,12 @@ def main() -> None:
     finally:
         runner.close()
     base = best[0]
-    rows = []
+    rows, costs = [], []  # costs: us per idle cell per row, for each size that held some
     for entries in HELD:
         cells = entries * ENTRY_CELLS
         per_cell_row = (best[entries] - base) * 1000 / (cells * RUNNING) if cells else None
+        if per_cell_row is not None and per_cell_row > 0:
+            costs.append(per_cell_row)
         rows.append(
             [
                 f"{cells:,}",
@@ -109,7 +111,6 @@ def main() -> None:
         f"best median of {args.repeats} alternating runs of {args.steps} steps"
     )
     print(table(["idle cells held", "ms per step", "vs none", "us per idle cell per row"], rows))
-    costs = [float(r[3]) for r in rows if r[3] != "-" and float(r[3]) > 0]
     hold = statistics.median(costs) if costs else float("nan")
     print(
         f"save {save_us:.1f} + restore {restore_us:.1f} us per cell; holding {hold:.3f} us per cell per row: "

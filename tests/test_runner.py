@@ -171,7 +171,7 @@ def test_repack_setting_wins_and_its_default_avoids_the_builds_amx_kernels():
 
 def test_a_long_prompt_decodes_with_the_default_settings(model_path):
     """On a CPU with AMX, the pinned llama.cpp's AMX kernels die of SIGILL on the first matrix product
-    of 32 rows or more (runner.repack_weights): a child process decodes such a prompt, so a crash
+    of a long enough prompt (runner.repack_weights): a child process decodes a 64-token one, so a crash
     fails this test instead of ending the test run."""
     script = f"""
 from magnitude_jupyter.engine.request import SamplingParams

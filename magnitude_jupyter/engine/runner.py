@@ -67,8 +67,8 @@ def repack_weights(setting: bool | None) -> bool:
     tiles): the `repack` setting, or by default on, unless this build compiled llama.cpp's AMX kernels.
 
     The pinned llama.cpp builds its AMX tile configuration on the stack, and GCC (12, Debian's and
-    this project's CI) drops the stores that fill it in, so the first matrix product of 32 rows or
-    more (any prompt that long) dies of SIGILL on a CPU with AMX (llama.cpp PR 26954). The CPU's
+    this project's CI) drops the stores that fill it in, so a prompt long enough for those kernels
+    dies of SIGILL on a CPU with AMX (64 tokens did, test_runner.py; llama.cpp PR 26954). The CPU's
     plain AVX-512 kernels compute the same products; repacking also covers Q4_0/Q4_K layouts, which
     a build with working AMX (`repack: true`) keeps.
     """
