@@ -20,6 +20,7 @@ import time
 
 from _common import table
 
+from magnitude_jupyter.engine.prefix_cache import SPILL_AFTER_ROWS
 from magnitude_jupyter.engine.request import SamplingParams
 from magnitude_jupyter.engine.runner import LlamaRunner
 from magnitude_jupyter.engine.scheduler import DecodeItem
@@ -115,7 +116,7 @@ def main() -> None:
     print(
         f"save {save_us:.1f} + restore {restore_us:.1f} us per cell; holding {hold:.3f} us per cell per row: "
         f"moving an idle entry pays after {(save_us + restore_us) / hold:.0f} rows "
-        "(a trial moved them after 64: see the README)"
+        f"(prefix_cache.SPILL_AFTER_ROWS is {SPILL_AFTER_ROWS})"
     )
 
 

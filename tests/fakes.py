@@ -57,6 +57,9 @@ class FakeRunner:
         dst = self.seqs.setdefault(dst_seq, {})
         for pos in range(start, end):
             assert pos in src, f"sequence {src_seq} has no cell at {pos}"
+            # llama.cpp tags the source's cell with the destination too: a destination that holds
+            # another cell at that position then has two, and attention reads both.
+            assert dst.get(pos, src[pos]) == src[pos], f"sequence {dst_seq} already has a cell at {pos}"
             dst[pos] = src[pos]
 
     def drop_cells(self, seq_id: int, start: int, end: int) -> None:
@@ -141,3 +144,16 @@ def fake_engine(**overrides) -> Engine:
     engine = Engine(settings=Settings(), runner_factory=lambda es: runner, **settings)
     engine.fake = runner  # type: ignore[attr-defined]
     return engine.start()
+
+
+def assert_cache_exact(runner: FakeRunner, cache) -> None:
+    """Every leaf's sequence holds exactly its path's tokens, no sequence id the cache has free holds
+    a cell, and the cache counts its cells exactly (with no request running)."""
+    for leaf in cache.leaves():
+        path, node = [], leaf
+        while node is not cache.root:
+            path = node.tokens + path
+            node = node.parent
+        assert runner.tokens_of(leaf.seq_id) == path
+    assert not [seq for seq in cache.free_seq_ids if runner.seqs.get(seq)], "a free sequence id holds cells"
+    assert cache.cells == runner.live_cells() == sum(len(n.tokens) for n in cache._nodes())

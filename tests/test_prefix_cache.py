@@ -6,12 +6,13 @@ import random
 
 from magnitude_jupyter.engine.core import apply_kv_ops
 from magnitude_jupyter.engine.prefix_cache import (
+    SPILL_AFTER_ROWS,
     KVOp,
     PrefixCache,
 )
 from magnitude_jupyter.engine.scheduler import DecodeItem
 
-from .fakes import FakeRunner
+from .fakes import FakeRunner, assert_cache_exact
 
 REQUEST_SEQ = 0  # the request slot the tests compute tokens in
 
@@ -36,14 +37,7 @@ def finish(runner: FakeRunner, cache: PrefixCache, tokens: list[int], copied_fro
 
 
 def check(runner: FakeRunner, cache: PrefixCache) -> None:
-    """Every leaf's sequence holds exactly its path's tokens, and the cache counts its cells exactly."""
-    for leaf in cache.leaves():
-        path, node = [], leaf
-        while node is not cache.root:
-            path = node.tokens + path
-            node = node.parent
-        assert runner.tokens_of(leaf.seq_id) == path
-    assert cache.cells == runner.live_cells() == sum(len(n.tokens) for n in cache._nodes())
+    assert_cache_exact(runner, cache)
 
 
 def test_a_conversation_grows_one_entry_and_matches_every_turn():
@@ -141,3 +135,34 @@ def test_random_workloads_keep_the_tree_exact():
             ):
                 apply(runner, cache, ops)
         check(runner, cache)
+
+
+def test_an_idle_entry_moves_to_the_ram_tier_and_a_shared_or_used_one_stays():
+    runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 20), ram_bytes=1 << 20)
+    system = list(range(1, 21))
+    idle, busy, running = system + list(range(100, 140)), system + list(range(200, 240)), [*system, 7, 8, 9]
+    for tokens in (idle, busy, running):
+        finish(runner, cache, tokens)
+    pins = [(running, len(running))]  # a request runs on the third entry's cells
+    ops: list[KVOp] = []
+    assert cache.spill_idle(SPILL_AFTER_ROWS - 10, ops, pins) == 0  # not idle for long enough yet
+    cache.touch(cache.match(busy, 999))  # the second one is used again meanwhile
+    assert cache.spill_idle(20, ops, pins) == 1
+    apply(runner, cache, ops)
+    assert runner.saved == 1 and cache.spilled_entries == 1 and len(cache.ram.entries) == 1
+    assert cache.match(idle, 999).length == len(system) and cache.match(busy, 999).length == len(busy)
+    assert cache.match(running, 999).length == len(running)  # pinned: idle as long, and kept
+    check(runner, cache)
+    tokens, n = cache.ram.best([*idle, 5], 999)
+    assert n == len(idle) and cache.restore(tokens, cache.ram.pop(tokens), ops)
+    apply(runner, cache, ops)
+    assert cache.match(idle, 999).length == len(idle)
+    check(runner, cache)
+
+
+def test_without_a_ram_tier_idle_entries_stay_until_their_cells_are_needed():
+    runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 20))
+    finish(runner, cache, list(range(1, 41)))
+    ops: list[KVOp] = []
+    assert cache.spill_idle(10 * SPILL_AFTER_ROWS, ops) == 0 and not ops
+    assert cache.entries == 1

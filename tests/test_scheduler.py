@@ -13,11 +13,11 @@ from magnitude_jupyter.engine import (
     PromptTooLongError,
     SamplingParams,
 )
-from magnitude_jupyter.engine.prefix_cache import ClearSequence, CopyCells
+from magnitude_jupyter.engine.prefix_cache import SPILL_AFTER_ROWS, ClearSequence, CopyCells, RestoreSequence
 from magnitude_jupyter.engine.request import Request, RequestStatus
 from magnitude_jupyter.engine.scheduler import REPRODUCIBLE_CHUNK, Scheduler
 
-from .fakes import fake_engine
+from .fakes import assert_cache_exact, fake_engine
 
 
 def make_request(rid: str, prompt_len: int = 4, max_tokens: int = 4, priority=Priority.INTERACTIVE, **params):
@@ -327,3 +327,50 @@ def test_without_a_spelling_the_match_stays_token_for_token():
     s.add_request(turn)
     s.schedule()
     assert turn.cached_tokens == 41 and turn.prompt_tokens[-2:] == [20, 2]
+
+
+def test_a_saved_entry_comes_back_for_the_few_prompt_tokens_it_adds_to_the_tree():
+    """Restoring costs less than computing one prompt row (scheduler.RAM_RESTORE_GAIN), so a saved
+    entry that covers only 5 tokens more than the KV cache holds is brought back, not recomputed."""
+    s = cached_scheduler(cache_ram_bytes=1 << 20)
+    head, tail = list(range(100, 120)), [7, 8, 9, 10, 11]
+    for rid, prompt in (("held", [*head, 50, 51]), ("saved", [*head, *tail])):
+        req = make_request(rid)
+        req.prompt_tokens = prompt
+        s.add_request(req)
+        s.schedule()
+        req.num_computed_tokens = len(prompt)
+        s.finish(req, FinishReason.STOP)
+        s.take_pending_kv_ops()
+    ops: list = []
+    saved = next(leaf for leaf in s.cache.leaves() if leaf.tokens[-1] == tail[-1])
+    s.cache._drop(saved, ops)  # what spill_idle does to an idle entry
+    s.cache.ram.put(tuple([*head, *tail]), b"state")
+    back = make_request("back")
+    back.prompt_tokens = [*head, *tail, 60, 61]
+    s.add_request(back)
+    out = s.schedule()
+    assert any(isinstance(op, RestoreSequence) for op in out.kv_ops)
+    assert back.cached_tokens == len(head) + len(tail) and s.cache.restored_tokens == len(tail)
+
+
+def test_an_idle_entry_moves_out_even_in_a_step_with_nothing_to_decode():
+    """An entry goes idle while only a reproducible request runs (nothing moves beside one), so it
+    moves to the RAM tier on the first step after that one, which has nothing to decode. Its cells
+    must go then: the tree has already given its sequence id to the next entry, which llama.cpp would
+    otherwise fill on top of them (two cells at a position, both read by attention)."""
+    greedy = SamplingParams(max_tokens=4, temperature=0)
+    with fake_engine(prefix_cache_entries=2, n_batch=32) as engine:
+        engine.generate("1 2 3 4 5 6 7 8", params=greedy)
+        long = SamplingParams(max_tokens=SPILL_AFTER_ROWS + 8, temperature=0, reproducible=True)
+        engine.generate("50 51 52 53 54 55", params=long)
+        cache = engine.scheduler.cache
+        deadline = time.monotonic() + 10
+        while not cache.spilled_entries and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cache.spilled_entries == 1 and len(cache.ram.entries) == 1
+        for prompt in ("70 71 72 73 74", "80 81 82 83 84", "1 2 3 4 5 6 7 8 9 10 11"):
+            assert engine.generate(prompt, params=greedy).finish_reason == "length"
+        time.sleep(0.05)
+        with engine._lock:
+            assert_cache_exact(engine.fake, cache)

@@ -504,9 +504,13 @@ class Engine:
                 # Cleared under the lock, so that status() never counts cells a cancel has given back.
                 self._end_sequences(runner, to_end)
                 out = scheduler.schedule(now)
-                if out.empty and not cancelled:
+                if out.empty and not cancelled and not out.kv_ops:
                     self._lock.wait(timeout=0.25)
             if out.empty:
+                # The cache may have moved entries with nothing to decode (an idle one to the RAM tier,
+                # or evictions for a request that still did not fit): the tree has already handed their
+                # sequence ids out again, so their cells must go now, not with a later step.
+                self._apply_kv_ops(runner, out.kv_ops)
                 if cancelled:
                     self._notify_step()
                 continue

@@ -63,6 +63,13 @@ class RestoreSequence:
 
 
 RESPELL_WINDOW = 512  # prompt tokens after a match that a cached entry may spell differently
+# An entry nobody has used while this many rows went through llama_decode moves to the RAM tier.
+# Holding cells costs every row: llama.cpp's CPU attention reads the mask of each cell up to the
+# highest one in use, per row, head and layer (measured about 0.6 us a cell per row, bundled model,
+# 2 cores: 1,900 idle cells made a 16-row step ~20% slower), while saving and restoring costs about
+# 35 us a cell once (benchmarks/ram_tier.py). Moving an entry once holding it has cost what the move
+# would is the ski-rental rule: never more than twice the better choice, whenever it comes back.
+SPILL_AFTER_ROWS = 64
 
 KVOp = CopyCells | ClearSequence | SaveSequence | RestoreSequence
 Pins = Sequence[tuple[Sequence[int], int]]  # (prompt tokens, cells copied from the tree) of running requests
@@ -75,6 +82,7 @@ class Node:
     children: dict[int, Node] = field(default_factory=dict)
     seq_id: int | None = None  # leaves only: the sequence holding every cell from the root to here
     last_used: int = 0
+    used_at_row: int = 0  # PrefixCache.rows when it was last used
 
     @property
     def is_leaf(self) -> bool:
@@ -150,11 +158,13 @@ class PrefixCache:
         self.cells = 0
         self.ram = RamTier(ram_bytes) if ram_bytes > 0 else None
         self._clock = itertools.count(1)
+        self.rows = 0  # rows llama_decode computed since the cache began: the clock of idle entries
         # counters for /status and /metrics
         self.lookup_tokens = 0
         self.hit_tokens = 0
         self.restored_tokens = 0
         self.respelled_tokens = 0  # cached tokens reused where the prompt spelled the same text otherwise
+        self.spilled_entries = 0  # entries moved to the RAM tier for being idle (SPILL_AFTER_ROWS)
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -238,9 +248,10 @@ class PrefixCache:
     def touch(self, match: Match) -> None:
         now = next(self._clock)
         for node in match.path:
-            node.last_used = now
+            node.last_used, node.used_at_row = now, self.rows
         if match.path:
-            match.path[-1].any_leaf().last_used = now
+            leaf = match.path[-1].any_leaf()
+            leaf.last_used, leaf.used_at_row = now, self.rows
 
     def insert(self, tokens: Sequence[int], src_seq: int, ops: list[KVOp], pinned: Pins = ()) -> None:
         """Keep `tokens`, whose cells `src_seq` holds, as an entry (before `src_seq` is cleared).
@@ -266,14 +277,14 @@ class PrefixCache:
             # The request continued an entry (the next turn of a conversation): the entry grows.
             ops.append(CopyCells(src_seq, parent.seq_id, match.length, len(tokens)))
             parent.tokens += new
-            parent.last_used = now
+            parent.last_used, parent.used_at_row = now, self.rows
             self.cells += len(new)
             return
         seq_id = self.free_seq_ids.pop(0)
         if match.length:
             ops.append(CopyCells(self._holder(parent), seq_id, 0, match.length))
         ops.append(CopyCells(src_seq, seq_id, match.length, len(tokens)))
-        parent.children[new[0]] = Node(tokens=new, parent=parent, seq_id=seq_id, last_used=now)
+        parent.children[new[0]] = Node(tokens=new, parent=parent, seq_id=seq_id, last_used=now, used_at_row=self.rows)
         self.cells += len(new)
 
     @staticmethod
@@ -301,9 +312,11 @@ class PrefixCache:
             self.free_seq_ids.append(parent.seq_id)
             parent.tokens += new
             parent.seq_id = seq_id
-            parent.last_used = next(self._clock)
+            parent.last_used, parent.used_at_row = next(self._clock), self.rows
         else:
-            parent.children[new[0]] = Node(tokens=new, parent=parent, seq_id=seq_id, last_used=next(self._clock))
+            parent.children[new[0]] = Node(
+                tokens=new, parent=parent, seq_id=seq_id, last_used=next(self._clock), used_at_row=self.rows
+            )
         self.cells += len(new)
         self.restored_tokens += len(new)
         return True
@@ -360,6 +373,26 @@ class PrefixCache:
                 break
             freed += before - self.cells
         return freed
+
+    def spill_idle(self, rows: int, ops: list[KVOp], pinned: Pins = ()) -> int:
+        """Count `rows` more decoded, then move every entry idle for more than SPILL_AFTER_ROWS rows
+        (and no running request shares) to the RAM tier; without one, entries stay until needed.
+        Returns how many moved."""
+        self.rows += rows
+        moved = 0
+        while self.ram is not None:
+            idle = [leaf for leaf in self.leaves() if self.rows - leaf.used_at_row > SPILL_AFTER_ROWS]
+            if not idle:
+                break
+            # Pins anew after each drop: a drop can fold a pinned node into the leaf that remains.
+            held = self.pinned_nodes(pinned)
+            idle = [leaf for leaf in idle if id(leaf) not in held]
+            if not idle:
+                break
+            self._drop(min(idle, key=lambda leaf: leaf.last_used), ops)
+            moved += 1
+        self.spilled_entries += moved
+        return moved
 
     def _evict_leaf(self, ops: list[KVOp], pinned: Pins) -> bool:
         held = self.pinned_nodes(pinned)

@@ -26,7 +26,10 @@ from .request import FinishReason, Priority, Request, RequestStatus
 from .speculate import AnswerMemory, Guess, NgramIndex
 
 CACHE_KEY = "<prefix cache>"  # the cache's cells in the KV budget
-RAM_RESTORE_GAIN = 16  # restore a saved entry when it covers at least this many more prompt tokens
+# Restore a saved entry when it covers at least this many more prompt tokens than the tree: a restore
+# (and the save when it goes idle again) costs about 40 us a cell, a few ms for a chat prompt and its
+# answer, less than one prompt row computes in (benchmarks/idle_cells.py, ram_tier.py).
+RAM_RESTORE_GAIN = 2
 
 # llama.cpp's CPU flash attention runs prompt chunks of 64 tokens or more in KV tiles, grouping a
 # sequence's cells by where they sit in the shared cache; below that it visits them one by one, in
@@ -86,6 +89,7 @@ class SchedulerOutput:
 
     @property
     def empty(self) -> bool:
+        """Nothing to decode (the cache may still have work: see `kv_ops`)."""
         return not self.batched and not self.solo
 
     @property
@@ -111,6 +115,7 @@ class SchedulerStats:
     prompt_tokens_cached: int  # ... of which came from the cache instead of being computed
     prompt_tokens_restored: int  # ... of which the RAM tier brought back
     prompt_tokens_respelled: int = 0  # ... of which where the prompt spelled a cached answer's text otherwise
+    prefix_cache_spilled: int = 0  # entries moved to the RAM tier for being idle (prefix_cache.SPILL_AFTER_ROWS)
 
 
 class Scheduler:
@@ -148,6 +153,7 @@ class Scheduler:
         self.cache = PrefixCache(cache_ids, cache_ram_bytes) if prefix_reuse and cache_sequences else None
         self.min_prefix_tokens = min_prefix_tokens
         self.pending_kv_ops: list[KVOp] = []  # from finish(): to apply before the finished sequences are cleared
+        self._rows_scheduled = 0  # rows of the last step planned: the cache's idle clock (spill_idle)
 
     # -- admission ----------------------------------------------------------------------
 
@@ -311,6 +317,7 @@ class Scheduler:
             prompt_tokens_cached=cache.hit_tokens if cache else 0,
             prompt_tokens_restored=cache.restored_tokens if cache else 0,
             prompt_tokens_respelled=cache.respelled_tokens if cache else 0,
+            prefix_cache_spilled=cache.spilled_entries if cache else 0,
         )
 
     def take_pending_kv_ops(self) -> list[KVOp]:
@@ -323,6 +330,15 @@ class Scheduler:
         now = time.monotonic() if now is None else now
         out = SchedulerOutput()
         self._admit(now, out)
+        # Idle entries move to host RAM (prefix_cache.SPILL_AFTER_ROWS), but not beside a reproducible
+        # request: the cells they free would take its next tokens out of position order (as refused
+        # drafts would, below); the rows still count, and the move waits until it has finished.
+        if self.cache is not None:
+            rows, self._rows_scheduled = self._rows_scheduled, 0
+            if any(r.params.reproducible for r in self.running):
+                self.cache.rows += rows
+            elif self.cache.spill_idle(rows, out.kv_ops, self._pins()):
+                self._sync_cache_budget()
         token_budget = self.n_batch
 
         # Decode first: one token of every sequence whose prompt is in the cache.
@@ -377,6 +393,7 @@ class Scheduler:
                     if n:
                         chunk.draft, chunk.draft_match = guess.tokens[:n], guess.matched
                         chunk.tokens = chunk.tokens + chunk.draft
+        self._rows_scheduled = sum(len(c.tokens) for c in (*out.batched, *out.solo))
         return out
 
     def _guess(self, req: Request, max_draft: int) -> tuple[Guess, NgramIndex] | None:

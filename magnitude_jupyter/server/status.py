@@ -41,6 +41,7 @@ def status_json(stats: EngineStats, pool: ModelPool | None = None) -> dict[str, 
         "prompt_tokens_cached": sched.prompt_tokens_cached,
         "prompt_tokens_restored": sched.prompt_tokens_restored,
         "prompt_tokens_respelled": sched.prompt_tokens_respelled,
+        "prefix_cache_spilled": sched.prefix_cache_spilled,
         "prefix_cache_hit_rate": (
             round(sched.prompt_tokens_cached / sched.prompt_tokens_looked_up, 4)
             if sched.prompt_tokens_looked_up
