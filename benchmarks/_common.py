@@ -44,6 +44,8 @@ PROMPTS = [
 
 
 NO_DRAFTS = "engine:\n  draft_tokens: 0\n"  # a config for `magnitude serve` without prompt-lookup drafts
+# ... and one whose idle cache entries stay in KV cells until needed (engine.prefix_cache_spill_rows)
+NO_SPILL = "engine:\n  prefix_cache_spill_rows: 0\n"
 
 
 def cached_of(usage: dict | None) -> int:

@@ -21,6 +21,7 @@ import httpx
 import psutil
 from _common import (
     NO_DRAFTS,
+    NO_SPILL,
     TOKEN,
     LlamaServer,
     MagnitudeServer,
@@ -126,6 +127,10 @@ def main() -> None:
         # The same server without prompt-lookup drafts (engine/speculate.py): what they bring, this run.
         "magnitude serve, no drafts": lambda: MagnitudeServer(
             NO_DRAFTS, parallel=16, ctx_size=8192, threads=args.threads
+        ),
+        # ... and with idle cache entries held in KV cells until needed (engine.prefix_cache_spill_rows).
+        "magnitude serve, no spill": lambda: MagnitudeServer(
+            NO_SPILL, parallel=16, ctx_size=8192, threads=args.threads
         ),
         "llama-server": lambda: LlamaServer(binary, parallel=16, ctx_size=8192, threads=args.threads),
     }

@@ -39,6 +39,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     NO_DRAFTS,
+    NO_SPILL,
     PROMPTS,
     TOKEN,
     LlamaServer,
@@ -172,11 +173,14 @@ def our_status(server: MagnitudeServer | None) -> dict | None:
     return server.client.status() if server is not None else None
 
 
+# Our server as it ships, and without each of two mechanisms, to show what each brings in the same run.
+OURS = {"magnitude serve": "", "magnitude, no drafts": NO_DRAFTS, "magnitude, no spill": NO_SPILL}
+
+
 async def measure(kind: str, args: argparse.Namespace, levels: list[int]) -> dict[int, Level]:
     server = None
-    if kind in ("magnitude", "magnitude-no-drafts"):
-        config = NO_DRAFTS if kind == "magnitude-no-drafts" else ""
-        server = MagnitudeServer(config, parallel=max(levels), threads=args.threads)  # returns once loaded
+    if kind in OURS:
+        server = MagnitudeServer(OURS[kind], parallel=max(levels), threads=args.threads)  # returns once loaded
         url, stop = server.url, server.close
     elif kind == "llama-server":
         peer = LlamaServer(args.llama_server, parallel=max(levels), ctx_size=8192, threads=args.threads)
@@ -221,14 +225,13 @@ def main() -> None:
 
     # Alternating, best of `--repeats` per level: on a shared machine whichever server runs first or
     # second would otherwise carry the machine's drift as its own.
-    peer: dict[int, Level] = {}
-    ours: dict[int, Level] = {}
-    undrafted: dict[int, Level] = {}  # the same server without prompt-lookup drafts: what they bring
+    best: dict[str, dict[int, Level]] = {kind: {} for kind in ("llama-server", *OURS)}
     for _ in range(args.repeats):
-        for kind, best in (("llama-server", peer), ("magnitude", ours), ("magnitude-no-drafts", undrafted)):
+        for kind, kept in best.items():
             for c, level in asyncio.run(measure(kind, args, levels)).items():
-                if c not in best or level.tokens_per_s > best[c].tokens_per_s:
-                    best[c] = level
+                if c not in kept or level.tokens_per_s > kept[c].tokens_per_s:
+                    kept[c] = level
+    peer = best["llama-server"]
     theirs = {}
     if not args.no_llama_cpp_python:
         # Its server needs the [bench] extra (fastapi and more): without it, say so and go on.
@@ -238,7 +241,7 @@ def main() -> None:
             theirs = asyncio.run(measure("llama_cpp", args, levels))
     rows = []
     for c in levels:
-        results = [("llama-server", peer[c]), ("magnitude serve", ours[c]), ("magnitude, no drafts", undrafted[c])]
+        results = [(kind, kept[c]) for kind, kept in best.items()]
         if theirs:
             results.insert(0, ("llama_cpp.server", theirs[c]))
         for name, result in results:
@@ -296,12 +299,7 @@ def main() -> None:
                         }
                         for c, r in res.items()
                     }
-                    for name, res in (
-                        ("magnitude", ours),
-                        ("magnitude-no-drafts", undrafted),
-                        ("llama-server", peer),
-                        ("llama_cpp", theirs),
-                    )
+                    for name, res in (*best.items(), ("llama_cpp", theirs))
                 },
                 indent=2,
             )

@@ -45,6 +45,9 @@ class EngineSettings:
     # Cache entries held in KV cells at once (each a llama.cpp sequence; 256 in all, less `parallel`).
     # Each sequence costs a logits row in llama.cpp's output buffer, resident: vocab x 4 bytes.
     prefix_cache_entries: int = 64
+    # An entry nobody used while this many rows were decoded moves to the RAM tier: idle cells slow
+    # every row (engine/prefix_cache.py SPILL_AFTER_ROWS). 0: entries stay until their cells are needed.
+    prefix_cache_spill_rows: int = 64
     # Prompt-lookup drafts (engine/speculate.py): up to this many guessed tokens per step for greedy
     # requests (how many is measured: engine/draft_policy.py), and none while more than
     # `draft_max_sequences` sequences decode (on a CPU, 16 sequences already batch well: drafts
@@ -103,7 +106,7 @@ class EngineSettings:
                 raise ConfigError(f"engine setting {name!r} must be a positive integer, got {value!r}")
         if self.parallel > 255:  # llama.cpp holds 256 sequences; the prefix cache needs one at least
             raise ConfigError(f"engine setting 'parallel' must be at most 255, got {self.parallel!r}")
-        for name in ("threads", "gpu_layers", "draft_tokens", "draft_max_sequences"):
+        for name in ("threads", "gpu_layers", "draft_tokens", "draft_max_sequences", "prefix_cache_spill_rows"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"engine setting {name!r} must be an integer >= 0, got {value!r}")
@@ -195,6 +198,7 @@ MODEL_KEYS |= {
     "prefix_cache_ram_mib",
     "min_prefix_tokens",
     "prefix_cache_entries",
+    "prefix_cache_spill_rows",
     "draft_tokens",
     "draft_max_sequences",
 }

@@ -7,7 +7,8 @@ import pytest
 from click.testing import CliRunner
 
 from magnitude_jupyter.cli import main
-from magnitude_jupyter.config import ConfigError, load_settings
+from magnitude_jupyter.config import ConfigError, EngineSettings, load_settings
+from magnitude_jupyter.engine.prefix_cache import SPILL_AFTER_ROWS
 from magnitude_jupyter.models import (
     BUNDLED_ALIAS,
     ModelNotFoundError,
@@ -120,6 +121,16 @@ def test_unbatched_weights_share():
     share, types = dataclasses.replace(info, weight_types={"Q4_1": 30, "Q6_K": 10, "Q4_K": 60}).unbatched_weights()
     assert share == 0.4 and types == ["Q4_1", "Q6_K"]
     assert dataclasses.replace(info, weight_types={}).unbatched_weights() == (0.0, [])
+
+
+def test_idle_entries_move_after_the_cache_s_own_default_and_zero_keeps_them(tmp_path):
+    assert EngineSettings().prefix_cache_spill_rows == SPILL_AFTER_ROWS
+    path = tmp_path / "config.yaml"
+    path.write_text("engine:\n  prefix_cache_spill_rows: 0\n")
+    assert load_settings(path, environ={}).engine.prefix_cache_spill_rows == 0
+    path.write_text("engine:\n  prefix_cache_spill_rows: -1\n")
+    with pytest.raises(ConfigError, match="'prefix_cache_spill_rows' must be an integer >= 0"):
+        load_settings(path, environ={})
 
 
 def test_repack_takes_true_false_or_null(tmp_path):

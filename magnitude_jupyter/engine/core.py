@@ -461,6 +461,7 @@ class Engine:
                 min_prefix_tokens=es.min_prefix_tokens,
                 cache_sequences=cache_sequences(es),
                 cache_ram_bytes=es.prefix_cache_ram_mib << 20,
+                cache_spill_rows=es.prefix_cache_spill_rows,
                 spell=self.runner.token_to_piece,
                 draft_tokens=es.draft_tokens,
                 draft_max_sequences=es.draft_max_sequences,

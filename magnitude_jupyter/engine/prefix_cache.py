@@ -152,11 +152,12 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int], limit: int | None = No
 class PrefixCache:
     """The tree, its sequence ids, and the cells it holds (`cells`, counted once however shared)."""
 
-    def __init__(self, seq_ids: Sequence[int], ram_bytes: int = 0) -> None:
+    def __init__(self, seq_ids: Sequence[int], ram_bytes: int = 0, spill_after_rows: int = SPILL_AFTER_ROWS) -> None:
         self.root = Node(tokens=[])
         self.free_seq_ids = list(seq_ids)
         self.cells = 0
         self.ram = RamTier(ram_bytes) if ram_bytes > 0 else None
+        self.spill_after_rows = spill_after_rows  # 0: idle entries stay until their cells are needed
         self._clock = itertools.count(1)
         self.rows = 0  # rows llama_decode computed since the cache began: the clock of idle entries
         # counters for /status and /metrics
@@ -375,13 +376,13 @@ class PrefixCache:
         return freed
 
     def spill_idle(self, rows: int, ops: list[KVOp], pinned: Pins = ()) -> int:
-        """Count `rows` more decoded, then move every entry idle for more than SPILL_AFTER_ROWS rows
+        """Count `rows` more decoded, then move every entry idle for more than `spill_after_rows` rows
         (and no running request shares) to the RAM tier; without one, entries stay until needed.
         Returns how many moved."""
         self.rows += rows
         moved = 0
-        while self.ram is not None:
-            idle = [leaf for leaf in self.leaves() if self.rows - leaf.used_at_row > SPILL_AFTER_ROWS]
+        while self.ram is not None and self.spill_after_rows:
+            idle = [leaf for leaf in self.leaves() if self.rows - leaf.used_at_row > self.spill_after_rows]
             if not idle:
                 break
             # Pins anew after each drop: a drop can fold a pinned node into the leaf that remains.

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from .budget import KVBudget
 from .draft_policy import DraftPolicy
-from .prefix_cache import CopyCells, KVOp, Match, Pins, PrefixCache, common_prefix_len
+from .prefix_cache import SPILL_AFTER_ROWS, CopyCells, KVOp, Match, Pins, PrefixCache, common_prefix_len
 from .request import FinishReason, Priority, Request, RequestStatus
 from .speculate import AnswerMemory, Guess, NgramIndex
 
@@ -130,6 +130,7 @@ class Scheduler:
         min_prefix_tokens: int = 4,
         cache_sequences: int = 0,
         cache_ram_bytes: int = 0,
+        cache_spill_rows: int = SPILL_AFTER_ROWS,
         spell: Callable[[int], bytes] | None = None,
         draft_tokens: int = 0,
         draft_max_sequences: int = 0,
@@ -150,7 +151,9 @@ class Scheduler:
         self.free_seq_ids: list[int] = list(range(max_running))
         # Sequence ids after the request slots belong to cache entries (see prefix_cache.py).
         cache_ids = range(max_running, max_running + cache_sequences)
-        self.cache = PrefixCache(cache_ids, cache_ram_bytes) if prefix_reuse and cache_sequences else None
+        self.cache = (
+            PrefixCache(cache_ids, cache_ram_bytes, cache_spill_rows) if prefix_reuse and cache_sequences else None
+        )
         self.min_prefix_tokens = min_prefix_tokens
         self.pending_kv_ops: list[KVOp] = []  # from finish(): to apply before the finished sequences are cleared
         self._rows_scheduled = 0  # rows of the last step planned: the cache's idle clock (spill_idle)
