@@ -1,0 +1,105 @@
+"""Idle cache entries in KV cells or in host RAM: the same engine with and without the move, paired.
+
+`engine.prefix_cache_spill_rows` moves a cache entry nobody used while that many rows were decoded
+to the RAM tier (benchmarks/idle_cells.py measures why: idle cells slow every row). This runs the
+server_throughput workload in-process (no HTTP, so only the engine differs): closed-loop clients,
+chat prompts cycled from 16 distinct ones (so half the requests repeat one), 64 greedy tokens each.
+Both engines are loaded at once and run in turns, level by level, so each pair of runs sees the
+same moment of this shared machine; the ratio of each pair, and their median, is the figure.
+
+    python benchmarks/spill.py [--levels 1,4] [--pairs 4] [--requests 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import statistics
+import threading
+import time
+
+from _common import PROMPTS, table
+
+from magnitude_jupyter.config import Settings
+from magnitude_jupyter.engine import Engine, SamplingParams
+from magnitude_jupyter.engine.prefix_cache import SPILL_AFTER_ROWS
+
+
+def closed_loop(engine: Engine, concurrency: int, requests: int, max_tokens: int) -> float:
+    """Output tokens per second of `concurrency` clients sending `requests` chat requests in all."""
+    work: queue.Queue[str] = queue.Queue()
+    for i in range(requests):
+        work.put(PROMPTS[i % len(PROMPTS)])
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    counts: list[int] = []
+
+    def client() -> None:
+        while True:
+            try:
+                prompt = work.get_nowait()
+            except queue.Empty:
+                return
+            result = engine.generate(messages=[{"role": "user", "content": prompt}], params=params)
+            counts.append(result.usage["completion_tokens"])
+
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--levels", default="1,4")
+    parser.add_argument("--pairs", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    args = parser.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    variants = {f"after {SPILL_AFTER_ROWS} rows": SPILL_AFTER_ROWS, "never (0)": 0}
+    engines = {
+        name: Engine(
+            settings=Settings(), parallel=16, ctx_size=8192, threads=args.threads, prefix_cache_spill_rows=rows
+        )
+        for name, rows in variants.items()
+    }
+    runs: dict[tuple[str, int], list[float]] = {}
+    try:
+        for engine in engines.values():
+            engine.start()
+            closed_loop(engine, 4, 16, args.max_tokens)  # warm-up
+        for _ in range(args.pairs):
+            for name, engine in engines.items():
+                for c in levels:
+                    runs.setdefault((name, c), []).append(closed_loop(engine, c, args.requests, args.max_tokens))
+    finally:
+        for engine in engines.values():
+            engine.shutdown()
+    moved, kept = variants
+    rows = []
+    for c in levels:
+        ratios = [a / b for a, b in zip(runs[(moved, c)], runs[(kept, c)], strict=True)]
+        rows.append(
+            [
+                c,
+                f"{statistics.median(runs[(moved, c)]):.1f}",
+                f"{statistics.median(runs[(kept, c)]):.1f}",
+                " ".join(f"{r:.2f}" for r in ratios),
+                f"{statistics.median(ratios):.2f}×",
+            ]
+        )
+    print(
+        f"in-process engine, {args.requests} chat requests per run ({len(PROMPTS)} prompts cycled), "
+        f"{args.max_tokens} greedy tokens, {args.threads} threads, parallel 16, 8,192 cells; {args.pairs} pairs"
+    )
+    headers = ["clients", f"tok/s, idle entries move after {SPILL_AFTER_ROWS} rows", "tok/s, never"]
+    print(table([*headers, "ratio of each pair", "median ratio"], rows))
+
+
+if __name__ == "__main__":
+    main()
