@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import shutil
 import signal
 import socket
@@ -12,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -41,6 +43,37 @@ PROMPTS = [
     "Write a poem about the ocean at night.",
     "What makes a good teacher? Discuss.",
 ]
+
+
+def closed_loop(
+    engine: Any, prompts: list[str], params: Any, concurrency: int, chat: bool = False
+) -> tuple[int, float]:
+    """In-process, closed loop: `concurrency` clients, each sending the next of `prompts` (as a chat
+    message with `chat`) when its last answer is complete; (output tokens, seconds)."""
+    work: queue.Queue[str] = queue.Queue()
+    for prompt in prompts:
+        work.put(prompt)
+    counts: list[int] = []
+
+    def client() -> None:
+        while True:
+            try:
+                prompt = work.get_nowait()
+            except queue.Empty:
+                return
+            if chat:
+                result = engine.generate(messages=[{"role": "user", "content": prompt}], params=params)
+            else:
+                result = engine.generate(prompt, params=params)
+            counts.append(result.usage["completion_tokens"])
+
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts), time.perf_counter() - start
 
 
 NO_DRAFTS = "engine:\n  draft_tokens: 0\n"  # a config for `magnitude serve` without prompt-lookup drafts

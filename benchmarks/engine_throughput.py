@@ -18,15 +18,13 @@ import argparse
 import json
 import multiprocessing
 import os
-import queue
 import sys
-import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PROMPTS, table
+from _common import PROMPTS, closed_loop, table
 
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine, SamplingParams
@@ -34,9 +32,22 @@ from magnitude_jupyter.models import bundled_model_path
 
 
 def run_baseline(model_path: Path, prompts: list[str], max_tokens: int, threads: int) -> tuple[int, float]:
-    import llama_cpp._logger  # noqa: F401  (quiet llama.cpp's log)
+    import llama_cpp._logger  # quiets llama.cpp's log
+    import llama_cpp.llama_cpp as low_level  # the module `Llama` takes its default parameters from
     from llama_cpp import Llama
 
+    from magnitude_jupyter.engine.runner import repack_weights
+
+    # The weight layout ours uses (engine.repack): `Llama` has no argument for it, and with this
+    # build's AMX kernels the default layout crashes (README, Configuration).
+    default_params = low_level.llama_model_default_params
+
+    def model_params():  # type: ignore[no-untyped-def]
+        params = default_params()
+        params.use_extra_bufts = repack_weights(None)
+        return params
+
+    low_level.llama_model_default_params = model_params
     llm = Llama(str(model_path), n_ctx=2048, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False)
     llm.create_completion("Hello", max_tokens=4, temperature=0.0)  # warm-up
     tokens = 0
@@ -56,28 +67,7 @@ def run_isolated(fn, *args):
 
 
 def run_level(engine: Engine, prompts: list[str], max_tokens: int, concurrency: int) -> tuple[int, float]:
-    """Closed loop: `concurrency` clients, each sending its next prompt when its last answer is complete."""
-    work: queue.Queue[str] = queue.Queue()
-    for p in prompts:
-        work.put(p)
-    counts: list[int] = []
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-
-    def client() -> None:
-        while True:
-            try:
-                prompt = work.get_nowait()
-            except queue.Empty:
-                return
-            counts.append(engine.generate(prompt, params=params).usage["completion_tokens"])
-
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(counts), time.perf_counter() - start
+    return closed_loop(engine, prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0), concurrency)
 
 
 def main() -> None:

@@ -14,42 +14,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import queue
 import statistics
-import threading
-import time
 
-from _common import PROMPTS, table
+from _common import PROMPTS, closed_loop, table
 
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine, SamplingParams
 from magnitude_jupyter.engine.prefix_cache import SPILL_AFTER_ROWS
 
 
-def closed_loop(engine: Engine, concurrency: int, requests: int, max_tokens: int) -> float:
-    """Output tokens per second of `concurrency` clients sending `requests` chat requests in all."""
-    work: queue.Queue[str] = queue.Queue()
-    for i in range(requests):
-        work.put(PROMPTS[i % len(PROMPTS)])
+def tokens_per_s(engine: Engine, concurrency: int, requests: int, max_tokens: int) -> float:
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(requests)]
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    counts: list[int] = []
-
-    def client() -> None:
-        while True:
-            try:
-                prompt = work.get_nowait()
-            except queue.Empty:
-                return
-            result = engine.generate(messages=[{"role": "user", "content": prompt}], params=params)
-            counts.append(result.usage["completion_tokens"])
-
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(counts) / (time.perf_counter() - start)
+    tokens, seconds = closed_loop(engine, prompts, params, concurrency, chat=True)
+    return tokens / seconds
 
 
 def main() -> None:
@@ -72,11 +50,11 @@ def main() -> None:
     try:
         for engine in engines.values():
             engine.start()
-            closed_loop(engine, 4, 16, args.max_tokens)  # warm-up
+            tokens_per_s(engine, 4, 16, args.max_tokens)  # warm-up
         for _ in range(args.pairs):
             for name, engine in engines.items():
                 for c in levels:
-                    runs.setdefault((name, c), []).append(closed_loop(engine, c, args.requests, args.max_tokens))
+                    runs.setdefault((name, c), []).append(tokens_per_s(engine, c, args.requests, args.max_tokens))
     finally:
         for engine in engines.values():
             engine.shutdown()
