@@ -73,6 +73,7 @@ def test_two_models_answer_through_one_server(oai, http):
     metrics = http.get("/metrics").text
     assert f'magnitude_generation_tokens_total{{model="{SECOND_MODEL}"}}' in metrics
     assert 'magnitude_model_loaded{model="smollm2-135m"} 1.0' in metrics
+    assert 'magnitude_prefix_cache_spilled_entries_total{model="smollm2-135m"}' in metrics
 
 
 def test_load_unload_and_keep_alive(oai, http):

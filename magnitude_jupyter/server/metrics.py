@@ -90,6 +90,11 @@ class PoolCollector:
                 sched.prompt_tokens_restored,
             ),
             (
+                "magnitude_prefix_cache_spilled_entries",
+                "Prefix-cache entries moved to the RAM tier for being idle while other rows were decoded.",
+                sched.prefix_cache_spilled,
+            ),
+            (
                 "magnitude_prompt_cache_respelled_tokens",
                 "Cached answer tokens reused where the prompt's tokens spelled the same text otherwise.",
                 sched.prompt_tokens_respelled,
