@@ -166,6 +166,22 @@ class LlamaServer:
         stop_process(self.proc)
 
 
+def use_our_weight_layout() -> None:
+    """Make llama-cpp-python's `Llama` (a baseline) load weights in the layout ours uses (engine.repack):
+    it has no argument for it, and with a build's AMX kernels its default layout crashes (README,
+    Configuration). Call before creating a `Llama`."""
+    import llama_cpp.llama_cpp as low_level  # the module `Llama` takes its default parameters from
+
+    default_params = low_level.llama_model_default_params
+
+    def model_params() -> Any:
+        params = default_params()
+        params.use_extra_bufts = repack_weights(None)
+        return params
+
+    low_level.llama_model_default_params = model_params
+
+
 def peer_repack_args() -> list[str]:
     """llama-server's weight layout as ours (engine/runner.py `repack_weights`): where our build turns
     repacking off (its AMX kernels crash; the peer's, built from the same sources, too), so does the peer."""

@@ -24,7 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PROMPTS, closed_loop, table
+from _common import PROMPTS, closed_loop, table, use_our_weight_layout
 
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine, SamplingParams
@@ -32,22 +32,10 @@ from magnitude_jupyter.models import bundled_model_path
 
 
 def run_baseline(model_path: Path, prompts: list[str], max_tokens: int, threads: int) -> tuple[int, float]:
-    import llama_cpp._logger  # quiets llama.cpp's log
-    import llama_cpp.llama_cpp as low_level  # the module `Llama` takes its default parameters from
+    import llama_cpp._logger  # noqa: F401  (quiet llama.cpp's log)
     from llama_cpp import Llama
 
-    from magnitude_jupyter.engine.runner import repack_weights
-
-    # The weight layout ours uses (engine.repack): `Llama` has no argument for it, and with this
-    # build's AMX kernels the default layout crashes (README, Configuration).
-    default_params = low_level.llama_model_default_params
-
-    def model_params():  # type: ignore[no-untyped-def]
-        params = default_params()
-        params.use_extra_bufts = repack_weights(None)
-        return params
-
-    low_level.llama_model_default_params = model_params
+    use_our_weight_layout()
     llm = Llama(str(model_path), n_ctx=2048, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False)
     llm.create_completion("Hello", max_tokens=4, temperature=0.0)  # warm-up
     tokens = 0

@@ -82,7 +82,13 @@ class Level:
 
 
 def start_llama_cpp_server(model: Path, port: int, threads: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--port", str(port)]
+    # `python -m llama_cpp.server`, after loading weights in the layout ours uses (use_our_weight_layout)
+    start = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
+        "from _common import use_our_weight_layout; use_our_weight_layout(); "
+        "import runpy; runpy.run_module('llama_cpp.server', run_name='__main__', alter_sys=True)"
+    )
+    cmd = [sys.executable, "-c", start, "--model", str(model), "--port", str(port)]
     cmd += ["--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", "2048"]
     cmd += ["--interrupt_requests", "False", "--verbose", "False"]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
