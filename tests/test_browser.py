@@ -142,6 +142,7 @@ def test_panel_and_streaming_cell_in_a_real_browser(lab):
     assert loaded.status_code == 200 and loaded.json()["loaded"], loaded.text
     result = run_ui_test("panel.test.mjs", lab, SECOND_MODEL=SECOND_MODEL)
     assert result["ok"] and "tok/s" in result["status"]
+    assert "ms llama_decode" in result["steps"] and "ms rest" in result["steps"]
     assert result["residents"] == 2 and result["shown"] == SECOND_MODEL
     assert (SHOTS / "jupyterlab-magnitude.png").stat().st_size > 10_000
 

@@ -54,6 +54,11 @@ try {
   assert.match(recent ?? '', /TTFT .* tokens/);
   const status = await page.locator('.mg-statusbar').textContent();
   assert.match(status ?? '', /tok\/s · KV \d+%/);
+  // ... and where the engine thread's time went per step.
+  await page.waitForFunction(() =>
+    /ms llama_decode \(\d+\.\d rows\)/.test(document.querySelector('#magnitude-panel .mg-steps')?.textContent ?? '')
+  );
+  const steps = await panel.locator('.mg-steps').textContent();
 
   // Both resident models are listed with their memory; picking the second shows its engine.
   const second = process.env.SECOND_MODEL;
@@ -76,7 +81,16 @@ try {
     await panel.screenshot({ path: path.join(shots, 'magnitude-panel.png') });
   }
   console.log(
-    JSON.stringify({ ok: true, tokensBefore, answer: answer.slice(0, 80), recent, status, residents: residents.length, shown })
+    JSON.stringify({
+      ok: true,
+      tokensBefore,
+      answer: answer.slice(0, 80),
+      recent,
+      status,
+      steps,
+      residents: residents.length,
+      shown
+    })
   );
 } catch (error) {
   // Leave a picture of what the browser showed when it failed.

@@ -27,6 +27,15 @@ export interface ResidentModel {
   prefix_cache_ram_bytes?: number;
 }
 
+/** The engine thread's work since it started (`/status`'s `steps`). */
+export interface StepCounts {
+  decode_calls: number;
+  decode_rows: number;
+  decode_prompt_rows?: number;
+  decode_seconds: number;
+  step_seconds: number;
+}
+
 export interface EngineStatus {
   model: string;
   default_model?: string;
@@ -42,11 +51,13 @@ export interface EngineStatus {
   prefix_cache_cells?: number;
   prefix_cache_entries?: number;
   prefix_cache_hit_rate?: number | null;
+  prefix_cache_ram_entries?: number;
   generated_tokens_total?: number;
   draft_tokens_total?: number;
   draft_accepted_total?: number;
   requests?: RequestSummary[];
   recent?: RequestSummary[];
+  steps?: StepCounts | null;
 }
 
 /** Share of the KV cache reserved by running requests, 0..100. */
@@ -77,7 +88,23 @@ export function cacheLine(status: EngineStatus): string {
   const entries = status.prefix_cache_entries ?? 0;
   const rate = status.prefix_cache_hit_rate;
   const hits = rate === null || rate === undefined ? '—' : `${Math.round(rate * 100)}%`;
-  return `cache: ${entries} ${entries === 1 ? 'entry' : 'entries'}, ${status.prefix_cache_cells ?? 0} cells, ${hits} of prompt tokens reused`;
+  const ram = status.prefix_cache_ram_entries ?? 0;
+  const saved = ram ? `, ${ram} more in RAM` : '';
+  return `cache: ${entries} ${entries === 1 ? 'entry' : 'entries'}, ${status.prefix_cache_cells ?? 0} cells${saved}, ${hits} of prompt tokens reused`;
+}
+
+/** Where the engine thread's time goes, per llama_decode call since it started: inside the call (and
+ * the rows it computed), and the rest of the step (planning, sampling, events). */
+export function stepsLine(status: Pick<EngineStatus, 'steps'>): string {
+  const steps = status.steps;
+  if (!steps || !steps.decode_calls) {
+    return '—';
+  }
+  const calls = steps.decode_calls;
+  const decode = (1000 * steps.decode_seconds) / calls;
+  const rest = (1000 * Math.max(0, steps.step_seconds - steps.decode_seconds)) / calls;
+  const rows = steps.decode_rows / calls;
+  return `${decode.toFixed(1)} ms llama_decode (${rows.toFixed(1)} rows) + ${rest.toFixed(1)} ms rest, × ${calls}`;
 }
 
 /** Tokens generated, and how many prompt-lookup drafts were kept of those decoded. */

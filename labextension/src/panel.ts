@@ -13,6 +13,7 @@ import {
   kvShares,
   residentLine,
   sparklinePoints,
+  stepsLine,
   tokensLine
 } from './format';
 
@@ -68,7 +69,8 @@ export class MagnitudePanel extends Widget {
       ['slots', 'slots in use'],
       ['waiting', 'waiting'],
       ['rate', 'tokens/s'],
-      ['tokens', 'tokens generated']
+      ['tokens', 'tokens generated'],
+      ['steps', 'per engine step']
     ]) {
       grid.appendChild(el('dt', 'mg-label', label));
       const value = el('dd', `mg-value mg-${key}`, '—');
@@ -121,6 +123,7 @@ export class MagnitudePanel extends Widget {
     this.fields.waiting.textContent = String(status.waiting);
     this.fields.rate.textContent = formatRate(status.recent_tokens_per_s);
     this.fields.tokens.textContent = tokensLine(status);
+    this.fields.steps.textContent = stepsLine(status);
     const shares = kvShares(status);
     this.kvFill.style.width = `${shares.requests.toFixed(1)}%`;
     this.kvCache.style.width = `${shares.cache.toFixed(1)}%`;

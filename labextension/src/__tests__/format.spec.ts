@@ -10,6 +10,7 @@ import {
   residentLine,
   sparklinePoints,
   statusLine,
+  stepsLine,
   tokensLine
 } from '../format';
 
@@ -37,6 +38,9 @@ describe('format', () => {
     expect(kvShares({ kv_cells_reserved: 0, kv_cells_total: 0 })).toEqual({ requests: 0, cache: 0, free: 100 });
     expect(cacheLine({ ...ready, prefix_cache_entries: 3, prefix_cache_cells: 900, prefix_cache_hit_rate: 0.614 })).toBe(
       'cache: 3 entries, 900 cells, 61% of prompt tokens reused'
+    );
+    expect(cacheLine({ ...ready, prefix_cache_entries: 1, prefix_cache_cells: 90, prefix_cache_ram_entries: 2 })).toBe(
+      'cache: 1 entry, 90 cells, 2 more in RAM, — of prompt tokens reused'
     );
     expect(cacheLine({ ...ready, prefix_cache_entries: 1 })).toBe('cache: 1 entry, 0 cells, — of prompt tokens reused');
   });
@@ -96,5 +100,12 @@ describe('many models', () => {
     expect(chosenModel('gone', status)).toBeNull();
     expect(chosenModel(null, status)).toBeNull();
     expect(chosenModel('smol-q8', null)).toBeNull();
+  });
+
+  it('splits an engine step into llama_decode and the rest, per call', () => {
+    expect(stepsLine({})).toBe('—');
+    expect(stepsLine({ steps: { decode_calls: 0, decode_rows: 0, decode_seconds: 0, step_seconds: 0 } })).toBe('—');
+    const steps = { decode_calls: 200, decode_rows: 3000, decode_seconds: 26, step_seconds: 26.3 };
+    expect(stepsLine({ steps })).toBe('130.0 ms llama_decode (15.0 rows) + 1.5 ms rest, × 200');
   });
 });
