@@ -25,6 +25,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+SavedState = bytes | bytearray  # a sequence's KV state (`llama_state_seq_get_data`), as the RAM tier keeps it
+
 
 @dataclass
 class CopyCells:
@@ -57,7 +59,7 @@ class RestoreSequence:
     (the tree's own cells for the part it already holds)."""
 
     seq_id: int
-    data: bytes
+    data: SavedState
     shared: int = 0
     shared_from: int | None = None
 
@@ -107,10 +109,10 @@ class RamTier:
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
-        self.entries: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
+        self.entries: OrderedDict[tuple[int, ...], SavedState] = OrderedDict()
         self.bytes = 0
 
-    def put(self, tokens: tuple[int, ...], data: bytes) -> None:
+    def put(self, tokens: tuple[int, ...], data: SavedState) -> None:
         if len(data) > self.capacity_bytes:
             return
         self.pop(tokens)
@@ -120,7 +122,7 @@ class RamTier:
             _, dropped = self.entries.popitem(last=False)
             self.bytes -= len(dropped)
 
-    def pop(self, tokens: tuple[int, ...]) -> bytes | None:
+    def pop(self, tokens: tuple[int, ...]) -> SavedState | None:
         data = self.entries.pop(tokens, None)
         if data is not None:
             self.bytes -= len(data)
@@ -292,7 +294,7 @@ class PrefixCache:
     def _end(path: list[Node]) -> int:
         return sum(len(node.tokens) for node in path)
 
-    def restore(self, tokens: tuple[int, ...], data: bytes, ops: list[KVOp], pinned: Pins = ()) -> bool:
+    def restore(self, tokens: tuple[int, ...], data: SavedState, ops: list[KVOp], pinned: Pins = ()) -> bool:
         """Bring a saved entry back from the RAM tier as a leaf; False if the tree holds it all already or
         no sequence id can be freed."""
         have = self.match(tokens, len(tokens)).length
