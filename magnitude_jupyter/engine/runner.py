@@ -286,8 +286,7 @@ class LlamaRunner:
 
     def save_sequence(self, seq_id: int) -> bytearray:
         """The KV state of one sequence (for the prefix cache's RAM tier). llama.cpp writes it straight
-        into the bytearray kept, whose fresh pages the allocator hands out already zeroed: no copy and
-        no clearing pass (measured 14 against 24 us a cell with a ctypes array copied out)."""
+        into the bytearray kept: no copy out of a ctypes array (measured 14 against 24 us a cell)."""
         size = llama_cpp.llama_state_seq_get_size(self.ctx, seq_id)
         state = bytearray(size)
         written = llama_cpp.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * size).from_buffer(state), size, seq_id)
