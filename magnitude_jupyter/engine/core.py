@@ -511,7 +511,10 @@ class Engine:
                 # The cache may have moved entries with nothing to decode (an idle one to the RAM tier,
                 # or evictions for a request that still did not fit): the tree has already handed their
                 # sequence ids out again, so their cells must go now, not with a later step.
-                self._apply_kv_ops(runner, out.kv_ops)
+                try:
+                    self._apply_kv_ops(runner, out.kv_ops)
+                except Exception:  # as a failed step: logged, and the engine goes on serving
+                    log.exception("prefix cache operations failed")
                 if cancelled:
                     self._notify_step()
                 continue

@@ -27,7 +27,7 @@ from .speculate import AnswerMemory, Guess, NgramIndex
 
 CACHE_KEY = "<prefix cache>"  # the cache's cells in the KV budget
 # Restore a saved entry when it covers at least this many more prompt tokens than the tree: a restore
-# (and the save when it goes idle again) costs about 40 us a cell, a few ms for a chat prompt and its
+# (and the save when it goes idle again) costs about 20 us a cell, a few ms for a chat prompt and its
 # answer, less than one prompt row computes in (benchmarks/idle_cells.py, ram_tier.py).
 RAM_RESTORE_GAIN = 2
 
