@@ -54,10 +54,6 @@ def run_isolated(fn, *args):
         return pool.submit(fn, *args).result()
 
 
-def run_level(engine: Engine, prompts: list[str], max_tokens: int, concurrency: int) -> tuple[int, float]:
-    return closed_loop(engine, prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0), concurrency)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=16)
@@ -75,9 +71,10 @@ def main() -> None:
     base_before = run_isolated(run_baseline, model_path, prompts, args.max_tokens, args.threads)
     engine = Engine(settings=Settings(), parallel=max(levels), ctx_size=8192, threads=args.threads).start()
     engine.generate("Hello", params=SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     results = {}
     for c in levels:
-        runs = [run_level(engine, prompts, args.max_tokens, c) for _ in range(args.repeats)]
+        runs = [closed_loop(engine, prompts, params, c) for _ in range(args.repeats)]
         results[c] = max(runs, key=lambda run: run[0] / run[1])
     engine.shutdown()
     base_after = run_isolated(run_baseline, model_path, prompts, args.max_tokens, args.threads)

@@ -36,10 +36,6 @@ def finish(runner: FakeRunner, cache: PrefixCache, tokens: list[int], copied_fro
     runner.end_sequence(REQUEST_SEQ)
 
 
-def check(runner: FakeRunner, cache: PrefixCache) -> None:
-    assert_cache_exact(runner, cache)
-
-
 def test_a_conversation_grows_one_entry_and_matches_every_turn():
     runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 20))
     turn1 = list(range(100, 140))
@@ -49,7 +45,7 @@ def test_a_conversation_grows_one_entry_and_matches_every_turn():
     match = cache.match(turn2, len(turn2) - 1)
     finish(runner, cache, turn2, copied_from=match.seq_id, shared=match.length)
     assert cache.entries == 1 and cache.cells == 70  # the same entry, grown: no cell twice
-    check(runner, cache)
+    assert_cache_exact(runner, cache)
 
 
 def test_diverging_prompts_share_their_common_head_once():
@@ -62,7 +58,7 @@ def test_diverging_prompts_share_their_common_head_once():
     assert cache.entries == 3
     assert cache.cells == 30 + 3 + 2 + 1  # the system prompt's cells exist once
     assert cache.match([*system, 40, 41, 99], 99).length == 32
-    check(runner, cache)
+    assert_cache_exact(runner, cache)
 
 
 def test_eviction_takes_the_least_recently_used_unpinned_leaf_and_folds_its_parent():
@@ -76,11 +72,11 @@ def test_eviction_takes_the_least_recently_used_unpinned_leaf_and_folds_its_pare
     freed = cache.evict(2, ops, pinned=[(pinned, len(pinned))])
     apply(runner, cache, ops)
     assert freed == 2 and cache.match(old, 99).length == 20 and cache.match(pinned, 99).length == 23
-    check(runner, cache)  # `head` folded into the surviving leaf, held by its sequence
+    assert_cache_exact(runner, cache)  # `head` folded into the surviving leaf, held by its sequence
     cache.evict(10**6, ops, pinned=[(pinned, len(pinned))])
     apply(runner, cache, ops)
     assert cache.entries == 1 and cache.match(pinned, 99).length == 23
-    check(runner, cache)
+    assert_cache_exact(runner, cache)
 
 
 def test_out_of_sequence_ids_the_oldest_entry_makes_room():
@@ -89,7 +85,7 @@ def test_out_of_sequence_ids_the_oldest_entry_makes_room():
         finish(runner, cache, list(range(start, start + 10)))
     assert cache.entries == 2 and cache.match(list(range(100, 110)), 99).length == 0
     assert cache.match(list(range(300, 310)), 99).length == 10
-    check(runner, cache)
+    assert_cache_exact(runner, cache)
 
 
 def test_the_ram_tier_brings_an_evicted_conversation_back():
@@ -108,7 +104,7 @@ def test_the_ram_tier_brings_an_evicted_conversation_back():
     assert cache.restore(tokens, cache.ram.pop(tokens), ops)
     apply(runner, cache, ops)
     assert cache.match(talk, 999).length == len(talk) and runner.restored == 1
-    check(runner, cache)  # the shared system prompt is the tree's own cells, not a second copy
+    assert_cache_exact(runner, cache)  # the shared system prompt is the tree's own cells, not a second copy
 
 
 def test_random_workloads_keep_the_tree_exact():
@@ -134,7 +130,7 @@ def test_random_workloads_keep_the_tree_exact():
                 tokens, cache.ram.pop(tokens), ops
             ):
                 apply(runner, cache, ops)
-        check(runner, cache)
+        assert_cache_exact(runner, cache)
 
 
 def test_an_idle_entry_moves_to_the_ram_tier_and_a_shared_or_used_one_stays():
@@ -152,12 +148,12 @@ def test_an_idle_entry_moves_to_the_ram_tier_and_a_shared_or_used_one_stays():
     assert runner.saved == 1 and cache.spilled_entries == 1 and len(cache.ram.entries) == 1
     assert cache.match(idle, 999).length == len(system) and cache.match(busy, 999).length == len(busy)
     assert cache.match(running, 999).length == len(running)  # pinned: idle as long, and kept
-    check(runner, cache)
+    assert_cache_exact(runner, cache)
     tokens, n = cache.ram.best([*idle, 5], 999)
     assert n == len(idle) and cache.restore(tokens, cache.ram.pop(tokens), ops)
     apply(runner, cache, ops)
     assert cache.match(idle, 999).length == len(idle)
-    check(runner, cache)
+    assert_cache_exact(runner, cache)
 
 
 def test_without_a_ram_tier_idle_entries_stay_until_their_cells_are_needed():

@@ -67,10 +67,11 @@ class RestoreSequence:
 RESPELL_WINDOW = 512  # prompt tokens after a match that a cached entry may spell differently
 # An entry nobody has used while this many rows went through llama_decode moves to the RAM tier.
 # Holding cells costs every row: llama.cpp's CPU attention reads the mask of each cell up to the
-# highest one in use, per row, head and layer (measured about 0.6 us a cell per row, bundled model,
-# 2 cores: 1,900 idle cells made a 16-row step ~20% slower), while saving and restoring costs about
-# 35 us a cell once (benchmarks/ram_tier.py). Moving an entry once holding it has cost what the move
-# would is the ski-rental rule: never more than twice the better choice, whenever it comes back.
+# highest one in use, per row, head and layer (benchmarks/idle_cells.py, bundled model, 2 cores:
+# 0.4-0.7 us a cell per row; 1,900 idle cells made a 16-row step 16% slower), while saving and
+# restoring costs about 19 us a cell once: moving pays after about 40 rows held, a figure that moves
+# between runs. Moving an entry once holding it has cost about what the move would is the ski-rental
+# rule: never much worse than the better choice, whenever the entry comes back.
 SPILL_AFTER_ROWS = 64
 
 KVOp = CopyCells | ClearSequence | SaveSequence | RestoreSequence
