@@ -143,8 +143,8 @@ def _conversation(client: Any, system: str | None, body: dict[str, Any]) -> None
 
 
 def batch_options(command: Any) -> Any:
-    """The batch options (declared once, in `batch.BatchOptions`) as click options."""
-    from .batch import batch_flags
+    """The batch options (declared once, in `batch_options.BatchOptions`) as click options."""
+    from .batch_options import batch_flags
 
     for name, flag, default in reversed(batch_flags()):
         names = [flag.name, *([flag.short] if flag.short else [])]
@@ -192,7 +192,8 @@ def batch(
     """
     import pandas as pd
 
-    from .batch import BatchError, given_options, score_dataframe, summary_line
+    from .batch import score_dataframe, summary_line
+    from .batch_options import BatchError, given_options
 
     try:
         df = pd.read_csv(input_path) if input_path.endswith(".csv") else pd.read_json(input_path, lines=True)

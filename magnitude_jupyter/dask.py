@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from distributed import WorkerPlugin, get_worker
 
-from .batch import BatchOptions, ChatClient, score_dataframe, served_model
+from .batch import ChatClient, score_dataframe, served_model
+from .batch_options import BatchOptions
 from .calibrate.profile import Profile, compare, summarize_levels
 from .calibrate.records import Level, Percentiles
 from .calibrate.run import calibrate

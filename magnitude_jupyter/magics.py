@@ -17,15 +17,8 @@ from typing import Any, NoReturn
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
-from .batch import (
-    BatchError,
-    add_batch_arguments,
-    batch_flags,
-    given_options,
-    is_dask_dataframe,
-    score_dataframe,
-    summary_line,
-)
+from .batch import is_dask_dataframe, score_dataframe, summary_line
+from .batch_options import BatchError, add_batch_arguments, batch_flags, given_options
 from .client import Client, ClientError, StreamResult, discover
 from .conversations import DEFAULT_CHAT, Conversations, Turn
 

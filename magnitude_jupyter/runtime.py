@@ -22,8 +22,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-import httpx
-
 
 def runtime_dir() -> Path:
     return Path(os.environ.get("MAGNITUDE_RUNTIME_DIR") or Path.home() / ".magnitude" / "runtime")
@@ -139,6 +137,10 @@ class LocalServer:
         raise ServerStartError(f"magnitude serve did not listen within {timeout:.0f} s")
 
     def _wait_healthy(self, timeout: float) -> None:
+        # Imported here, not at the top: `magnitude serve` imports this module for its runtime file, and
+        # httpx with its TLS stack would add about 17 MiB to every server's memory for a client it never uses.
+        import httpx
+
         deadline = time.monotonic() + timeout
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         while time.monotonic() < deadline:

@@ -12,7 +12,8 @@ import sys
 import httpx
 import pytest
 
-from magnitude_jupyter.batch import BatchError, BatchOptions, backoff_seconds, compile_template
+from magnitude_jupyter.batch import backoff_seconds, compile_template
+from magnitude_jupyter.batch_options import BatchError, BatchOptions
 from magnitude_jupyter.client import discover, iter_sse
 from magnitude_jupyter.runtime import serve_runtime_files
 

@@ -24,7 +24,6 @@ from tornado.web import HTTPError, RequestHandler, stream_request_body
 from ..engine import Engine, Request
 from ..engine.pool import ROOM_POLL_SECONDS, ROOM_WAIT_SECONDS, ModelPool, NoRoomError, Resident
 from .errors import api_error_from
-from .metrics import make_registry, render_metrics
 from .protocol import (
     ApiError,
     GenerationRequest,
@@ -358,6 +357,9 @@ class StatusHandler(ApiMixin):
 
 class MetricsHandler(ApiMixin):
     def get(self) -> None:
+        # prometheus_client is imported at the first scrape: about 14 MiB a server nobody scrapes need not hold.
+        from .metrics import make_registry, render_metrics
+
         registry = self.settings.get(REGISTRY_KEY)
         if registry is None:
             registry = self.settings[REGISTRY_KEY] = make_registry(self.pool)
