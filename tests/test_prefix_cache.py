@@ -162,3 +162,27 @@ def test_without_a_ram_tier_idle_entries_stay_until_their_cells_are_needed():
     ops: list[KVOp] = []
     assert cache.spill_idle(10 * SPILL_AFTER_ROWS, ops) == 0 and not ops
     assert cache.entries == 1
+
+
+def test_saved_entries_come_back_newest_first_within_the_cells_allowed():
+    runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 20), ram_bytes=1 << 20)
+    system = list(range(1, 21))
+    old, new, big = system + list(range(100, 130)), system + list(range(200, 230)), list(range(300, 400))
+    for tokens in (old, new, big):
+        finish(runner, cache, tokens)
+    ops: list[KVOp] = []
+    assert cache.spill_idle(SPILL_AFTER_ROWS + 1, ops) == 3  # old, then new, then big: the newest saved last
+    apply(runner, cache, ops)
+    assert cache.entries == 0 and cache.cells == 0 and len(cache.ram.entries) == 3
+    # 99 cells allowed: `big` (100, saved last) never fits; `new` (saved after `old`) comes back first,
+    # with the system prompt, then `old` shares that and adds its own 30
+    for expected in (new, old):
+        assert cache.bring_back_one(99, ops)
+        apply(runner, cache, ops)
+        assert cache.match(expected, 999).length == len(expected)
+    assert cache.cells == len(system) + 60
+    assert not cache.bring_back_one(99, ops) and list(cache.ram.entries) == [tuple(big)]
+    assert_cache_exact(runner, cache)
+    # a saved state the tree holds in full by now is only dropped
+    cache.ram.put(tuple(new[:30]), b"[]")
+    assert cache.bring_back_one(99, ops) and not ops and list(cache.ram.entries) == [tuple(big)]

@@ -354,23 +354,46 @@ def test_a_saved_entry_comes_back_for_the_few_prompt_tokens_it_adds_to_the_tree(
     assert back.cached_tokens == len(head) + len(tail) and s.cache.restored_tokens == len(tail)
 
 
-def test_an_idle_entry_moves_out_even_in_a_step_with_nothing_to_decode():
-    """An entry goes idle while only a reproducible request runs (nothing moves beside one), so it
-    moves to the RAM tier on the first step after that one, which has nothing to decode. Its cells
-    must go then: the tree has already given its sequence id to the next entry, which llama.cpp would
-    otherwise fill on top of them (two cells at a position, both read by attention)."""
+def test_an_entry_moved_out_while_others_decode_comes_back_once_nothing_runs():
+    """An entry idle while another request decodes moves to the RAM tier (its cells slow every row);
+    once nothing runs they cost nothing, and it comes back, in steps that have nothing to decode. Its
+    cells must be loaded then: the tree has already given it a sequence id and counts its cells."""
     greedy = SamplingParams(max_tokens=4, temperature=0)
-    with fake_engine(prefix_cache_entries=2, n_batch=32) as engine:
-        engine.generate("1 2 3 4 5 6 7 8", params=greedy)
-        long = SamplingParams(max_tokens=SPILL_AFTER_ROWS + 8, temperature=0, reproducible=True)
-        engine.generate("50 51 52 53 54 55", params=long)
+    with fake_engine(prefix_cache_entries=2, n_batch=32, min_prefix_tokens=4) as engine:
+        engine.generate("1 2 3 4 5 6 7 8", params=greedy)  # an entry of 11 cells: 1 ... 11
+        engine.generate("50 51 52 53 54 55", params=SamplingParams(max_tokens=SPILL_AFTER_ROWS + 8, temperature=0))
         cache = engine.scheduler.cache
         deadline = time.monotonic() + 10
-        while not cache.spilled_entries and time.monotonic() < deadline:
+        while (cache.ram.entries or not cache.spilled_entries) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert cache.spilled_entries == 1 and len(cache.ram.entries) == 1
-        for prompt in ("70 71 72 73 74", "80 81 82 83 84", "1 2 3 4 5 6 7 8 9 10 11"):
+        with engine._lock:
+            assert cache.spilled_entries == 1 and not cache.ram.entries and cache.restored_tokens == 11
+            assert engine.fake.restored == 1 and cache.entries == 2
+            assert_cache_exact(engine.fake, cache)
+        turn = engine.generate("1 2 3 4 5 6 7 8 9 10 11 40", params=greedy)
+        assert turn.usage["prompt_tokens_details"]["cached_tokens"] == 11
+        for prompt in ("70 71 72 73 74", "80 81 82 83 84"):  # the sequence ids go round again
             assert engine.generate(prompt, params=greedy).finish_reason == "length"
         time.sleep(0.05)
         with engine._lock:
             assert_cache_exact(engine.fake, cache)
+
+
+def test_a_restore_that_fails_while_nothing_runs_empties_the_cache_and_the_engine_serves_on():
+    """llama.cpp may find no room for a saved state: the tree already counts its cells, so it cannot
+    be trusted any more, and the cache starts over, unsaved (what it holds may not be what it says)."""
+    greedy = SamplingParams(max_tokens=4, temperature=0)
+    with fake_engine(prefix_cache_entries=2, n_batch=32, min_prefix_tokens=4) as engine:
+        engine.fake.restore_sequence = lambda seq_id, data: False
+        engine.generate("1 2 3 4 5 6 7 8", params=greedy)
+        engine.generate("50 51 52 53 54 55", params=SamplingParams(max_tokens=SPILL_AFTER_ROWS + 8, temperature=0))
+        cache = engine.scheduler.cache
+        deadline = time.monotonic() + 10
+        while (cache.ram.entries or cache.entries) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with engine._lock:
+            assert cache.spilled_entries == 1 and not cache.ram.entries and cache.entries == 0
+            assert engine.scheduler.budget.used == 0
+            assert_cache_exact(engine.fake, cache)
+        turn = engine.generate("1 2 3 4 5 6 7 8 9 10 11 40", params=greedy)
+        assert turn.finish_reason == "length" and turn.usage["prompt_tokens_details"]["cached_tokens"] == 0

@@ -508,13 +508,16 @@ class Engine:
                 if out.empty and not cancelled and not out.kv_ops:
                     self._lock.wait(timeout=0.25)
             if out.empty:
-                # The cache may have moved entries with nothing to decode (an idle one to the RAM tier,
-                # or evictions for a request that still did not fit): the tree has already handed their
-                # sequence ids out again, so their cells must go now, not with a later step.
+                # The cache may have moved entries with nothing to decode (saved ones back from the RAM
+                # tier, or evictions for a request that still did not fit): the tree has already handed
+                # their sequence ids out again, so their cells must go now, not with a later step.
                 try:
                     self._apply_kv_ops(runner, out.kv_ops)
                 except Exception:  # as a failed step: logged, and the engine goes on serving
                     log.exception("prefix cache operations failed")
+                    with self._lock:
+                        if not scheduler.running:  # no request shares its cells
+                            self._apply_kv_ops(runner, scheduler.reset_cache())
                 if cancelled:
                     self._notify_step()
                 continue

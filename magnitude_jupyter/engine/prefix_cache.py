@@ -414,9 +414,9 @@ class PrefixCache:
             node = node.parent
         return tuple(itertools.chain.from_iterable(reversed(parts)))
 
-    def _drop(self, leaf: Node, ops: list[KVOp]) -> None:
+    def _drop(self, leaf: Node, ops: list[KVOp], save: bool = True) -> None:
         assert leaf.seq_id is not None and leaf.parent is not None
-        if self.ram is not None:
+        if self.ram is not None and save:
             ops.append(SaveSequence(leaf.seq_id, self._path_tokens(leaf)))
         ops.append(ClearSequence(leaf.seq_id))
         self.free_seq_ids.append(leaf.seq_id)
@@ -432,7 +432,27 @@ class PrefixCache:
             child.parent = grand
             grand.children[child.tokens[0]] = child
 
-    def clear(self, ops: list[KVOp]) -> None:
-        """Forget every entry."""
+    def clear(self, ops: list[KVOp], save: bool = True) -> None:
+        """Forget every entry (saving each to the RAM tier, unless `save` is False: after a failed
+        operation, when llama.cpp's cells may not be what the tree says)."""
         for leaf in list(self.leaves()):
-            self._drop(leaf, ops)
+            self._drop(leaf, ops, save)
+
+    def bring_back_one(self, cells_limit: int, ops: list[KVOp]) -> bool:
+        """Restore the most recently saved entry that keeps the tree within `cells_limit` cells and
+        finds a free sequence id, for an engine with nothing to run: idle cells cost nothing while
+        nothing decodes, and the host memory the saved state held goes back. A saved entry the tree
+        already holds in full is dropped. False when nothing more comes back."""
+        if self.ram is None:
+            return False
+        for tokens in reversed(self.ram.entries):
+            have = self.match(tokens, len(tokens)).length
+            if have >= len(tokens):
+                self.ram.pop(tokens)
+                return True
+            if not self.free_seq_ids or self.cells + len(tokens) - have > cells_limit:
+                continue
+            data = self.ram.pop(tokens)
+            assert data is not None
+            return self.restore(tokens, data, ops)
+        return False

@@ -298,6 +298,22 @@ class Scheduler:
         self._sync_cache_budget()
         return self.cache.match(request.prompt_tokens, limit)
 
+    def _bring_back_idle(self, out: SchedulerOutput) -> None:
+        """With nothing to run, move saved entries back into the KV cache, one a step (a request that
+        arrives meanwhile waits for one restore, a few ms), into at most half of it: the rest stays free
+        for the requests to come, and what comes back moves out again if it idles while they decode."""
+        if self.cache is not None and self.cache.bring_back_one(self.ctx_size // 2, out.kv_ops):
+            self._sync_cache_budget()
+
+    def reset_cache(self) -> list[KVOp]:
+        """Forget every cache entry without saving it, when llama.cpp's cells may no longer be what the
+        tree says (a cache operation failed); the operations that clear their sequences."""
+        ops: list[KVOp] = []
+        if self.cache is not None:
+            self.cache.clear(ops, save=False)
+            self._sync_cache_budget()
+        return ops
+
     def kv_cells_held(self) -> int:
         """KV cells holding tokens, a prefix shared through `llama_memory_seq_cp` counted once: each
         running request's own cells, and the cache's."""
@@ -333,15 +349,20 @@ class Scheduler:
         now = time.monotonic() if now is None else now
         out = SchedulerOutput()
         self._admit(now, out)
-        # Idle entries move to host RAM (prefix_cache.SPILL_AFTER_ROWS), but not beside a reproducible
-        # request: the cells they free would take its next tokens out of position order (as refused
-        # drafts would, below); the rows still count, and the move waits until it has finished.
+        idle = not self.running and not self.num_waiting
+        # Idle entries move to host RAM (prefix_cache.SPILL_AFTER_ROWS) while others decode, but not
+        # beside a reproducible request: the cells they free would take its next tokens out of position
+        # order (as refused drafts would, below); the rows still count, and the move waits until it has
+        # finished. With nothing to decode, holding cells costs nothing: they come back instead.
         if self.cache is not None:
             rows, self._rows_scheduled = self._rows_scheduled, 0
-            if any(r.params.reproducible for r in self.running):
+            if idle or any(r.params.reproducible for r in self.running):
                 self.cache.rows += rows
             elif self.cache.spill_idle(rows, out.kv_ops, self._pins()):
                 self._sync_cache_budget()
+        if idle:
+            self._bring_back_idle(out)
+            return out
         token_budget = self.n_batch
 
         # Decode first: one token of every sequence whose prompt is in the cache.
