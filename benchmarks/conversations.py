@@ -5,6 +5,7 @@ far plus a new user message (distinct per session), over a shared ~60-token syst
 streams a 48-token greedy answer. The same workload runs against `magnitude serve` and llama.cpp's
 own `llama-server` (built from the llama.cpp vendored in our pinned llama-cpp-python by
 ../shared/tools/build-llama-server.sh), alternating, best of two runs each, in one run of this script.
+Each server's RSS is read at the end of its last run and again after it has idled two seconds.
 
     python benchmarks/conversations.py [--sessions 8] [--rounds 6] [--repeats 2] [--llama-server PATH]
 """
@@ -36,6 +37,8 @@ from _common import (
 
 from magnitude_jupyter.calibrate.workflow import SYSTEM, session_message
 from magnitude_jupyter.client import iter_sse
+
+IDLE_SECONDS = 2.0  # RSS is read at the end of a run and again this long after
 
 
 @dataclass
@@ -135,16 +138,19 @@ def main() -> None:
         "llama-server": lambda: LlamaServer(binary, parallel=16, ctx_size=8192, threads=args.threads),
     }
     best: dict[str, Run] = {}
-    rss: dict[str, int] = {}
+    rss: dict[str, tuple[int, int]] = {}
     for repeat in range(args.repeats):
         for name, start in servers.items():
             server = start()
             try:
                 run = run_workload(name, server.url, args.sessions, args.rounds, args.max_tokens)
-                if isinstance(server, LlamaServer):
-                    rss[name] = server.rss_bytes()
-                else:
-                    rss[name] = psutil.Process(server.proc.pid).memory_info().rss
+                process = psutil.Process(server.proc.pid)
+                # At the end, and once the server has idled a second (ours brings saved cache entries
+                # back into its KV cells then, giving their host memory back): both servers alike.
+                rss[name] = (process.memory_info().rss, 0)
+                time.sleep(IDLE_SECONDS)
+                rss[name] = (rss[name][0], process.memory_info().rss)
+                if not isinstance(server, LlamaServer):
                     status = server.client.status()
                     run.refused = refused_drafts(status)
                     run.steps = step_split(None, status["steps"])
@@ -164,7 +170,7 @@ def main() -> None:
                 f"{run.tokens_per_s:.1f}",
                 f"{run.ttft_p50(range(2, args.rounds + 1)):.0f}",
                 by_round,
-                f"{rss[name] / 2**20:.0f}",
+                " / ".join(f"{b / 2**20:.0f}" for b in rss[name]),
                 f"{run.prompt_tokens - run.cached_tokens:,}",
                 f"{run.rows:,}",
                 f"{run.rows / run.seconds:.1f}",
@@ -178,7 +184,8 @@ def main() -> None:
         f"{args.threads} threads, parallel 16, 8,192 cells (llama-server: -np 16 --kv-unified -c 8192); "
         f"best of {args.repeats} alternating runs"
     )
-    headers = ["server", "output tok/s", "TTFT p50 rounds 2+ ms", "TTFT p50 by round ms", "RSS MiB"]
+    headers = ["server", "output tok/s", "TTFT p50 rounds 2+ ms", "TTFT p50 by round ms"]
+    headers += [f"RSS MiB, end / {IDLE_SECONDS:.0f} s idle"]
     headers += ["prompt tokens computed", "rows decoded", "rows/s", "errors", "our llama_decode + rest per call"]
     print(table([*headers, "vs llama-server"], rows))
     print(

@@ -13,9 +13,15 @@ from magnitude_jupyter.engine import (
     PromptTooLongError,
     SamplingParams,
 )
-from magnitude_jupyter.engine.prefix_cache import SPILL_AFTER_ROWS, ClearSequence, CopyCells, RestoreSequence
+from magnitude_jupyter.engine.prefix_cache import (
+    SPILL_AFTER_ROWS,
+    ClearSequence,
+    CopyCells,
+    RestoreSequence,
+    SaveSequence,
+)
 from magnitude_jupyter.engine.request import Request, RequestStatus
-from magnitude_jupyter.engine.scheduler import REPRODUCIBLE_CHUNK, Scheduler
+from magnitude_jupyter.engine.scheduler import BRING_BACK_AFTER_IDLE_SECONDS, REPRODUCIBLE_CHUNK, Scheduler
 
 from .fakes import assert_cache_exact, fake_engine
 
@@ -397,3 +403,24 @@ def test_a_restore_that_fails_while_nothing_runs_empties_the_cache_and_the_engin
             assert_cache_exact(engine.fake, cache)
         turn = engine.generate("1 2 3 4 5 6 7 8 9 10 11 40", params=greedy)
         assert turn.finish_reason == "length" and turn.usage["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_saved_entries_wait_for_a_second_of_idleness_to_come_back():
+    """Not in the gap between one client's requests, where they would go out again 64 rows later."""
+    s = cached_scheduler(cache_ram_bytes=1 << 20)
+    req = make_request("saved")
+    req.prompt_tokens = list(range(100, 130))
+    s.add_request(req)
+    s.schedule(now=10.0)
+    req.num_computed_tokens = len(req.prompt_tokens)
+    s.finish(req, FinishReason.STOP)
+    s.take_pending_kv_ops()
+    ops: list = []
+    assert s.cache.spill_idle(SPILL_AFTER_ROWS + 1, ops) == 1 and s.cache.entries == 0
+    (saved,) = [op.tokens for op in ops if isinstance(op, SaveSequence)]
+    s.cache.ram.put(saved, b"state")  # what the engine does with the save
+    assert not s.schedule(now=20.0).kv_ops  # idle from here
+    assert not s.schedule(now=20.0 + BRING_BACK_AFTER_IDLE_SECONDS / 2).kv_ops
+    back = s.schedule(now=20.0 + BRING_BACK_AFTER_IDLE_SECONDS).kv_ops
+    assert [type(op) for op in back] == [RestoreSequence] and s.cache.entries == 1 and not s.cache.ram.entries
+    assert s.budget.used == s.cache.cells == len(saved) > 0

@@ -30,6 +30,9 @@ CACHE_KEY = "<prefix cache>"  # the cache's cells in the KV budget
 # (and the save when it goes idle again) costs about 20 us a cell, a few ms for a chat prompt and its
 # answer, less than one prompt row computes in (benchmarks/idle_cells.py, ram_tier.py).
 RAM_RESTORE_GAIN = 2
+# Saved entries come back into the KV cache once nothing has run for this long: not in the gap between
+# a client's requests, where they would only go out again, with their save, 64 rows later.
+BRING_BACK_AFTER_IDLE_SECONDS = 1.0
 
 # llama.cpp's CPU flash attention runs prompt chunks of 64 tokens or more in KV tiles, grouping a
 # sequence's cells by where they sit in the shared cache; below that it visits them one by one, in
@@ -157,6 +160,7 @@ class Scheduler:
         self.min_prefix_tokens = min_prefix_tokens
         self.pending_kv_ops: list[KVOp] = []  # from finish(): to apply before the finished sequences are cleared
         self._rows_scheduled = 0  # rows of the last step planned: the cache's idle clock (spill_idle)
+        self._idle_since: float | None = None  # when the last request ended, while none runs or waits
 
     # -- admission ----------------------------------------------------------------------
 
@@ -299,9 +303,10 @@ class Scheduler:
         return self.cache.match(request.prompt_tokens, limit)
 
     def _bring_back_idle(self, out: SchedulerOutput) -> None:
-        """With nothing to run, move saved entries back into the KV cache, one a step (a request that
-        arrives meanwhile waits for one restore, a few ms), into at most half of it: the rest stays free
-        for the requests to come, and what comes back moves out again if it idles while they decode."""
+        """With nothing to run (BRING_BACK_AFTER_IDLE_SECONDS), move saved entries back into the KV
+        cache, one a step (a request that arrives meanwhile waits for one restore, a few ms), into at
+        most half of it: the rest stays free for the requests to come, and what comes back moves out
+        again if it idles while they decode."""
         if self.cache is not None and self.cache.bring_back_one(self.ctx_size // 2, out.kv_ops):
             self._sync_cache_budget()
 
@@ -361,8 +366,11 @@ class Scheduler:
             elif self.cache.spill_idle(rows, out.kv_ops, self._pins()):
                 self._sync_cache_budget()
         if idle:
-            self._bring_back_idle(out)
+            self._idle_since = now if self._idle_since is None else self._idle_since
+            if now - self._idle_since >= BRING_BACK_AFTER_IDLE_SECONDS:
+                self._bring_back_idle(out)
             return out
+        self._idle_since = None
         token_budget = self.n_batch
 
         # Decode first: one token of every sequence whose prompt is in the cache.
