@@ -445,7 +445,7 @@ class PrefixCache:
         already holds in full is dropped. False when nothing more comes back."""
         if self.ram is None:
             return False
-        for tokens in reversed(self.ram.entries):
+        for tokens in list(reversed(self.ram.entries)):
             have = self.match(tokens, len(tokens)).length
             if have >= len(tokens):
                 self.ram.pop(tokens)
@@ -454,5 +454,7 @@ class PrefixCache:
                 continue
             data = self.ram.pop(tokens)
             assert data is not None
-            return self.restore(tokens, data, ops)
+            if self.restore(tokens, data, ops):
+                return True
+            self.ram.put(tokens, data)
         return False
