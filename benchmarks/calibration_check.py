@@ -2,7 +2,8 @@
 
 Runs `magnitude serve`, then, for each concurrency level: the sweep's closed-loop level, and right
 after it an independent closed-loop client (asyncio + httpx, none of our client code) sending the
-same requests. Prints both output tok/s and their ratio; they should agree within 15%.
+same kind of requests (a shared system prompt and distinct user text; no run repeats another's
+prompts, on either side). Prints both output tok/s and their ratio; they should agree within 15%.
 
     python benchmarks/calibration_check.py [--levels 1,4,8] [--requests 16] [--max-tokens 48]
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 import threading
@@ -25,8 +27,9 @@ from _common import TOKEN, MagnitudeServer, table
 from magnitude_jupyter.calibrate.sweep import SweepConfig, messages_for, run_closed_level
 
 
-async def independent_level(url: str, concurrency: int, config: SweepConfig) -> float:
-    """The same level's load from a client of its own, with distinct prompts of its own (the sweep's default)."""
+async def independent_level(url: str, concurrency: int, config: SweepConfig, offset: int) -> float:
+    """The same level's load from a client of its own, with distinct prompts of its own (the sweep's default),
+    numbered from `offset`."""
     remaining = [config.requests_per_level]
     tokens = [0]
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=600) as http:
@@ -35,7 +38,7 @@ async def independent_level(url: str, concurrency: int, config: SweepConfig) -> 
             while remaining[0] > 0:
                 remaining[0] -= 1
                 body = {
-                    "messages": messages_for(config, 90_000_000 + concurrency * 1000 + remaining[0]),
+                    "messages": messages_for(config, offset + remaining[0]),
                     "max_tokens": config.max_tokens,
                     "temperature": 0,
                     "ignore_eos": True,
@@ -66,13 +69,17 @@ def main() -> None:
     worst = 0.0
     try:
         url = f"http://127.0.0.1:{server.port}"
-        asyncio.run(independent_level(url, 1, SweepConfig(requests_per_level=2, max_tokens=8)))  # warm-up
+        asyncio.run(independent_level(url, 1, SweepConfig(requests_per_level=2, max_tokens=8), 0))  # warm-up
+        # Every run its own prompts, on both sides, as `calibrate` gives every level its own: a prompt
+        # sent again is a prefix-cache hit, and its greedy answer is remembered (drafts), which flatters.
+        offsets = itertools.count(1_000_000, 1_000_000)
         for c in (int(x) for x in args.levels.split(",")):
             # Alternate the two, best of `repeats` each: noise on a shared machine only slows a run down.
             sweeps, others = [], []
             for _ in range(args.repeats):
-                sweeps.append(run_closed_level(server.client, config, c, threading.Event()).output_tokens_per_s)
-                others.append(asyncio.run(independent_level(url, c, config)))
+                level = run_closed_level(server.client, config, c, threading.Event(), next(offsets))
+                sweeps.append(level.output_tokens_per_s)
+                others.append(asyncio.run(independent_level(url, c, config, 900_000_000 + next(offsets))))
             sweep, other = max(sweeps), max(others)
             worst = max(worst, abs(sweep / other - 1))
             rows.append([c, f"{sweep:.1f}", f"{other:.1f}", f"{sweep / other:.3f}"])
