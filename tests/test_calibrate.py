@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,8 +22,8 @@ from magnitude_jupyter.calibrate.stats import (
     saturated,
     scaling_efficiency,
 )
-from magnitude_jupyter.calibrate.sweep import SweepConfig
-from magnitude_jupyter.client import Client
+from magnitude_jupyter.calibrate.sweep import SweepConfig, run_sweep
+from magnitude_jupyter.client import Client, ClientError
 from magnitude_jupyter.models import bundled_model_path, read_model_info
 
 
@@ -279,3 +280,31 @@ def test_a_level_keeps_sending_until_its_minimum_time(server):
     level = run_closed_level(Client(server.url, server.token), config, 2, threading.Event())
     assert level.seconds >= 1.5 and level.requests > 2 and level.errors == 0
     assert level.output_tokens_per_s_ci95 is not None and level.output_tokens_per_s_ci95 >= 0
+
+
+class RecordingClient:
+    """Answers every request with one token at once and keeps what it was sent: the sweep's requests,
+    without a server (only which prompts go out is under test here)."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def stream_chat(self, messages, result=None, **body):
+        self.sent.append(json.dumps(messages))
+        if result is not None:
+            result.usage = {"prompt_tokens": 10, "completion_tokens": 1}
+        yield "x"
+
+    def status(self):
+        raise ClientError("not ours")
+
+
+@pytest.mark.parametrize("mode", ["closed", "open"])
+def test_no_sweep_sends_a_prompt_again_across_levels_or_runs(mode):
+    """A prompt sent again is a prefix-cache hit whose greedy answer is remembered: it would flatter
+    the level (or the second calibration of the same server) that sends it."""
+    config = SweepConfig(concurrency=(1, 2), rates=(50.0, 100.0), mode=mode, requests_per_level=6, warmup_requests=0)
+    client = RecordingClient()
+    for _ in range(2):
+        run_sweep(client, config)
+    assert len(client.sent) == 24 and len(set(client.sent)) == 24

@@ -131,3 +131,24 @@ def test_an_agent_workflow_calls_tools_round_after_round_and_answers_last(server
     assert "agent workflow" in format_workflow(result) and "4 tool calls" in format_workflow(result)
     assert {t.name for t in agent_tools()} == {"calculator", "lookup"}
     assert WorkflowResult.from_json(json.loads(json.dumps(result.to_json()))) == result
+
+
+@pytest.mark.parametrize("agent", [False, True])
+def test_no_workflow_sends_a_conversation_again_across_levels_or_runs(agent):
+    """Session 0 of one level replaying session 0 of the level before would find its whole history in
+    the prefix cache and its greedy answers remembered, and flatter the level; so would a second
+    calibration of the same server replaying the first."""
+    firsts: list[str] = []
+
+    class FirstMessages:
+        def stream_chat(self, messages, result=None, **body):
+            if len(messages) == 2:  # the system prompt and the session's first message
+                firsts.append(messages[1]["content"])
+            if result is not None:
+                result.usage = {"prompt_tokens": 10, "completion_tokens": 1}
+                result.text = "An answer."
+            yield "An answer."
+
+    for _ in range(2):
+        run_workflow(FirstMessages(), sessions=(1, 2, 4), rounds=2, max_tokens=4, agent=agent)
+    assert len(firsts) == 14 and len(set(firsts)) == 14

@@ -82,6 +82,6 @@ def agent_task(session: int) -> str:
     names = list(CITIES)
     first, second = names[session % len(names)], names[(session * 7 + 3) % len(names)]
     return (
-        f"How many people live in {first} and {second} together? Look up both cities, add the two "
+        f"Task {session + 1}: how many people live in {first} and {second} together? Look up both cities, add the two "
         "populations with the calculator, then answer in one sentence."
     )

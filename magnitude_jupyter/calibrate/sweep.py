@@ -328,7 +328,9 @@ def throughput_interval(samples: list[Sample], concurrency: int) -> float | None
     return 1.96 * statistics.stdev(rates) / math.sqrt(len(rates))
 
 
-def run_open_level(client: Client, config: SweepConfig, rate: float, stop: threading.Event, seed: int = 0) -> Level:
+def run_open_level(
+    client: Client, config: SweepConfig, rate: float, stop: threading.Event, seed: int = 0, index_base: int = 0
+) -> Level:
     """Poisson arrivals at `rate` requests/s, whatever the server's pace (each request its own thread)."""
     rng = random.Random(seed)
     samples: list[Sample] = []
@@ -348,7 +350,7 @@ def run_open_level(client: Client, config: SweepConfig, rate: float, stop: threa
                 break
             next_at += rng.expovariate(rate)
             time.sleep(max(0.0, next_at - time.perf_counter()))
-            thread = threading.Thread(target=fire, args=(seed * 1_000_003 + i,), daemon=True)
+            thread = threading.Thread(target=fire, args=(index_base + seed * 1_000_003 + i,), daemon=True)
             thread.start()
             threads.append(thread)
         for thread in threads:
@@ -371,17 +373,20 @@ def run_sweep(
             break
         one_request(client, config, -1 - i)
     levels: list[Level] = []
+    # ... and every run: a second calibration of the same server must not find the first's prompts in
+    # its prefix cache, nor their greedy answers remembered (drafts).
+    run_base = 1_000_000_000 * random.randrange(1, 1_000_000)
     steps = config.concurrency if config.mode == "closed" else config.rates
     reason = None
     for step in steps:
         if stop.is_set():
             reason = "stopped"
             break
-        offset = 1_000_000 * (len(levels) + 1)  # every level its own prompts
+        offset = run_base + 1_000_000 * (len(levels) + 1)  # every level its own prompts
         if config.mode == "closed":
             level = run_closed_level(client, config, int(step), stop, offset)
         else:
-            level = run_open_level(client, config, float(step), stop, seed=len(levels) + 1)
+            level = run_open_level(client, config, float(step), stop, seed=len(levels) + 1, index_base=run_base)
         if stop.is_set() and level.requests == 0:
             reason = "stopped"
             break

@@ -14,6 +14,7 @@ largest S asked for meets it (a regression gate for CI).
 from __future__ import annotations
 
 import functools
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -207,8 +208,16 @@ def _agent_round(client: Client, messages: list[dict[str, Any]], k: int, rounds:
 
 
 def run_level(
-    client: Client, sessions: int, rounds: int, max_tokens: int, stop: threading.Event, agent: bool = False
+    client: Client,
+    sessions: int,
+    rounds: int,
+    max_tokens: int,
+    stop: threading.Event,
+    agent: bool = False,
+    first_session: int = 0,
 ) -> list[_Sample]:
+    """`sessions` conversations at once, numbered from `first_session` (a number picks the topic or
+    task, and is written into the first message, so no two numbers hold the same conversation)."""
     samples: list[_Sample] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -234,7 +243,7 @@ def run_level(
             with lock:
                 samples.append(sample)
 
-    threads = [threading.Thread(target=session, args=(i,), daemon=True) for i in range(sessions)]
+    threads = [threading.Thread(target=session, args=(first_session + i,), daemon=True) for i in range(sessions)]
     for t in threads:
         t.start()
     for t in threads:
@@ -287,11 +296,15 @@ def run_workflow(
         raise ValueError("sessions, rounds and max tokens must be at least 1")
     stop = stop or threading.Event()
     levels = []
+    # Every level's conversations, and every run's, are new: a conversation sent again would find its
+    # history in the prefix cache and its greedy answers remembered (drafts), and flatter the level.
+    first_session = random.randrange(1_000_000) * 1_000
     for count in sessions:
         if stop.is_set():
             break
         start = time.perf_counter()
-        samples = run_level(client, count, rounds, max_tokens, stop, agent)
+        samples = run_level(client, count, rounds, max_tokens, stop, agent, first_session)
+        first_session += count
         level = summarize_level(count, samples, time.perf_counter() - start, rounds, slo_round_p95_ms)
         levels.append(level)
         if on_level is not None:
