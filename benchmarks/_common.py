@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 
 from magnitude_jupyter.client import Client
 from magnitude_jupyter.engine.runner import repack_weights
@@ -158,9 +157,6 @@ class LlamaServer:
             time.sleep(0.3)
         self.close()
         raise RuntimeError("llama-server did not start")
-
-    def rss_bytes(self) -> int:
-        return psutil.Process(self.proc.pid).memory_info().rss
 
     def close(self) -> None:
         stop_process(self.proc)

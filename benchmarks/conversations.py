@@ -145,11 +145,11 @@ def main() -> None:
             try:
                 run = run_workload(name, server.url, args.sessions, args.rounds, args.max_tokens)
                 process = psutil.Process(server.proc.pid)
-                # At the end, and once the server has idled a second (ours brings saved cache entries
+                # At the end, and once the server has idled IDLE_SECONDS (ours brings saved cache entries
                 # back into its KV cells then, giving their host memory back): both servers alike.
-                rss[name] = (process.memory_info().rss, 0)
+                at_end = process.memory_info().rss
                 time.sleep(IDLE_SECONDS)
-                rss[name] = (rss[name][0], process.memory_info().rss)
+                rss[name] = (at_end, process.memory_info().rss)
                 if not isinstance(server, LlamaServer):
                     status = server.client.status()
                     run.refused = refused_drafts(status)

@@ -6,6 +6,7 @@ import itertools
 import json
 import time
 
+from magnitude_jupyter.client import ClientError
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine
 from magnitude_jupyter.engine.request import SamplingParams
@@ -157,3 +158,23 @@ def assert_cache_exact(runner: FakeRunner, cache) -> None:
         assert runner.tokens_of(leaf.seq_id) == path
     assert not [seq for seq in cache.free_seq_ids if runner.seqs.get(seq)], "a free sequence id holds cells"
     assert cache.cells == runner.live_cells() == sum(len(n.tokens) for n in cache._nodes())
+
+
+class RecordingClient:
+    """A client that answers every chat at once with one short answer and keeps the messages it was
+    sent: calibration's requests without a server, where only what goes out is under test."""
+
+    ANSWER = "An answer."
+
+    def __init__(self) -> None:
+        self.sent: list[list[dict]] = []
+
+    def stream_chat(self, messages, result=None, **body):
+        self.sent.append([dict(m) for m in messages])
+        if result is not None:
+            result.usage = {"prompt_tokens": 10, "completion_tokens": 1}
+            result.text = self.ANSWER
+        yield self.ANSWER
+
+    def status(self):
+        raise ClientError("not ours")  # as another server's: the sweep samples no /status

@@ -23,8 +23,10 @@ from magnitude_jupyter.calibrate.stats import (
     scaling_efficiency,
 )
 from magnitude_jupyter.calibrate.sweep import SweepConfig, run_sweep
-from magnitude_jupyter.client import Client, ClientError
+from magnitude_jupyter.client import Client
 from magnitude_jupyter.models import bundled_model_path, read_model_info
+
+from .fakes import RecordingClient
 
 
 def test_percentiles_by_hand():
@@ -282,23 +284,6 @@ def test_a_level_keeps_sending_until_its_minimum_time(server):
     assert level.output_tokens_per_s_ci95 is not None and level.output_tokens_per_s_ci95 >= 0
 
 
-class RecordingClient:
-    """Answers every request with one token at once and keeps what it was sent: the sweep's requests,
-    without a server (only which prompts go out is under test here)."""
-
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-
-    def stream_chat(self, messages, result=None, **body):
-        self.sent.append(json.dumps(messages))
-        if result is not None:
-            result.usage = {"prompt_tokens": 10, "completion_tokens": 1}
-        yield "x"
-
-    def status(self):
-        raise ClientError("not ours")
-
-
 @pytest.mark.parametrize("mode", ["closed", "open"])
 def test_no_sweep_sends_a_prompt_again_across_levels_or_runs(mode):
     """A prompt sent again is a prefix-cache hit whose greedy answer is remembered: it would flatter
@@ -307,4 +292,4 @@ def test_no_sweep_sends_a_prompt_again_across_levels_or_runs(mode):
     client = RecordingClient()
     for _ in range(2):
         run_sweep(client, config)
-    assert len(client.sent) == 24 and len(set(client.sent)) == 24
+    assert len(client.sent) == 24 and len({json.dumps(messages) for messages in client.sent}) == 24

@@ -19,6 +19,8 @@ from magnitude_jupyter.calibrate.workflow import (
 )
 from magnitude_jupyter.client import Client
 
+from .fakes import RecordingClient
+
 
 def samples(latencies_by_round: dict[int, list[float]]) -> list[_Sample]:
     return [
@@ -138,17 +140,9 @@ def test_no_workflow_sends_a_conversation_again_across_levels_or_runs(agent):
     """Session 0 of one level replaying session 0 of the level before would find its whole history in
     the prefix cache and its greedy answers remembered, and flatter the level; so would a second
     calibration of the same server replaying the first."""
-    firsts: list[str] = []
-
-    class FirstMessages:
-        def stream_chat(self, messages, result=None, **body):
-            if len(messages) == 2:  # the system prompt and the session's first message
-                firsts.append(messages[1]["content"])
-            if result is not None:
-                result.usage = {"prompt_tokens": 10, "completion_tokens": 1}
-                result.text = "An answer."
-            yield "An answer."
-
+    client = RecordingClient()
     for _ in range(2):
-        run_workflow(FirstMessages(), sessions=(1, 2, 4), rounds=2, max_tokens=4, agent=agent)
+        run_workflow(client, sessions=(1, 2, 4), rounds=2, max_tokens=4, agent=agent)
+    # a session's first request: the system prompt and its first message
+    firsts = [messages[1]["content"] for messages in client.sent if len(messages) == 2]
     assert len(firsts) == 14 and len(set(firsts)) == 14

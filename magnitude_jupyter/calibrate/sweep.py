@@ -373,8 +373,8 @@ def run_sweep(
             break
         one_request(client, config, -1 - i)
     levels: list[Level] = []
-    # ... and every run: a second calibration of the same server must not find the first's prompts in
-    # its prefix cache, nor their greedy answers remembered (drafts).
+    # Every run its own prompts too (and every level, below): a second calibration of the same server
+    # must not find the first's prompts in its prefix cache, nor their greedy answers remembered (drafts).
     run_base = 1_000_000_000 * random.randrange(1, 1_000_000)
     steps = config.concurrency if config.mode == "closed" else config.rates
     reason = None
