@@ -137,8 +137,8 @@ class LocalServer:
         raise ServerStartError(f"magnitude serve did not listen within {timeout:.0f} s")
 
     def _wait_healthy(self, timeout: float) -> None:
-        # Imported here, not at the top: `magnitude serve` imports this module for its runtime file, and
-        # httpx with its TLS stack would add about 17 MiB to every server's memory for a client it never uses.
+        # Imported here, not at the top: `magnitude serve` imports this module for its runtime file and
+        # never uses an HTTP client (with /metrics' prometheus_client, 58 -> 54.5 MiB at import, measured).
         import httpx
 
         deadline = time.monotonic() + timeout

@@ -357,7 +357,7 @@ class StatusHandler(ApiMixin):
 
 class MetricsHandler(ApiMixin):
     def get(self) -> None:
-        # prometheus_client is imported at the first scrape: about 14 MiB a server nobody scrapes need not hold.
+        # prometheus_client is imported at the first scrape: a server nobody scrapes does without it.
         from .metrics import make_registry, render_metrics
 
         registry = self.settings.get(REGISTRY_KEY)
