@@ -44,7 +44,7 @@ def ms_per_step(runner: LlamaRunner, entries: int, steps: int) -> float:
     ids = fill_entries(runner, entries)
     prompts = [[2000 + s * 50 + j for j in range(16)] for s in range(RUNNING)]
     for s in range(RUNNING):
-        runner.start_sequence(s, SamplingParams(temperature=0), prompts[s])
+        runner.start_sequence(s, SamplingParams(temperature=0), prompts[s], len(prompts[s]))
     runner.decode([DecodeItem(s, prompts[s], 0, False) for s in range(RUNNING)])
     times = []
     for k in range(steps):

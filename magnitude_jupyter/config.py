@@ -65,6 +65,10 @@ class EngineSettings:
     # llama.cpp's extra layouts for the weights (CPU repacking, AMX tiles). None: on, unless this build
     # compiled llama.cpp's AMX kernels, which crash (engine/runner.py `repack_weights`).
     repack: bool | None = None
+    # llama.cpp's attention: flash attention (true), or its matrix products (false). None: false on a
+    # CPU with an f16/f32 V cache, where the products decode long contexts several times faster
+    # (README, Flash attention); true with GPU layers or a quantized V, which only flash attention holds.
+    flash_attention: bool | None = None
 
     def __post_init__(self) -> None:
         if self.ctx_size != "auto" and (
@@ -77,6 +81,15 @@ class EngineSettings:
                 continue
             if value not in KV_CACHE_TYPES:
                 raise ConfigError(f"engine setting {name!r} must be one of {', '.join(KV_CACHE_TYPES)}, got {value!r}")
+        if not (self.flash_attention is None or isinstance(self.flash_attention, bool)):
+            raise ConfigError(
+                f"engine setting 'flash_attention' must be true, false or null, got {self.flash_attention!r}"
+            )
+        if self.flash_attention is False and self.kv_types[1] not in UNQUANTIZED_CACHE_TYPES:
+            raise ConfigError(
+                f"engine setting 'flash_attention': false cannot hold a {self.kv_types[1]} V cache "
+                "(llama.cpp quantizes V only with flash attention): use f16 or f32 for V, or flash_attention: true"
+            )
         if self.memory_budget is not None:
             if self.ctx_size != "auto":
                 raise ConfigError("engine setting 'memory_budget' sizes the KV cache only with ctx_size: auto")
@@ -125,6 +138,12 @@ class EngineSettings:
         return self.cache_type, self.cache_type_v or self.cache_type
 
     @property
+    def uses_flash_attention(self) -> bool:
+        if self.flash_attention is not None:
+            return self.flash_attention
+        return self.gpu_layers > 0 or self.kv_types[1] not in UNQUANTIZED_CACHE_TYPES
+
+    @property
     def kv_type_label(self) -> str:
         k, v = self.kv_types
         return k if k == v else f"{k}/{v}"
@@ -137,7 +156,8 @@ class EngineSettings:
         return self.ctx_size
 
 
-# KV cache types llama.cpp's CPU backend takes (a quantized V needs flash attention, which the engine uses).
+# KV cache types llama.cpp's CPU backend takes (a quantized V needs flash attention: `uses_flash_attention`).
+UNQUANTIZED_CACHE_TYPES = ("f16", "f32")
 KV_CACHE_TYPES = ("f16", "q8_0", "q4_0", "f32", "q5_1", "q5_0", "q4_1")
 BYTE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20}
 BYTE_UNITS |= {"g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
@@ -202,7 +222,7 @@ MODEL_KEYS |= {
     "draft_tokens",
     "draft_max_sequences",
 }
-MODEL_KEYS |= {"cache_type", "cache_type_v", "memory_budget", "mlock", "mmap"}
+MODEL_KEYS |= {"cache_type", "cache_type_v", "memory_budget", "mlock", "mmap", "flash_attention"}
 TOP_KEYS = {"default_model", "models_dir", "engine", "max_loaded_models", "keep_alive", "memory_reserve_mib", "models"}
 DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 

@@ -92,7 +92,7 @@ class FakeRunner:
     def is_eog(self, token: int) -> bool:
         return token == EOG
 
-    def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: list[int]) -> None:
+    def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: list[int], cells: int) -> None:
         pass
 
     def check_grammar(self, grammar: str) -> bool:

@@ -140,3 +140,19 @@ def test_repack_takes_true_false_or_null(tmp_path):
     path.write_text("engine:\n  repack: sometimes\n")
     with pytest.raises(ConfigError, match="'repack' must be true, false or null"):
         load_settings(path, environ={})
+
+
+def test_flash_attention_is_off_on_a_cpu_unless_set_or_a_quantized_v_needs_it(tmp_path):
+    assert EngineSettings().flash_attention is None and not EngineSettings().uses_flash_attention
+    assert EngineSettings(cache_type="q8_0").uses_flash_attention  # llama.cpp quantizes V only with it
+    assert EngineSettings(cache_type="q8_0", cache_type_v="f16", flash_attention=False).uses_flash_attention is False
+    assert EngineSettings(gpu_layers=99).uses_flash_attention
+    path = tmp_path / "config.yaml"
+    path.write_text("engine:\n  flash_attention: on\n")  # YAML reads a bare on/off as true/false
+    assert load_settings(path, environ={}).engine.uses_flash_attention
+    path.write_text("engine:\n  flash_attention: false\n  cache_type: q4_0\n")
+    with pytest.raises(ConfigError, match="'flash_attention': false cannot hold a q4_0 V cache"):
+        load_settings(path, environ={})
+    path.write_text("engine:\n  flash_attention: sometimes\n")
+    with pytest.raises(ConfigError, match="'flash_attention' must be true, false or null"):
+        load_settings(path, environ={})

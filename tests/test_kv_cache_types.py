@@ -43,6 +43,15 @@ def test_each_cache_type_loads_answers_and_allocates_what_was_predicted(
     assert abs(stats.kv_buffer_bytes_reported - 1024 * bytes_per_token) <= 0.005 * MiB
 
 
+@pytest.mark.parametrize("flash_attention", [True, False])
+def test_both_attention_kernels_load_answer_and_say_which_runs(flash_attention):
+    with Engine(settings=Settings(), parallel=2, ctx_size=1024, threads=2, flash_attention=flash_attention) as engine:
+        result = engine.generate("The capital of France is", params=SamplingParams(max_tokens=6, temperature=0))
+        stats = engine.stats()
+    assert result.finish_reason in ("stop", "length") and result.text.strip()
+    assert stats.flash_attention is flash_attention
+
+
 def test_a_cache_type_llama_cpp_does_not_take_is_one_clear_error(tmp_path):
     with pytest.raises(ConfigError, match=r"'cache_type' must be one of f16, q8_0, q4_0.*got 'q2_k'"):
         EngineSettings(cache_type="q2_k")

@@ -46,7 +46,7 @@ def runner(model_path):
 
 
 def greedy_continuation(runner: LlamaRunner, prompt: list[int], n: int) -> list[int]:
-    runner.start_sequence(0, SamplingParams(temperature=0), prompt)
+    runner.start_sequence(0, SamplingParams(temperature=0), prompt, len(prompt))
     (row,) = runner.decode([DecodeItem(0, prompt, 0, True)])
     out = []
     for i in range(n):
@@ -180,7 +180,7 @@ from magnitude_jupyter.engine.scheduler import DecodeItem
 r = LlamaRunner({str(model_path)!r}, n_ctx=1024, n_seq_max=2, n_batch=512, n_threads=2)
 tokens = r.tokenize("A long prompt for a wide matrix product. " * 12)
 assert len(tokens) >= 64, len(tokens)
-r.start_sequence(0, SamplingParams(temperature=0), tokens)
+r.start_sequence(0, SamplingParams(temperature=0), tokens, len(tokens))
 (row,) = r.decode([DecodeItem(0, tokens, 0, True)])
 print("next token", r.sample(0, row), "repack", r.repack)
 r.close()

@@ -32,6 +32,8 @@ def settings_key(profile: Profile) -> str:
     engine = {k: profile.engine.get(k) for k in ("parallel", "ctx_size")}
     if profile.engine.get("kv_cache_type", "f16") != "f16":  # f16 profiles keep the keys they had before
         engine["kv_cache_type"] = profile.engine["kv_cache_type"]
+    if profile.engine.get("flash_attention", True) is False:  # ... as flash-attention ones do
+        engine["flash_attention"] = False
     text = json.dumps({"engine": engine, "sweep": sweep}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 

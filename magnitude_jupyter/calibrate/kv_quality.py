@@ -36,7 +36,7 @@ def forced_logits(runner: LlamaRunner, tokens: Sequence[int]) -> np.ndarray:
 
 
 def greedy_tokens(runner: LlamaRunner, prompt: Sequence[int], n: int) -> list[int]:
-    runner.start_sequence(SEQ, SamplingParams(temperature=0), prompt)
+    runner.start_sequence(SEQ, SamplingParams(temperature=0), prompt, len(prompt))
     (row,) = runner.decode([DecodeItem(SEQ, prompt, 0, True)])
     out: list[int] = []
     for i in range(n):

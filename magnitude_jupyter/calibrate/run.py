@@ -41,6 +41,7 @@ def server_facts(client: Client) -> tuple[dict[str, Any], dict[str, Any], dict[s
             "ctx_size": status["kv_cells_total"],
             "kv_bytes_per_token": status.get("kv_bytes_per_token"),
             "kv_cache_type": status.get("kv_cache_type", "f16"),
+            "flash_attention": status.get("flash_attention", True),
         }
     return model, engine, (status if engine else None), meta
 

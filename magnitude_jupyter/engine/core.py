@@ -88,7 +88,7 @@ class Runner(Protocol):
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
     def token_to_piece(self, token: int) -> bytes: ...
     def is_eog(self, token: int) -> bool: ...
-    def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: list[int]) -> None: ...
+    def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: list[int], cells: int) -> None: ...
     def check_grammar(self, grammar: str) -> bool: ...
     def end_sequence(self, seq_id: int) -> None: ...
     def copy_cells(self, src_seq: int, dst_seq: int, start: int, end: int) -> None: ...
@@ -193,6 +193,7 @@ class Engine:
             mlock=es.mlock,
             mmap=es.mmap,
             repack=es.repack,
+            flash_attention=es.uses_flash_attention,
             verbose=self._verbose,
         )
 
@@ -424,6 +425,7 @@ class Engine:
             scheduler=scheduler,
             kv_bytes_per_token=kv_bytes_per_token(info, *es.kv_types) if info else None,
             kv_cache_type=es.kv_type_label,
+            flash_attention=es.uses_flash_attention,
             context_sizing=self.context_sizing.reason if self.context_sizing else None,
             kv_buffer_bytes_reported=getattr(self.runner, "kv_buffer_bytes", None),
             rss_bytes=rss_bytes(),
@@ -526,7 +528,7 @@ class Engine:
                 self._apply_kv_ops(runner, out.kv_ops)
                 for request in out.admitted:
                     assert request.seq_id is not None
-                    runner.start_sequence(request.seq_id, request.params, request.prompt_tokens)
+                    runner.start_sequence(request.seq_id, request.params, request.prompt_tokens, request.kv_cells)
                 sampled = self._execute(runner, out)
             except Exception as exc:
                 log.exception("decode failed")

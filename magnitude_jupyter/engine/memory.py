@@ -2,7 +2,8 @@
 
 llama.cpp allocates four things for a model and one context: the weights (the file, mapped), the KV
 cache (`ctx_size` cells x bytes per token, written whole when it is cleared), an output buffer and
-a compute buffer (sized for one `n_batch` step, dominated by that step's logits). The output buffer
+a compute buffer (sized for one `n_batch` step, dominated by that step's logits, and without flash
+attention by its attention scores too: a row per token of the step, a column per cell, per head). The output buffer
 has a logits row for every sequence of the context, the prefix cache's too, and it is resident
 whole (measured: 256 sequences of the bundled model hold 45 MiB more than 16), which is why the
 cache's sequences are a setting (`prefix_cache_entries`). The prefix cache's RAM tier comes on top,
@@ -66,12 +67,19 @@ def _buffers(info: ModelInfo, es: EngineSettings) -> int:
     return output + compute
 
 
+def _scores_bytes_per_cell(info: ModelInfo, es: EngineSettings) -> int:
+    """Without flash attention, one step's attention scores for one layer: n_batch x cells x heads
+    floats (llama.cpp's compute buffer grows by about that: measured 84 MiB at 8,192 cells, bundled
+    model, against 151 MiB by this bound)."""
+    return 0 if es.uses_flash_attention else es.n_batch * info.attention_heads * FLOAT_BYTES
+
+
 def plan_memory(info: ModelInfo, es: EngineSettings) -> MemoryPlan:
     cells = -(-es.cells // KV_PADDING) * KV_PADDING
     return MemoryPlan(
         weights=info.file_size,
         kv_cache=kv_cache_bytes(info, cells, *es.kv_types),
-        buffers=_buffers(info, es),
+        buffers=_buffers(info, es) + cells * _scores_bytes_per_cell(info, es),
         prefix_cache_ram=es.prefix_cache_ram_mib << 20,
     )
 
@@ -115,7 +123,8 @@ def size_context(
     bpt = kv_bytes_per_token(info, *es.kv_types)
     buffers, ram = _buffers(info, es), es.prefix_cache_ram_mib << 20
     left = max(0, budget - info.file_size - buffers - ram)
-    fits = int(left // bpt) // KV_PADDING * KV_PADDING
+    scores = _scores_bytes_per_cell(info, es)
+    fits = int(left // (bpt + scores)) // KV_PADDING * KV_PADDING
     ceiling = es.parallel * info.trained_context
     cells = min(fits, ceiling)
     need = info.trained_context
@@ -123,14 +132,15 @@ def size_context(
         raise ConfigError(
             f"ctx_size auto: a memory budget of {mib(budget)} ({source}) leaves {mib(left)} for the KV cache "
             f"after the weights ({mib(info.file_size)}), buffers ({mib(buffers)}) and the prefix cache's RAM tier "
-            f"({mib(ram)}): {fits:,} cells at {bpt:,.0f} bytes/token ({es.kv_type_label}), but one sequence of the "
-            f"trained context needs {need:,} cells ({mib(need * bpt)}). Give a larger memory_budget, a smaller "
-            "cache_type, or a ctx_size in tokens."
+            f"({mib(ram)}): {fits:,} cells at {bpt:,.0f} bytes/token ({es.kv_type_label})"
+            + (f" and {scores:,} of attention scores (flash_attention off)" if scores else "")
+            + f", but one sequence of the trained context needs {need:,} cells ({mib(need * (bpt + scores))}). "
+            "Give a larger memory_budget, a smaller cache_type, or a ctx_size in tokens."
         )
     why = "parallel x trained context" if cells == ceiling else "what the budget leaves for the cache"
     reason = (
         f"ctx_size auto: {cells:,} cells ({why}); budget {mib(budget)} ({source}): weights {mib(info.file_size)}, "
-        f"buffers {mib(buffers)}, RAM tier {mib(ram)}, KV cache "
+        f"buffers {mib(buffers + cells * scores)}, RAM tier {mib(ram)}, KV cache "
         f"{cells:,} x {bpt:,.0f} bytes/token ({es.kv_type_label}) = {mib(cells * bpt)}"
     )
     return ContextSizing(cells, budget, bpt, reason)

@@ -106,8 +106,28 @@ def _init_backend(verbose: bool) -> None:
         _backend_ready = True
 
 
+LANE_BATCH = 64  # a lane's largest step: reproducible prompts go in chunks of 63 (scheduler.REPRODUCIBLE_CHUNK)
+LANE_PADDING = 256  # llama.cpp rounds a context up to this many cells
+
+
+class Lane:
+    """A reproducible request's own llama.cpp context, with flash attention: its cells lie in order,
+    nothing else's among them, so its tokens never depend on what else runs or on how the main
+    context computes attention (flash attention there or not)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.memory = llama_cpp.llama_get_memory(ctx)
+        self.batch = llama_cpp.llama_batch_init(LANE_BATCH, 0, 1)
+
+    def close(self) -> None:
+        llama_cpp.llama_batch_free(self.batch)
+        llama_cpp.llama_free(self.ctx)
+
+
 class LlamaRunner:
-    """A loaded model and one context with `n_seq_max` sequences over a unified KV cache."""
+    """A loaded model and one context with `n_seq_max` sequences over a unified KV cache, plus a lane
+    (a small context of its own) for each running reproducible request."""
 
     def __init__(
         self,
@@ -121,6 +141,7 @@ class LlamaRunner:
         mlock: bool = False,
         mmap: bool | None = None,
         repack: bool | None = None,
+        flash_attention: bool = True,
         verbose: bool = False,
     ) -> None:
         _init_backend(verbose)
@@ -136,22 +157,12 @@ class LlamaRunner:
         self.model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), mparams)
         if not self.model:
             raise RunnerError(f"llama.cpp could not load the model file {model_path}")
-        cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = n_batch
-        cparams.n_ubatch = n_batch
-        cparams.n_seq_max = n_seq_max
-        cparams.n_threads = n_threads
-        cparams.n_threads_batch = n_threads
-        # One cache shared by all sequences: a long request may use most of it, many short ones share it.
-        cparams.kv_unified = True
-        # Measured on CPU with the bundled model: about 5% more tokens/s at 16 sequences than "auto".
-        # Flash attention is also what lets llama.cpp keep V quantized.
-        cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        cparams.type_k, cparams.type_v = (GGML_TYPES[t] for t in cache_types)
-        cparams.no_perf = True
+        self.cache_types = cache_types
+        self.flash_attention = flash_attention
+        self._n_threads = n_threads
         _kv_buffer_mib.clear()
-        self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
+        # One cache shared by all sequences: a long request may use most of it, many short ones share it.
+        self.ctx = self._new_context(n_ctx, n_seq_max, n_batch, flash_attention)
         self.kv_buffer_bytes: int | None = round(sum(_kv_buffer_mib) * 2**20) if _kv_buffer_mib else None
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
@@ -180,7 +191,24 @@ class LlamaRunner:
         self._token_ids = np.arange(self.n_vocab, dtype=np.int32)
         self._one = np.zeros(1, dtype=TOKEN_DATA)
         self._piece_buf = ctypes.create_string_buffer(256)
+        self._lanes: dict[int, Lane] = {}
+        self._last_ctx = self.ctx  # where the last decode's logits are
         self._closed = False
+
+    def _new_context(self, n_ctx: int, n_seq_max: int, n_batch: int, flash_attention: bool) -> Any:
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_seq_max = n_seq_max
+        cparams.n_threads = self._n_threads
+        cparams.n_threads_batch = self._n_threads
+        cparams.kv_unified = True
+        enabled, disabled = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED, llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cparams.flash_attn_type = enabled if flash_attention else disabled
+        cparams.type_k, cparams.type_v = (GGML_TYPES[t] for t in self.cache_types)
+        cparams.no_perf = True
+        return llama_cpp.llama_init_from_model(self.model, cparams)
 
     def _special_text(self, token: int) -> str:
         if token < 0:
@@ -215,9 +243,12 @@ class LlamaRunner:
 
     # -- sequences -------------------------------------------------------------------------
 
-    def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: Sequence[int]) -> None:
-        """Build the sequence's sampler; the prompt primes the repetition penalty."""
+    def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: Sequence[int], cells: int) -> None:
+        """Build the sequence's sampler (the prompt primes the repetition penalty), and a lane of
+        `cells` for a reproducible request."""
         self._free_sampler(seq_id)
+        if params.reproducible:
+            self._open_lane(seq_id, cells)
         # `ignore_eos` bans end-of-generation tokens, as llama.cpp's server does, rather than sampling
         # and skipping them: the answer is the text of its tokens, so a conversation that resends it
         # tokenizes back to the same cells and the prefix cache keeps hitting.
@@ -260,6 +291,27 @@ class LlamaRunner:
             llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         self._samplers[seq_id] = chain
 
+    def _open_lane(self, seq_id: int, cells: int) -> None:
+        self._close_lane(seq_id)
+        n_ctx = -(-cells // LANE_PADDING) * LANE_PADDING
+        ctx = self._new_context(n_ctx, 1, LANE_BATCH, flash_attention=True)
+        if not ctx:
+            raise RunnerError(f"llama.cpp could not create a lane of {n_ctx} cells for a reproducible request")
+        _kv_buffer_mib.clear()  # read for the main context only
+        self._lanes[seq_id] = Lane(ctx)
+
+    def _close_lane(self, seq_id: int) -> None:
+        lane = self._lanes.pop(seq_id, None)
+        if lane is not None:
+            if self._last_ctx is lane.ctx:
+                self._last_ctx = self.ctx
+            lane.close()
+
+    @property
+    def lanes(self) -> int:
+        """Lanes open: reproducible requests running."""
+        return len(self._lanes)
+
     def _grammar_sampler(self, grammar: str) -> ctypes.c_void_p | None:
         sampler = llama_cpp.llama_sampler_init_grammar(self.vocab, grammar.encode("utf-8"), b"root")
         return sampler or None
@@ -273,8 +325,11 @@ class LlamaRunner:
         return True
 
     def end_sequence(self, seq_id: int) -> None:
-        """Give the sequence's KV cells back at once, and drop its sampler."""
-        llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+        """Give the sequence's KV cells (or its lane) back at once, and drop its sampler."""
+        if seq_id in self._lanes:
+            self._close_lane(seq_id)
+        else:
+            llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
         self._free_sampler(seq_id)
 
     def copy_cells(self, src_seq: int, dst_seq: int, start: int, end: int) -> None:
@@ -283,7 +338,11 @@ class LlamaRunner:
 
     def drop_cells(self, seq_id: int, start: int, end: int) -> None:
         """Take positions [start, end) out of `seq_id` (cells other sequences hold stay)."""
-        llama_cpp.llama_memory_seq_rm(self.memory, seq_id, start, end)
+        lane = self._lanes.get(seq_id)
+        if lane is not None:
+            llama_cpp.llama_memory_seq_rm(lane.memory, 0, start, end)
+        else:
+            llama_cpp.llama_memory_seq_rm(self.memory, seq_id, start, end)
 
     def save_sequence(self, seq_id: int) -> bytearray:
         """The KV state of one sequence (for the prefix cache's RAM tier). llama.cpp writes it straight
@@ -320,19 +379,25 @@ class LlamaRunner:
     def decode(self, items: Sequence[DecodeItem]) -> list[int | None]:
         """One `llama_decode` over all items; returns, per item, the batch row of its logits (or None).
         An item with a draft has a row for each of its last `draft + 1` tokens: the first is returned,
-        the others follow it."""
-        batch = self._batch
+        the others follow it. A reproducible request's item is decoded alone, in its lane."""
+        lane = self._lanes.get(items[0].seq_id) if items else None
+        if lane is not None and len(items) > 1:
+            raise RunnerError("a reproducible request's step decodes alone, in its lane")
+        ctx, batch, n_batch = (lane.ctx, lane.batch, LANE_BATCH) if lane else (self.ctx, self._batch, self.n_batch)
         n = 0
         rows: list[int | None] = []
         for item in items:
+            if lane is None and item.seq_id in self._lanes:
+                raise RunnerError("a reproducible request's step decodes alone, in its lane")
+            seq_id = 0 if lane else item.seq_id
             pos = item.start_pos
             for token in item.tokens:
-                if n >= self.n_batch:
-                    raise RunnerError(f"a step of more than n_batch={self.n_batch} tokens")
+                if n >= n_batch:
+                    raise RunnerError(f"a step of more than n_batch={n_batch} tokens")
                 batch.token[n] = token
                 batch.pos[n] = pos
                 batch.n_seq_id[n] = 1
-                batch.seq_id[n][0] = item.seq_id
+                batch.seq_id[n][0] = seq_id
                 batch.logits[n] = 0
                 pos += 1
                 n += 1
@@ -346,7 +411,8 @@ class LlamaRunner:
         batch.n_tokens = n
         if n == 0:
             return rows
-        status = llama_cpp.llama_decode(self.ctx, batch)
+        status = llama_cpp.llama_decode(ctx, batch)
+        self._last_ctx = ctx
         if status != 0:
             raise RunnerError(f"llama_decode failed with status {status} ({n} tokens)")
         return rows
@@ -357,7 +423,7 @@ class LlamaRunner:
         if grammar is None:
             if chain is None:
                 return self._argmax(seq_id, self._logits_view(row))
-            return int(llama_cpp.llama_sampler_sample(chain, self.ctx, row))
+            return int(llama_cpp.llama_sampler_sample(chain, self._last_ctx, row))
         # As llama.cpp's own sampling does: the token picked without the grammar, if the grammar
         # allows it (it mostly does), else the pick among the tokens it allows. Checking one token is
         # cheap; applying a grammar to every token of the vocabulary, each step, is not.
@@ -403,7 +469,7 @@ class LlamaRunner:
         return bool(np.isfinite(one["logit"][0]))
 
     def _logits_view(self, row: int) -> np.ndarray:
-        ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
+        ptr = llama_cpp.llama_get_logits_ith(self._last_ctx, row)
         if not ptr:
             raise RunnerError(f"no logits for batch row {row}")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
@@ -422,8 +488,10 @@ class LlamaRunner:
         return TokenLogprob(self.token_to_piece(token), float(logits[token] - log_norm), top)
 
     def set_threads(self, n_threads: int) -> None:
-        """Threads for the next decodes (llama.cpp reads it at each call)."""
-        llama_cpp.llama_set_n_threads(self.ctx, n_threads, n_threads)
+        """Threads for the next decodes (llama.cpp reads it at each call), lanes' too."""
+        self._n_threads = n_threads
+        for ctx in [self.ctx, *(lane.ctx for lane in self._lanes.values())]:
+            llama_cpp.llama_set_n_threads(ctx, n_threads, n_threads)
 
     def logits(self, row: int) -> np.ndarray:
         """A copy of one logits row of the last decode (tests and calibration read these)."""
@@ -435,6 +503,8 @@ class LlamaRunner:
         self._closed = True
         for seq_id in list(self._samplers):
             self._free_sampler(seq_id)
+        for seq_id in list(self._lanes):
+            self._close_lane(seq_id)
         llama_cpp.llama_batch_free(self._batch)
         llama_cpp.llama_free(self.ctx)
         llama_cpp.llama_model_free(self.model)

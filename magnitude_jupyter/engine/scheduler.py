@@ -34,9 +34,9 @@ RAM_RESTORE_GAIN = 2
 # a client's requests, where they would only go out again, with their save, 64 rows later.
 BRING_BACK_AFTER_IDLE_SECONDS = 1.0
 
-# llama.cpp's CPU flash attention runs prompt chunks of 64 tokens or more in KV tiles, grouping a
-# sequence's cells by where they sit in the shared cache; below that it visits them one by one, in
-# order, and the result depends on nothing else in the cache. Reproducible prompts go in such chunks.
+# A reproducible request runs in a llama.cpp context of its own (runner.Lane), its prompt in chunks of
+# one size whatever else runs: the chunking is part of the result. Below 64 tokens llama.cpp's CPU
+# flash attention visits cells one by one, in order.
 REPRODUCIBLE_CHUNK = 63
 
 
@@ -355,13 +355,11 @@ class Scheduler:
         out = SchedulerOutput()
         self._admit(now, out)
         idle = not self.running and not self.num_waiting
-        # Idle entries move to host RAM (prefix_cache.SPILL_AFTER_ROWS) while others decode, but not
-        # beside a reproducible request: the cells they free would take its next tokens out of position
-        # order (as refused drafts would, below); the rows still count, and the move waits until it has
-        # finished. With nothing to decode, holding cells costs nothing: they come back instead.
+        # Idle entries move to host RAM (prefix_cache.SPILL_AFTER_ROWS) while others decode. With
+        # nothing to decode, holding cells costs nothing: they come back instead.
         if self.cache is not None:
             rows, self._rows_scheduled = self._rows_scheduled, 0
-            if idle or any(r.params.reproducible for r in self.running):
+            if idle:
                 self.cache.rows += rows
             elif self.cache.spill_idle(rows, out.kv_ops, self._pins()):
                 self._sync_cache_budget()
@@ -404,16 +402,13 @@ class Scheduler:
             target.append(ScheduledChunk(req, tokens, start, sample=(size == remaining)))
 
         # Last, with what the step has left: drafts, where they are expected to pay (draft_policy.py).
-        # Not beside a reproducible request: the cells of refused drafts are dropped, and llama.cpp
-        # then fills those holes first, with its tokens too, out of position order, which changes
-        # the order its attention adds them up in and so its answer. Not in a step that carries a
-        # prompt either: a request waiting for its first token would wait for the drafts' rows too.
+        # Not in a step that carries a prompt: a request waiting for its first token would wait for
+        # the drafts' rows too.
         if (
             self.drafts is not None
             and token_budget > 0
             and out.decodes_only
             and len(out.batched) <= self.draft_max_sequences
-            and not any(r.params.reproducible for r in self.running)
         ):
             max_draft = self.drafts.max_draft
             guessed = [(c, g) for c in out.batched if (g := self._guess(c.request, max_draft)) is not None]
@@ -473,8 +468,9 @@ class Scheduler:
             self.running.remove(request)
             self.budget.release(request.request_id)
             if seq_id is not None:
-                if self.cache is not None and reason != FinishReason.ERROR:
-                    # Its tokens stay as a cache entry: the next turn of a conversation starts with them.
+                if self.cache is not None and reason != FinishReason.ERROR and not request.params.reproducible:
+                    # Its tokens stay as a cache entry: the next turn of a conversation starts with them
+                    # (not a reproducible request's: they are in its lane, runner.Lane).
                     computed = (request.prompt_tokens + request.output_tokens)[: request.num_computed_tokens]
                     if computed:
                         self.cache.insert(computed, seq_id, self.pending_kv_ops, self._pins())

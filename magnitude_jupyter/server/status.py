@@ -48,6 +48,7 @@ def status_json(stats: EngineStats, pool: ModelPool | None = None) -> dict[str, 
             else None
         ),
         "kv_cache_type": stats.kv_cache_type,
+        "flash_attention": stats.flash_attention,
         "kv_bytes_per_token": stats.kv_bytes_per_token,
         "kv_buffer_bytes_reported": stats.kv_buffer_bytes_reported,
         "context_sizing": stats.context_sizing,
