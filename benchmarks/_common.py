@@ -78,6 +78,11 @@ def closed_loop(
 NO_DRAFTS = "engine:\n  draft_tokens: 0\n"  # a config for `magnitude serve` without prompt-lookup drafts
 # ... and one whose idle cache entries stay in KV cells until needed (engine.prefix_cache_spill_rows)
 NO_SPILL = "engine:\n  prefix_cache_spill_rows: 0\n"
+# ... and one with llama.cpp's flash attention, off by default on a CPU (engine.flash_attention)
+FLASH_ATTENTION = "engine:\n  flash_attention: true\n"
+# llama-server with its attention as ours runs by default ("auto" is flash attention on a CPU): the
+# kernel's share of the difference, measured beside the peer as the issue runs it.
+PEER_NO_FLASH_ATTENTION = ("-fa", "off")
 
 
 def cached_of(usage: dict | None) -> int:
@@ -217,6 +222,20 @@ class MagnitudeServer(LocalServer):
         self.close()
 
 
+SERVERS_HELP = "names of the servers to run, each quoted (default: all; llama-server always runs)"
+
+
+def chosen(servers: dict[str, Any], names: list[str] | None) -> dict[str, Any]:
+    """The servers `--servers` names (all by default), llama-server always: the ratios' base."""
+    if not names:
+        return servers
+    wanted = set(names) | {"llama-server"}
+    unknown = wanted - set(servers)
+    if unknown:
+        raise SystemExit(f"unknown server {sorted(unknown)[0]!r}: choose from {', '.join(servers)}")
+    return {name: start for name, start in servers.items() if name in wanted}
+
+
 def session_arguments(description: str | None, rounds: int, max_tokens: int, peer: bool = True) -> argparse.Namespace:
     """The options of the session benchmarks (conversations, agents, drafts), llama-server found if `peer`."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -226,6 +245,7 @@ def session_arguments(description: str | None, rounds: int, max_tokens: int, pee
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--llama-server", default=None, help="path (default: the shared build's cache)")
+    parser.add_argument("--servers", nargs="+", default=None, help=SERVERS_HELP)
     args = parser.parse_args()
     args.binary = find_llama_server(args.llama_server)
     if args.binary is None and peer:

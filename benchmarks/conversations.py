@@ -21,12 +21,15 @@ from dataclasses import dataclass, field
 import httpx
 import psutil
 from _common import (
+    FLASH_ATTENTION,
     NO_DRAFTS,
     NO_SPILL,
+    PEER_NO_FLASH_ATTENTION,
     TOKEN,
     LlamaServer,
     MagnitudeServer,
     cached_of,
+    chosen,
     refused_drafts,
     rows_decoded,
     run_sessions,
@@ -135,8 +138,15 @@ def main() -> None:
         "magnitude serve, no spill": lambda: MagnitudeServer(
             NO_SPILL, parallel=16, ctx_size=8192, threads=args.threads
         ),
+        # ... and with llama.cpp's flash attention, which a CPU runs without by default (engine.flash_attention).
+        "magnitude serve, flash attention": lambda: MagnitudeServer(
+            FLASH_ATTENTION, parallel=16, ctx_size=8192, threads=args.threads
+        ),
         "llama-server": lambda: LlamaServer(binary, parallel=16, ctx_size=8192, threads=args.threads),
+        # The peer with its attention as ours runs by default: the kernel's share of the difference.
+        "llama-server -fa off": lambda: LlamaServer(binary, 16, 8192, args.threads, PEER_NO_FLASH_ATTENTION),
     }
+    servers = chosen(servers, args.servers)
     best: dict[str, Run] = {}
     rss: dict[str, tuple[int, int]] = {}
     for repeat in range(args.repeats):

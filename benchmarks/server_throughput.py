@@ -38,13 +38,17 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
+    FLASH_ATTENTION,
     NO_DRAFTS,
     NO_SPILL,
+    PEER_NO_FLASH_ATTENTION,
     PROMPTS,
+    SERVERS_HELP,
     TOKEN,
     LlamaServer,
     MagnitudeServer,
     cached_of,
+    chosen,
     find_llama_server,
     free_port,
     refused_drafts,
@@ -179,8 +183,15 @@ def our_status(server: MagnitudeServer | None) -> dict | None:
     return server.client.status() if server is not None else None
 
 
-# Our server as it ships, and without each of two mechanisms, to show what each brings in the same run.
-OURS = {"magnitude serve": "", "magnitude, no drafts": NO_DRAFTS, "magnitude, no spill": NO_SPILL}
+# Our server as it ships, and without each of three mechanisms, to show what each brings in the same run.
+OURS = {
+    "magnitude serve": "",
+    "magnitude, no drafts": NO_DRAFTS,
+    "magnitude, no spill": NO_SPILL,
+    "magnitude, flash attention": FLASH_ATTENTION,
+}
+# llama-server as the issue runs it (the ratios' base), and with flash attention off as ours runs.
+PEERS = {"llama-server": (), "llama-server -fa off": PEER_NO_FLASH_ATTENTION}
 
 
 async def measure(kind: str, args: argparse.Namespace, levels: list[int]) -> dict[int, Level]:
@@ -188,8 +199,8 @@ async def measure(kind: str, args: argparse.Namespace, levels: list[int]) -> dic
     if kind in OURS:
         server = MagnitudeServer(OURS[kind], parallel=max(levels), threads=args.threads)  # returns once loaded
         url, stop = server.url, server.close
-    elif kind == "llama-server":
-        peer = LlamaServer(args.llama_server, parallel=max(levels), ctx_size=8192, threads=args.threads)
+    elif kind in PEERS:
+        peer = LlamaServer(args.llama_server, max(levels), 8192, args.threads, extra_args=PEERS[kind])
         url, stop = peer.url, peer.close
     else:
         port = free_port()
@@ -223,6 +234,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="alternating runs of each server; the best counts")
     ap.add_argument("--llama-server", default=None, help="path (default: the shared build's cache)")
     ap.add_argument("--no-llama-cpp-python", action="store_true", help="skip llama-cpp-python's server")
+    ap.add_argument("--servers", nargs="+", default=None, help=SERVERS_HELP)
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     args.llama_server = find_llama_server(args.llama_server)
@@ -231,7 +243,8 @@ def main() -> None:
 
     # Alternating, best of `--repeats` per level: on a shared machine whichever server runs first or
     # second would otherwise carry the machine's drift as its own.
-    best: dict[str, dict[int, Level]] = {kind: {} for kind in ("llama-server", *OURS)}
+    kinds = chosen(dict.fromkeys((*PEERS, *OURS)), args.servers)
+    best: dict[str, dict[int, Level]] = {kind: {} for kind in kinds}
     for _ in range(args.repeats):
         for kind, kept in best.items():
             for c, level in asyncio.run(measure(kind, args, levels)).items():

@@ -242,6 +242,11 @@ def _token_count(text: str, flag: str) -> int:
 @click.option("--memory-budget", default=None, help="With --ctx-size auto: bytes ('4GiB') or a fraction of free RAM.")
 @click.option("--mlock/--no-mlock", default=None, help="Keep the weights locked in RAM.")
 @click.option("--mmap/--no-mmap", default=None, help="Map the weights from the file (default: llama.cpp's choice).")
+@click.option(
+    "--flash-attention/--no-flash-attention",
+    default=None,
+    help="llama.cpp's flash attention (default: off on a CPU with an f16/f32 V cache).",
+)
 @click.option("--token", default=None, help="Bearer token clients must send (default: $MAGNITUDE_TOKEN or a new one).")
 @click.option("--no-auth", is_flag=True, help="Accept requests without a token (loopback hosts only).")
 @click.option("--force", is_flag=True, help="Allow --no-auth on a non-loopback host.")
@@ -258,6 +263,7 @@ def serve(
     memory_budget: str | None,
     mlock: bool | None,
     mmap: bool | None,
+    flash_attention: bool | None,
     token: str | None,
     no_auth: bool,
     force: bool,
@@ -288,6 +294,7 @@ def serve(
             "memory_budget": memory_budget,
             "mlock": mlock,
             "mmap": mmap,
+            "flash_attention": flash_attention,
         }.items()
         if v is not None
     }

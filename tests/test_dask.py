@@ -69,9 +69,8 @@ def test_reproducible_answers_equal_the_pandas_path(cluster):
     from magnitude_jupyter.engine import Engine
     from magnitude_jupyter.inprocess import EngineClient
 
-    # One row at a time on both sides: reproducible requests that overlap can still differ in their
-    # last digits (their KV cells interleave; see the README's note on `reproducible`).
-    options = {"max_tokens": 8, "reproducible": True, "concurrency": 1}
+    # Rows overlap on both sides: each reproducible request runs in a lane of its own (runner.Lane).
+    options = {"max_tokens": 8, "reproducible": True}
     df = reviews(12)
     out = score_dataframe(dd.from_pandas(df, npartitions=3, sort=False), TEMPLATE, **options).compute()
     with Engine(settings=Settings(), parallel=4, ctx_size=2048, threads=1) as engine:  # the workers' settings

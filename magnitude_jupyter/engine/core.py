@@ -599,10 +599,10 @@ class Engine:
         return Sampled(token, logprob)
 
     def _decode_solo_step(self, runner: Runner, items: list[DecodeItem]) -> list[int | None]:
-        """A reproducible request's chunk. Its one-token steps run on one thread: llama.cpp's CPU flash
-        attention splits a cache of 512 cells or more into one piece per thread and merges them, so
-        the result would depend on how far the cache reaches (what else runs); a single piece is
-        bit-identical to the unsplit pass over a small cache."""
+        """A reproducible request's chunk, in its lane (runner.Lane). Its one-token steps run on one
+        thread: llama.cpp's CPU flash attention splits 512 cells or more into one piece per thread and
+        merges them, so the result would depend on the thread count, which changes with load; a single
+        piece is bit-identical to the unsplit pass over fewer cells."""
         if len(items[0].tokens) != 1 or self._threads == 1:
             return runner.decode(items)
         runner.set_threads(1)

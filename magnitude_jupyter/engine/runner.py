@@ -1,7 +1,8 @@
 """The only module that touches llama.cpp: one context, many sequences, per-sequence samplers.
 
 One `llama_decode` takes the tokens of every scheduled sequence (each with its own seq id and
-positions); llama.cpp's sampler chains then sample each sequence from its own logits row.
+positions); llama.cpp's sampler chains then sample each sequence from its own logits row. A
+reproducible request decodes apart, in a small context of its own on the same weights (`Lane`).
 """
 
 from __future__ import annotations

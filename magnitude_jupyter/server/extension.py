@@ -77,6 +77,9 @@ class MagnitudeApp(ExtensionApp):
     )
     mlock = Bool(None, allow_none=True, config=True, help="Keep the weights locked in RAM.")
     mmap = Bool(None, allow_none=True, config=True, help="Map the weights from the file (default: llama.cpp's choice).")
+    flash_attention = Bool(
+        None, allow_none=True, config=True, help="llama.cpp's flash attention (default: off on a CPU, f16 V cache)."
+    )
     threads = Integer(None, allow_none=True, config=True, help="CPU threads for llama.cpp (0: all cores).")
     max_waiting = Integer(None, allow_none=True, config=True, help="Waiting requests before new ones get 429.")
     grace_seconds = Float(

@@ -13,7 +13,7 @@ from ..models import ModelEntry, file_sha256, read_model_info
 
 SETTINGS_SHOWN = (
     *("parallel", "ctx_size", "threads", "gpu_layers", "n_batch", "prefix_cache_ram_mib"),
-    *("cache_type", "cache_type_v", "memory_budget", "mlock", "mmap", "repack"),
+    *("cache_type", "cache_type_v", "memory_budget", "mlock", "mmap", "repack", "flash_attention"),
 )
 
 
