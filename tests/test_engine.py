@@ -89,8 +89,20 @@ def test_reproducible_requests_started_together_each_answer_as_alone(engine):
         assert [list(r.output_tokens) for r in together] == alone
         for r in busy:
             list(engine.stream(r.request_id))
-    assert engine.runner.lanes == 0  # each lane went with its request
-    wait_idle(engine)
+    wait_idle(engine)  # under the engine's lock, as each request's lane goes with it
+    assert engine.runner.lanes == 0
+
+
+def test_a_reproducible_answer_does_not_depend_on_the_thread_count():
+    # The engine changes its thread count with the machine's load (engine/threads.py); a lane without
+    # flash attention decodes on all of them. Past 256 cells: attention over more than one block.
+    params = greedy(200, ignore_eos=True, reproducible=True)
+    prompt = "Write a long story about a lighthouse keeper. " * 12
+    answers = []
+    for threads in (1, 2):
+        with Engine(settings=Settings(), parallel=2, ctx_size=2048, threads=threads) as engine:
+            answers.append(engine.generate(prompt, params=params).token_ids)
+    assert answers[0] == answers[1] and len(answers[0]) == 200
 
 
 def test_cancel_mid_generation_gives_kv_back(engine):

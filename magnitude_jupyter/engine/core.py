@@ -599,11 +599,12 @@ class Engine:
         return Sampled(token, logprob)
 
     def _decode_solo_step(self, runner: Runner, items: list[DecodeItem]) -> list[int | None]:
-        """A reproducible request's chunk, in its lane (runner.Lane). Its one-token steps run on one
-        thread: llama.cpp's CPU flash attention splits 512 cells or more into one piece per thread and
-        merges them, so the result would depend on the thread count, which changes with load; a single
-        piece is bit-identical to the unsplit pass over fewer cells."""
-        if len(items[0].tokens) != 1 or self._threads == 1:
+        """A reproducible request's chunk, in its lane (runner.Lane). With flash attention its one-token
+        steps run on one thread: llama.cpp's CPU flash attention splits 512 cells or more into one piece
+        per thread and merges them, so the result would depend on the thread count, which changes with
+        load; a single piece is bit-identical to the unsplit pass over fewer cells. Its matrix products
+        compute each value on one thread, whatever the count."""
+        if len(items[0].tokens) != 1 or self._threads == 1 or not getattr(runner, "flash_attention", True):
             return runner.decode(items)
         runner.set_threads(1)
         try:

@@ -112,9 +112,8 @@ LANE_PADDING = 256  # llama.cpp rounds a context up to this many cells
 
 
 class Lane:
-    """A reproducible request's own llama.cpp context, with flash attention: its cells lie in order,
-    nothing else's among them, so its tokens never depend on what else runs or on how the main
-    context computes attention (flash attention there or not)."""
+    """A reproducible request's own llama.cpp context, with the main one's attention kernel: its cells
+    lie in order, nothing else's among them, so its tokens never depend on what else runs."""
 
     def __init__(self, ctx: Any) -> None:
         self.ctx = ctx
@@ -295,7 +294,7 @@ class LlamaRunner:
     def _open_lane(self, seq_id: int, cells: int) -> None:
         self._close_lane(seq_id)
         n_ctx = -(-cells // LANE_PADDING) * LANE_PADDING
-        ctx = self._new_context(n_ctx, 1, LANE_BATCH, flash_attention=True)
+        ctx = self._new_context(n_ctx, 1, LANE_BATCH, self.flash_attention)
         if not ctx:
             raise RunnerError(f"llama.cpp could not create a lane of {n_ctx} cells for a reproducible request")
         _kv_buffer_mib.clear()  # read for the main context only
