@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from magnitude_jupyter.cli import main
 from magnitude_jupyter.config import ConfigError, EngineSettings, Settings
 from magnitude_jupyter.engine import Engine, SamplingParams
-from magnitude_jupyter.engine.memory import KV_PADDING, _buffers, size_context
-from magnitude_jupyter.engine.runner import load_mode
+from magnitude_jupyter.engine.memory import KV_PADDING, _buffers, _output_buffer, cache_sequences, size_context
+from magnitude_jupyter.engine.runner import LlamaRunner, load_mode
 from magnitude_jupyter.kvmath import kv_bytes_per_token
 from magnitude_jupyter.models import read_model_info
 
@@ -152,3 +152,19 @@ def test_the_prefix_cache_asks_llama_cpp_for_the_sequences_it_is_given_and_the_p
     assert _buffers(info, capped) - _buffers(info, EngineSettings(parallel=200, prefix_cache_entries=56)) == 0
     with pytest.raises(ConfigError, match="prefix_cache_entries"):
         EngineSettings(prefix_cache_entries=0)
+
+
+@pytest.mark.parametrize("flash_attention", [True, False])
+def test_the_plan_counts_the_compute_buffer_llama_cpp_reserves(model_path, flash_attention):
+    # Without flash attention a step's attention scores outgrow its logits past a few thousand cells.
+    info = read_model_info(model_path)
+    es = EngineSettings(parallel=2, ctx_size=16384, flash_attention=flash_attention)
+    runner = LlamaRunner(
+        model_path, es.cells, es.parallel + cache_sequences(es), flash_attention=es.uses_flash_attention
+    )
+    try:
+        reported = runner.compute_buffer_bytes
+    finally:
+        runner.close()
+    planned = _buffers(info, es, es.cells) - _output_buffer(info, es)
+    assert reported is not None and abs(planned - reported) <= 0.15 * reported, (planned, reported)

@@ -27,6 +27,7 @@ from ..kvmath import kv_bytes_per_token, kv_cache_bytes
 from ..models import ModelInfo
 
 FLOAT_BYTES = 4
+SCORE_BYTES = 5  # an attention score in llama.cpp's compute buffer, measured (see _scores_bytes_per_cell)
 KV_PADDING = 256  # llama.cpp rounds the cache up to whole blocks of cells
 
 
@@ -60,18 +61,24 @@ def cache_sequences(es: EngineSettings) -> int:
     return min(es.prefix_cache_entries, LLAMA_MAX_SEQ - es.parallel) if es.prefix_reuse else 0
 
 
-def _buffers(info: ModelInfo, es: EngineSettings) -> int:
-    output = (es.parallel + cache_sequences(es)) * info.vocab_size * FLOAT_BYTES
-    # The compute buffer of one step: its logits, and a few activations per token of the embedding.
+def _buffers(info: ModelInfo, es: EngineSettings, cells: int = 0) -> int:
+    """The output buffer and the compute buffer of one step: its logits and a few activations per
+    token of the embedding; without flash attention, or the step's attention scores over `cells`,
+    whichever needs more."""
+    output = _output_buffer(info, es)
     compute = es.n_batch * (info.vocab_size + 4 * info.embedding_length) * FLOAT_BYTES
-    return output + compute
+    return output + max(compute, cells * _scores_bytes_per_cell(info, es))
+
+
+def _output_buffer(info: ModelInfo, es: EngineSettings) -> int:
+    return (es.parallel + cache_sequences(es)) * info.vocab_size * FLOAT_BYTES
 
 
 def _scores_bytes_per_cell(info: ModelInfo, es: EngineSettings) -> int:
-    """Without flash attention, one step's attention scores for one layer: n_batch x cells x heads
-    floats (llama.cpp's compute buffer grows by about that: measured 84 MiB at 8,192 cells, bundled
-    model, against 151 MiB by this bound)."""
-    return 0 if es.uses_flash_attention else es.n_batch * info.attention_heads * FLOAT_BYTES
+    """Without flash attention, what a cell adds to one step's attention scores: n_batch x heads
+    scores at about 5 bytes each (llama.cpp reserved 182 and 357 MiB of compute buffer for the
+    bundled model at 8,192 and 16,384 cells, 99 below 4,096, where the logits need more)."""
+    return 0 if es.uses_flash_attention else es.n_batch * info.attention_heads * SCORE_BYTES
 
 
 def plan_memory(info: ModelInfo, es: EngineSettings) -> MemoryPlan:
@@ -79,7 +86,7 @@ def plan_memory(info: ModelInfo, es: EngineSettings) -> MemoryPlan:
     return MemoryPlan(
         weights=info.file_size,
         kv_cache=kv_cache_bytes(info, cells, *es.kv_types),
-        buffers=_buffers(info, es) + cells * _scores_bytes_per_cell(info, es),
+        buffers=_buffers(info, es, cells),
         prefix_cache_ram=es.prefix_cache_ram_mib << 20,
     )
 
@@ -123,8 +130,12 @@ def size_context(
     bpt = kv_bytes_per_token(info, *es.kv_types)
     buffers, ram = _buffers(info, es), es.prefix_cache_ram_mib << 20
     left = max(0, budget - info.file_size - buffers - ram)
+    fits = int(left // bpt)
     scores = _scores_bytes_per_cell(info, es)
-    fits = int(left // (bpt + scores)) // KV_PADDING * KV_PADDING
+    if scores:  # past some size the scores outgrow the logits' part of the compute buffer
+        room = budget - info.file_size - ram - _output_buffer(info, es)
+        fits = min(fits, int(max(0, room) // (bpt + scores)))
+    fits = fits // KV_PADDING * KV_PADDING
     ceiling = es.parallel * info.trained_context
     cells = min(fits, ceiling)
     need = info.trained_context
@@ -134,13 +145,14 @@ def size_context(
             f"after the weights ({mib(info.file_size)}), buffers ({mib(buffers)}) and the prefix cache's RAM tier "
             f"({mib(ram)}): {fits:,} cells at {bpt:,.0f} bytes/token ({es.kv_type_label})"
             + (f" and {scores:,} of attention scores (flash_attention off)" if scores else "")
-            + f", but one sequence of the trained context needs {need:,} cells ({mib(need * (bpt + scores))}). "
+            + f", but one sequence of the trained context needs {need:,} cells "
+            f"({mib(need * bpt + _buffers(info, es, need) - buffers)}). "
             "Give a larger memory_budget, a smaller cache_type, or a ctx_size in tokens."
         )
     why = "parallel x trained context" if cells == ceiling else "what the budget leaves for the cache"
     reason = (
         f"ctx_size auto: {cells:,} cells ({why}); budget {mib(budget)} ({source}): weights {mib(info.file_size)}, "
-        f"buffers {mib(buffers + cells * scores)}, RAM tier {mib(ram)}, KV cache "
+        f"buffers {mib(_buffers(info, es, cells))}, RAM tier {mib(ram)}, KV cache "
         f"{cells:,} x {bpt:,.0f} bytes/token ({es.kv_type_label}) = {mib(cells * bpt)}"
     )
     return ContextSizing(cells, budget, bpt, reason)

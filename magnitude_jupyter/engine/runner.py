@@ -28,7 +28,9 @@ from .streams import TokenLogprob
 log = logging.getLogger("magnitude.runner")
 _backend_ready = False
 _KV_BUFFER_RE = re.compile(rb"KV buffer size\s*=\s*([\d.]+) MiB")
+_COMPUTE_BUFFER_RE = re.compile(rb"compute buffer size\s*=\s*([\d.]+) MiB")
 _kv_buffer_mib: list[float] = []  # what llama.cpp reported for the KV cache(s) of the last context
+_compute_buffer_mib: list[float] = []  # ... and for its compute buffer(s)
 
 
 @llama_cpp.llama_log_callback
@@ -38,6 +40,9 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     match = _KV_BUFFER_RE.search(text)
     if match:
         _kv_buffer_mib.append(float(match.group(1)))
+    match = _COMPUTE_BUFFER_RE.search(text)
+    if match:
+        _compute_buffer_mib.append(float(match.group(1)))
     import llama_cpp._logger as llama_logger
 
     llama_logger.llama_log_callback(level, text, user_data)
@@ -161,9 +166,12 @@ class LlamaRunner:
         self.flash_attention = flash_attention
         self._n_threads = n_threads
         _kv_buffer_mib.clear()
+        _compute_buffer_mib.clear()
         # One cache shared by all sequences: a long request may use most of it, many short ones share it.
         self.ctx = self._new_context(n_ctx, n_seq_max, n_batch, flash_attention)
         self.kv_buffer_bytes: int | None = round(sum(_kv_buffer_mib) * 2**20) if _kv_buffer_mib else None
+        # The last reservation llama.cpp logs is the one it keeps.
+        self.compute_buffer_bytes: int | None = round(_compute_buffer_mib[-1] * 2**20) if _compute_buffer_mib else None
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
             types = "" if cache_types == ("f16", "f16") else f" with a {'/'.join(cache_types)} KV cache (K/V)"
@@ -298,6 +306,7 @@ class LlamaRunner:
         if not ctx:
             raise RunnerError(f"llama.cpp could not create a lane of {n_ctx} cells for a reproducible request")
         _kv_buffer_mib.clear()  # read for the main context only
+        _compute_buffer_mib.clear()
         self._lanes[seq_id] = Lane(ctx)
 
     def _close_lane(self, seq_id: int) -> None:
