@@ -604,7 +604,7 @@ class Engine:
         per thread and merges them, so the result would depend on the thread count, which changes with
         load; a single piece is bit-identical to the unsplit pass over fewer cells. Its matrix products
         compute each value on one thread, whatever the count."""
-        if len(items[0].tokens) != 1 or self._threads == 1 or not getattr(runner, "flash_attention", True):
+        if len(items[0].tokens) != 1 or self._threads == 1 or not self.engine_settings.uses_flash_attention:
             return runner.decode(items)
         runner.set_threads(1)
         try:

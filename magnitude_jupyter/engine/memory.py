@@ -144,7 +144,7 @@ def size_context(
             f"ctx_size auto: a memory budget of {mib(budget)} ({source}) leaves {mib(left)} for the KV cache "
             f"after the weights ({mib(info.file_size)}), buffers ({mib(buffers)}) and the prefix cache's RAM tier "
             f"({mib(ram)}): {fits:,} cells at {bpt:,.0f} bytes/token ({es.kv_type_label})"
-            + (f" and {scores:,} of attention scores (flash_attention off)" if scores else "")
+            + (f" and {scores:,} bytes/cell of attention scores (flash_attention off)" if scores else "")
             + f", but one sequence of the trained context needs {need:,} cells "
             f"({mib(need * bpt + _buffers(info, es, need) - buffers)}). "
             "Give a larger memory_budget, a smaller cache_type, or a ctx_size in tokens."

@@ -20,6 +20,7 @@ import llama_cpp
 import numpy as np
 
 from ..config import KV_CACHE_TYPES
+from .memory import KV_PADDING
 from .prefix_cache import SavedState
 from .request import SamplingParams
 from .scheduler import DecodeItem
@@ -113,7 +114,6 @@ def _init_backend(verbose: bool) -> None:
 
 
 LANE_BATCH = 64  # a lane's largest step: reproducible prompts go in chunks of 63 (scheduler.REPRODUCIBLE_CHUNK)
-LANE_PADDING = 256  # llama.cpp rounds a context up to this many cells
 
 
 class Lane:
@@ -301,7 +301,7 @@ class LlamaRunner:
 
     def _open_lane(self, seq_id: int, cells: int) -> None:
         self._close_lane(seq_id)
-        n_ctx = -(-cells // LANE_PADDING) * LANE_PADDING
+        n_ctx = -(-cells // KV_PADDING) * KV_PADDING
         ctx = self._new_context(n_ctx, 1, LANE_BATCH, self.flash_attention)
         if not ctx:
             raise RunnerError(f"llama.cpp could not create a lane of {n_ctx} cells for a reproducible request")
