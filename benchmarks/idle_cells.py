@@ -8,7 +8,10 @@ row decoded; moving it costs a save and a restore once: their ratio is the numbe
 which an idle entry is better in host RAM. Each held size is measured in alternation with the
 others (`--repeats`), median ms per step, the best median kept.
 
-    python benchmarks/idle_cells.py [--repeats 3] [--steps 48]
+    python benchmarks/idle_cells.py [--repeats 3] [--steps 48] [--flash-attention on|off]
+
+Without flash attention (the engine's default on a CPU) every cell up to the highest one in use is
+part of each row's matrix products; with it, a cell nobody reads costs a look at its mask.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 
 from _common import table
 
+from magnitude_jupyter.config import EngineSettings
 from magnitude_jupyter.engine.prefix_cache import SPILL_AFTER_ROWS
 from magnitude_jupyter.engine.request import SamplingParams
 from magnitude_jupyter.engine.runner import LlamaRunner
@@ -81,8 +85,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--flash-attention", choices=("on", "off"), default=None, help="default: as the engine chooses here"
+    )
     args = parser.parse_args()
-    runner = LlamaRunner(bundled_model_path(), n_ctx=8192, n_seq_max=RUNNING + 64, n_batch=512, n_threads=args.threads)
+    flash = EngineSettings().uses_flash_attention if args.flash_attention is None else args.flash_attention == "on"
+    runner = LlamaRunner(
+        bundled_model_path(),
+        n_ctx=8192,
+        n_seq_max=RUNNING + 64,
+        n_batch=512,
+        n_threads=args.threads,
+        flash_attention=flash,
+    )
     try:
         best: dict[int, float] = {}
         for _ in range(args.repeats):
@@ -109,6 +124,7 @@ def main() -> None:
         )
     print(
         f"{RUNNING} sequences decoding one token a step, {args.threads} threads, "
+        f"flash attention {'on' if flash else 'off'}, "
         f"best median of {args.repeats} alternating runs of {args.steps} steps"
     )
     print(table(["idle cells held", "ms per step", "vs none", "us per idle cell per row"], rows))

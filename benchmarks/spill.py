@@ -1,13 +1,15 @@
 """Idle cache entries in KV cells or in host RAM: the same engine with and without the move, paired.
 
 `engine.prefix_cache_spill_rows` moves a cache entry nobody used while that many rows were decoded
-to the RAM tier (benchmarks/idle_cells.py measures why: idle cells slow every row). This runs the
+to the RAM tier, and the tail of one that running requests share only in part (a prompt asked again
+shares the prompt, not the answer cached after it); benchmarks/idle_cells.py measures why: idle
+cells slow every row. Three engines: as it ships, moving whole entries only, never moving. This runs the
 server_throughput workload in-process (no HTTP, so only the engine differs): closed-loop clients,
 chat prompts cycled from 16 distinct ones (so half the requests repeat one), 64 greedy tokens each.
 Both engines are loaded at once and run in turns, level by level, so each pair of runs sees the
 same moment of this shared machine; the ratio of each pair, and their median, is the figure.
 
-    python benchmarks/spill.py [--levels 1,4] [--pairs 4] [--requests 32]
+    python benchmarks/spill.py [--levels 1,4,16] [--pairs 4] [--requests 32]
 """
 
 from __future__ import annotations
@@ -32,24 +34,30 @@ def tokens_per_s(engine: Engine, concurrency: int, requests: int, max_tokens: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--levels", default="1,4")
+    parser.add_argument("--levels", default="1,4,16")
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
-    variants = {f"after {SPILL_AFTER_ROWS} rows": SPILL_AFTER_ROWS, "never (0)": 0}
+    variants = {  # name: (spill rows, tails too)
+        f"after {SPILL_AFTER_ROWS} rows": (SPILL_AFTER_ROWS, True),
+        "whole entries only": (SPILL_AFTER_ROWS, False),
+        "never": (0, False),
+    }
     engines = {
         name: Engine(
             settings=Settings(), parallel=16, ctx_size=8192, threads=args.threads, prefix_cache_spill_rows=rows
         )
-        for name, rows in variants.items()
+        for name, (rows, _) in variants.items()
     }
     runs: dict[tuple[str, int], list[float]] = {}
     try:
-        for engine in engines.values():
+        for name, engine in engines.items():
             engine.start()
+            assert engine.scheduler is not None and engine.scheduler.cache is not None
+            engine.scheduler.cache.spill_tails = variants[name][1]
             tokens_per_s(engine, 4, 16, args.max_tokens)  # warm-up
         for _ in range(args.pairs):
             for name, engine in engines.items():
@@ -58,25 +66,22 @@ def main() -> None:
     finally:
         for engine in engines.values():
             engine.shutdown()
-    moved, kept = variants
+    shipped, *others = variants
     rows = []
     for c in levels:
-        ratios = [a / b for a, b in zip(runs[(moved, c)], runs[(kept, c)], strict=True)]
-        rows.append(
-            [
-                c,
-                f"{statistics.median(runs[(moved, c)]):.1f}",
-                f"{statistics.median(runs[(kept, c)]):.1f}",
-                " ".join(f"{r:.2f}" for r in ratios),
-                f"{statistics.median(ratios):.2f}×",
-            ]
-        )
+        row = [c, *(f"{statistics.median(runs[(name, c)]):.1f}" for name in variants)]
+        for other in others:
+            ratios = [a / b for a, b in zip(runs[(shipped, c)], runs[(other, c)], strict=True)]
+            row += [" ".join(f"{r:.2f}" for r in ratios), f"{statistics.median(ratios):.2f}×"]
+        rows.append(row)
     print(
         f"in-process engine, {args.requests} chat requests per run ({len(PROMPTS)} prompts cycled), "
         f"{args.max_tokens} greedy tokens, {args.threads} threads, parallel 16, 8,192 cells; {args.pairs} pairs"
     )
-    headers = ["clients", f"tok/s, idle entries move after {SPILL_AFTER_ROWS} rows", "tok/s, never"]
-    print(table([*headers, "ratio of each pair", "median ratio"], rows))
+    headers = ["clients", *(f"tok/s, {name}" for name in variants)]
+    for other in others:
+        headers += [f"vs {other}, each pair", "median"]
+    print(table(headers, rows))
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ class FakeRunner:
 
     def drop_cells(self, seq_id: int, start: int, end: int) -> None:
         cells = self.seqs.get(seq_id, {})
-        for pos in [p for p in cells if start <= p < end]:
+        for pos in [p for p in cells if start <= p and (p < end or end < 0)]:  # end < 0: to the end, as llama.cpp
             del cells[pos]
 
     def save_sequence(self, seq_id: int) -> bytes:

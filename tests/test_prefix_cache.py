@@ -156,6 +156,47 @@ def test_an_idle_entry_moves_to_the_ram_tier_and_a_shared_or_used_one_stays():
     assert_cache_exact(runner, cache)
 
 
+def test_the_tail_past_what_a_running_request_shares_moves_and_the_shared_part_stays():
+    # A prompt asked again shares the prompt's cells of the entry the first answer left, not that
+    # answer: the answer's cells only cost every row (llama.cpp attends over every cell in use).
+    runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 20), ram_bytes=1 << 20)
+    prompt, answer = list(range(1, 31)), list(range(100, 140))
+    finish(runner, cache, prompt + answer)
+    entry_seq = cache.match(prompt, 999).seq_id
+    runner.copy_cells(entry_seq, REQUEST_SEQ, 0, len(prompt))  # the request asking again copies the prompt
+    pins = [([*prompt, 7], len(prompt))]
+    ops: list[KVOp] = []
+    assert cache.spill_idle(SPILL_AFTER_ROWS + 1, ops, pins) == 1
+    apply(runner, cache, ops)
+    assert cache.match(prompt + answer, 999).length == len(prompt) and cache.cells == len(prompt)
+    assert runner.tokens_of(REQUEST_SEQ) == prompt  # the running request lost nothing
+    assert runner.live_cells() == len(prompt)
+    assert cache.spill_idle(10 * SPILL_AFTER_ROWS, ops, pins) == 0  # what is shared stays
+    runner.end_sequence(REQUEST_SEQ)
+    assert_cache_exact(runner, cache)
+    tokens, n = cache.ram.best(prompt + answer, 999)
+    assert n == len(prompt + answer) and cache.restore(tokens, cache.ram.pop(tokens), ops)
+    apply(runner, cache, ops)
+    assert cache.match(prompt + answer, 999).length == len(prompt + answer)
+    assert_cache_exact(runner, cache)
+
+
+def test_under_pressure_the_unshared_tail_of_an_entry_gives_its_cells():
+    runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 20))
+    prompt, answer = list(range(1, 31)), list(range(100, 140))
+    finish(runner, cache, prompt + answer)
+    runner.copy_cells(cache.match(prompt, 999).seq_id, REQUEST_SEQ, 0, len(prompt))
+    pins = [([*prompt, 7], len(prompt))]
+    assert cache.evictable_cells(pins) == len(answer)
+    ops: list[KVOp] = []
+    assert cache.evict(10, ops, pins) == len(answer)
+    apply(runner, cache, ops)
+    assert runner.tokens_of(REQUEST_SEQ) == prompt and cache.match(prompt + answer, 999).length == len(prompt)
+    assert cache.evict(10, ops, pins) == 0 and not ops  # the shared part stays
+    runner.end_sequence(REQUEST_SEQ)
+    assert_cache_exact(runner, cache)
+
+
 def test_without_a_ram_tier_idle_entries_stay_until_their_cells_are_needed():
     runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 20))
     finish(runner, cache, list(range(1, 41)))

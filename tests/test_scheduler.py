@@ -385,6 +385,30 @@ def test_an_entry_moved_out_while_others_decode_comes_back_once_nothing_runs():
             assert_cache_exact(engine.fake, cache)
 
 
+def test_a_request_llama_cpp_cannot_start_fails_alone_and_the_step_goes_on():
+    """A lane llama.cpp cannot allocate fails the reproducible request that needed it, not the
+    requests decoding in the same step."""
+    with fake_engine() as engine:
+        start = engine.fake.start_sequence
+
+        def start_sequence(seq_id, params, prompt_tokens, cells):
+            if params.reproducible:
+                raise RuntimeError("llama.cpp could not create a lane of 256 cells")
+            start(seq_id, params, prompt_tokens, cells)
+
+        engine.fake.start_sequence = start_sequence
+        running = engine.submit("1 2", params=SamplingParams(max_tokens=60, temperature=0))
+        stream = engine.stream(running.request_id)
+        next(stream)  # decoding: the next step admits the reproducible request beside it
+        refused = engine.generate("5 6", params=SamplingParams(max_tokens=4, temperature=0, reproducible=True))
+        assert refused.finish_reason == "error" and "could not create a lane" in refused.error
+        events = list(stream)
+        assert events[-1].finish_reason == "length" and events[-1].error is None
+        stats = engine.stats().scheduler
+        assert stats.running == 0 and engine.fake.live_cells() == stats.prefix_cache_cells
+        assert engine.generate("1 2", params=SamplingParams(max_tokens=3, temperature=0)).finish_reason == "length"
+
+
 def test_a_restore_that_fails_while_nothing_runs_empties_the_cache_and_the_engine_serves_on():
     """llama.cpp may find no room for a saved state: the tree already counts its cells, so it cannot
     be trusted any more, and the cache starts over, unsaved (what it holds may not be what it says)."""

@@ -32,7 +32,16 @@ from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
 from .chat import render_chat
 from .memory import ContextSizing, cache_sequences, resolve_settings
 from .metrics import EngineMetrics
-from .prefix_cache import ClearSequence, CopyCells, KVOp, RamTier, RestoreSequence, SavedState, SaveSequence
+from .prefix_cache import (
+    ClearSequence,
+    CopyCells,
+    KVOp,
+    RamTier,
+    RestoreSequence,
+    SavedState,
+    SaveSequence,
+    TrimSequence,
+)
 from .request import FinishReason, Priority, Request, SamplingParams, invalid_param
 from .scheduler import DecodeItem, ScheduledChunk, Scheduler, SchedulerOutput, SchedulerStats
 from .stats import EngineStats, FinishedRequest, LiveRequest, rss_bytes
@@ -51,6 +60,8 @@ def apply_kv_ops(runner: Runner, ops: list[KVOp], ram: RamTier | None) -> None:
             runner.copy_cells(op.src_seq, op.dst_seq, op.start, op.end)
         elif isinstance(op, ClearSequence):
             runner.end_sequence(op.seq_id)
+        elif isinstance(op, TrimSequence):
+            runner.drop_cells(op.seq_id, op.start, -1)
         elif isinstance(op, SaveSequence):
             if ram is not None:
                 ram.put(op.tokens, runner.save_sequence(op.seq_id))
@@ -526,9 +537,7 @@ class Engine:
             step_started = time.perf_counter()
             try:
                 self._apply_kv_ops(runner, out.kv_ops)
-                for request in out.admitted:
-                    assert request.seq_id is not None
-                    runner.start_sequence(request.seq_id, request.params, request.prompt_tokens, request.kv_cells)
+                self._start_admitted(runner, out)
                 sampled = self._execute(runner, out)
             except Exception as exc:
                 log.exception("decode failed")
@@ -540,6 +549,27 @@ class Engine:
                 # Under the lock: a caller woken by this step's last event reads stats() after it.
                 self.metrics.record_step_time(time.perf_counter() - step_started)
             self._notify_step()
+
+    def _start_admitted(self, runner: Runner, out: SchedulerOutput) -> None:
+        """Start the sequences of the requests the step admits. One that llama.cpp refuses (a lane it
+        cannot allocate, a grammar it cannot parse) ends with its own error, and the step goes on
+        without it: the requests beside it lose nothing."""
+        refused: list[tuple[Request, str]] = []
+        for request in out.admitted:
+            assert request.seq_id is not None
+            try:
+                runner.start_sequence(request.seq_id, request.params, request.prompt_tokens, request.kv_cells)
+            except Exception as exc:
+                log.exception("could not start request %s", request.request_id)
+                refused.append((request, f"could not start the request: {exc}"))
+        if not refused:
+            return
+        with self._lock:
+            ended = [self._finish(request, FinishReason.ERROR, error=error) for request, error in refused]
+            self._end_sequences(runner, [seq_id for seq_id in ended if seq_id is not None])
+        gone = {id(request) for request, _ in refused}
+        out.batched = [chunk for chunk in out.batched if id(chunk.request) not in gone]
+        out.solo = [chunk for chunk in out.solo if id(chunk.request) not in gone]
 
     def _apply_kv_ops(self, runner: Runner, ops: list[KVOp]) -> None:
         cache = self.scheduler.cache if self.scheduler is not None else None

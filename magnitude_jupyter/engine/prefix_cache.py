@@ -46,6 +46,14 @@ class ClearSequence:
 
 
 @dataclass
+class TrimSequence:
+    """Drop the cells of `seq_id` from position `start` on (cells other sequences share stay)."""
+
+    seq_id: int
+    start: int
+
+
+@dataclass
 class SaveSequence:
     """Save the state of `seq_id` (its `tokens`) to the RAM tier before it is cleared."""
 
@@ -74,7 +82,7 @@ RESPELL_WINDOW = 512  # prompt tokens after a match that a cached entry may spel
 # rule: never much worse than the better choice, whenever the entry comes back.
 SPILL_AFTER_ROWS = 64
 
-KVOp = CopyCells | ClearSequence | SaveSequence | RestoreSequence
+KVOp = CopyCells | ClearSequence | TrimSequence | SaveSequence | RestoreSequence
 Pins = Sequence[tuple[Sequence[int], int]]  # (prompt tokens, cells copied from the tree) of running requests
 
 
@@ -161,6 +169,7 @@ class PrefixCache:
         self.cells = 0
         self.ram = RamTier(ram_bytes) if ram_bytes > 0 else None
         self.spill_after_rows = spill_after_rows  # 0: idle entries stay until their cells are needed
+        self.spill_tails = True  # move the idle part of an entry running requests share in part (benchmarks/spill.py)
         self._clock = itertools.count(1)
         self.rows = 0  # rows llama_decode computed since the cache began: the clock of idle entries
         # counters for /status and /metrics
@@ -351,15 +360,26 @@ class PrefixCache:
 
     def pinned_nodes(self, pinned: Pins) -> set[int]:
         """Nodes whose cells running requests share: (their prompt, how much of it they copied)."""
-        ids: set[int] = set()
+        return set(self._shared_ends(pinned))
+
+    def _shared_ends(self, pinned: Pins) -> dict[int, int]:
+        """Per node running requests share, how many of its tokens they share at most (keyed by id)."""
+        ends: dict[int, int] = {}
         for tokens, shared in pinned:
-            ids.update(id(node) for node in self.match(tokens, shared).path)
-        return ids
+            match = self.match(tokens, shared)
+            for node in match.path[:-1]:
+                ends[id(node)] = len(node.tokens)
+            if match.path:
+                last = match.path[-1]
+                inside = len(last.tokens) - (self._end(match.path) - match.length)
+                ends[id(last)] = max(ends.get(id(last), 0), inside)
+        return ends
 
     def evictable_cells(self, pinned: Pins = ()) -> int:
-        """Cells eviction could give back now: every node no running request shares."""
-        held = self.pinned_nodes(pinned)
-        return sum(len(node.tokens) for node in self._nodes() if id(node) not in held)
+        """Cells eviction could give back now: every node no running request shares, and the part
+        after what they share of the leaves they share in part."""
+        shared = self._shared_ends(pinned)
+        return sum(len(node.tokens) - shared.get(id(node), 0) for node in self._nodes())
 
     def _nodes(self) -> Iterator[Node]:
         stack = list(self.root.children.values())
@@ -373,15 +393,29 @@ class PrefixCache:
         freed = 0
         while freed < cells_needed:
             before = self.cells
-            if not self._evict_leaf(ops, pinned):
+            if not self._evict_leaf(ops, pinned) and not self._trim_a_tail(ops, pinned):
                 break
             freed += before - self.cells
         return freed
 
+    def _tails(self, leaves: Iterator[Node] | list[Node], shared: dict[int, int]) -> list[Node]:
+        """The leaves running requests share only the start of."""
+        return [leaf for leaf in leaves if shared.get(id(leaf), len(leaf.tokens)) < len(leaf.tokens)]
+
+    def _trim_a_tail(self, ops: list[KVOp], pinned: Pins) -> bool:
+        shared = self._shared_ends(pinned)
+        tails = self._tails(self.leaves(), shared)
+        if not tails:
+            return False
+        leaf = min(tails, key=lambda leaf: leaf.last_used)
+        self._trim(leaf, shared[id(leaf)], ops)
+        return True
+
     def spill_idle(self, rows: int, ops: list[KVOp], pinned: Pins = ()) -> int:
         """Count `rows` more decoded, then move every entry idle for more than `spill_after_rows` rows
-        (and no running request shares) to the RAM tier; without one, entries stay until needed.
-        Returns how many moved."""
+        to the RAM tier: whole, when no running request shares it; its tail, when running requests
+        share only the start of it (a prompt asked again shares the prompt, not the old answer after
+        it). Without a RAM tier, entries stay until needed. Returns how many moved."""
         self.rows += rows
         moved = 0
         while self.ram is not None and self.spill_after_rows:
@@ -389,14 +423,31 @@ class PrefixCache:
             if not idle:
                 break
             # Pins anew after each drop: a drop can fold a pinned node into the leaf that remains.
-            held = self.pinned_nodes(pinned)
-            idle = [leaf for leaf in idle if id(leaf) not in held]
-            if not idle:
+            shared = self._shared_ends(pinned)
+            unshared = [leaf for leaf in idle if id(leaf) not in shared]
+            tails = self._tails(idle, shared) if self.spill_tails else []
+            if unshared:
+                self._drop(min(unshared, key=lambda leaf: leaf.last_used), ops)
+            elif tails:
+                leaf = min(tails, key=lambda leaf: leaf.last_used)
+                self._trim(leaf, shared[id(leaf)], ops)
+            else:
                 break
-            self._drop(min(idle, key=lambda leaf: leaf.last_used), ops)
             moved += 1
         self.spilled_entries += moved
         return moved
+
+    def _trim(self, leaf: Node, keep: int, ops: list[KVOp]) -> None:
+        """Save a leaf's whole entry to the RAM tier (if there is one), then keep only its first `keep`
+        tokens' cells."""
+        assert leaf.seq_id is not None and 0 < keep < len(leaf.tokens)
+        path = self._path_tokens(leaf)
+        if self.ram is not None:
+            ops.append(SaveSequence(leaf.seq_id, path))
+        cut = len(leaf.tokens) - keep
+        ops.append(TrimSequence(leaf.seq_id, len(path) - cut))
+        del leaf.tokens[keep:]
+        self.cells -= cut
 
     def _evict_leaf(self, ops: list[KVOp], pinned: Pins) -> bool:
         held = self.pinned_nodes(pinned)
