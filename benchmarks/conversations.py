@@ -25,6 +25,7 @@ from _common import (
     NO_DRAFTS,
     NO_SPILL,
     PEER_NO_FLASH_ATTENTION,
+    SPILL_AFTER_16_ROWS,
     TOKEN,
     LlamaServer,
     MagnitudeServer,
@@ -137,6 +138,10 @@ def main() -> None:
         # ... and with idle cache entries held in KV cells until needed (engine.prefix_cache_spill_rows).
         "magnitude serve, no spill": lambda: MagnitudeServer(
             NO_SPILL, parallel=16, ctx_size=8192, threads=args.threads
+        ),
+        # ... and moving them after 16 rows instead of 64 (idle_cells.py's break-even without flash attention).
+        "magnitude serve, spill after 16 rows": lambda: MagnitudeServer(
+            SPILL_AFTER_16_ROWS, parallel=16, ctx_size=8192, threads=args.threads
         ),
         # ... and with llama.cpp's flash attention, which a CPU runs without by default (engine.flash_attention).
         "magnitude serve, flash attention": lambda: MagnitudeServer(

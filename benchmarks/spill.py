@@ -9,7 +9,7 @@ chat prompts cycled from 16 distinct ones (so half the requests repeat one), 64 
 Both engines are loaded at once and run in turns, level by level, so each pair of runs sees the
 same moment of this shared machine; the ratio of each pair, and their median, is the figure.
 
-    python benchmarks/spill.py [--levels 1,4,16] [--pairs 4] [--requests 32]
+    python benchmarks/spill.py [--levels 1,4,16] [--pairs 4] [--requests 32] [--spill-rows 16,32]
 """
 
 from __future__ import annotations
@@ -39,13 +39,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument(
+        "--spill-rows", default=None, help="compare with these engine.prefix_cache_spill_rows instead (e.g. 16,32)"
+    )
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
-    variants = {  # name: (spill rows, tails too)
-        f"after {SPILL_AFTER_ROWS} rows": (SPILL_AFTER_ROWS, True),
-        "whole entries only": (SPILL_AFTER_ROWS, False),
-        "never": (0, False),
-    }
+    variants = {f"after {SPILL_AFTER_ROWS} rows": (SPILL_AFTER_ROWS, True)}  # name: (spill rows, tails too)
+    if args.spill_rows:
+        variants |= {f"after {n} rows": (n, True) for n in (int(x) for x in args.spill_rows.split(","))}
+    else:
+        variants |= {"whole entries only": (SPILL_AFTER_ROWS, False), "never": (0, False)}
     engines = {
         name: Engine(
             settings=Settings(), parallel=16, ctx_size=8192, threads=args.threads, prefix_cache_spill_rows=rows
