@@ -79,7 +79,7 @@ RESPELL_WINDOW = 512  # prompt tokens after a match that a cached entry may spel
 # (benchmarks/idle_cells.py, bundled model, 2 cores). With flash attention a cell nobody reads costs
 # a look at its mask, 0.2-0.9 us a cell per row: moving pays after about 40-70 rows held. Without it
 # (the default on a CPU) the cell is part of the row's matrix products, 1.3-2.0 us: moving pays
-# after about 18 rows, yet 16 rows cost conversations 12% (benchmarks/conversations.py: an entry
+# after about 18 rows, yet 16 rows cost conversations 9-12% (benchmarks/conversations.py: an entry
 # then moves out between two turns of its conversation), so one figure serves both. Moving an entry
 # once holding it has cost about what the move would is the ski-rental rule: never much worse than
 # the better choice, whenever the entry comes back.
