@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 SavedState = bytes | bytearray  # a sequence's KV state (`llama_state_seq_get_data`), as the RAM tier keeps it
@@ -396,18 +396,17 @@ class PrefixCache:
         freed = 0
         while freed < cells_needed:
             before = self.cells
-            if not self._evict_leaf(ops, pinned) and not self._trim_a_tail(ops, pinned):
+            if not self._evict_leaf(ops, pinned) and not self._trim_a_tail(
+                self.leaves(), self._shared_ends(pinned), ops
+            ):
                 break
             freed += before - self.cells
         return freed
 
-    def _tails(self, leaves: Iterator[Node] | list[Node], shared: dict[int, int]) -> list[Node]:
-        """The leaves running requests share only the start of."""
-        return [leaf for leaf in leaves if shared.get(id(leaf), len(leaf.tokens)) < len(leaf.tokens)]
-
-    def _trim_a_tail(self, ops: list[KVOp], pinned: Pins) -> bool:
-        shared = self._shared_ends(pinned)
-        tails = self._tails(self.leaves(), shared)
+    def _trim_a_tail(self, leaves: Iterable[Node], shared: dict[int, int], ops: list[KVOp]) -> bool:
+        """Trim the least recently used of `leaves` that running requests share only the start of
+        (`shared`: from `_shared_ends`); False if none is."""
+        tails = [leaf for leaf in leaves if shared.get(id(leaf), len(leaf.tokens)) < len(leaf.tokens)]
         if not tails:
             return False
         leaf = min(tails, key=lambda leaf: leaf.last_used)
@@ -428,13 +427,9 @@ class PrefixCache:
             # Pins anew after each drop: a drop can fold a pinned node into the leaf that remains.
             shared = self._shared_ends(pinned)
             unshared = [leaf for leaf in idle if id(leaf) not in shared]
-            tails = self._tails(idle, shared) if self.spill_tails else []
             if unshared:
                 self._drop(min(unshared, key=lambda leaf: leaf.last_used), ops)
-            elif tails:
-                leaf = min(tails, key=lambda leaf: leaf.last_used)
-                self._trim(leaf, shared[id(leaf)], ops)
-            else:
+            elif not (self.spill_tails and self._trim_a_tail(idle, shared, ops)):
                 break
             moved += 1
         self.spilled_entries += moved

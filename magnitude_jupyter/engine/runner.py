@@ -346,7 +346,7 @@ class LlamaRunner:
         llama_cpp.llama_memory_seq_cp(self.memory, src_seq, dst_seq, start, end)
 
     def drop_cells(self, seq_id: int, start: int, end: int) -> None:
-        """Take positions [start, end) out of `seq_id` (cells other sequences hold stay)."""
+        """Take positions [start, end) out of `seq_id` (end -1: to its end; cells other sequences hold stay)."""
         lane = self._lanes.get(seq_id)
         if lane is not None:
             llama_cpp.llama_memory_seq_rm(lane.memory, 0, start, end)
