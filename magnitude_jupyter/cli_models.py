@@ -24,8 +24,12 @@ def _served_models() -> dict[str, dict[str, Any]] | None:
 
     try:
         client = discover(start=False)
-        models = client.models()
     except ClientError:
+        return None
+    try:
+        models = client.models()
+    except ClientError as exc:  # a registered server that does not answer: say so, list without it
+        click.echo(f"magnitude: {exc}", err=True)
         return None
     if not any("loaded" in m for m in models):
         return None  # another kind of server: it does not say

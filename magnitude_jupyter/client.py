@@ -103,6 +103,9 @@ def iter_sse(lines: Iterator[str]) -> Iterator[tuple[int | None, str]]:
         yield event_id, "\n".join(data)
 
 
+CALL_TIMEOUT_S = 30.0  # a plain call (status, models, health): a server that does not answer is named
+
+
 class Client:
     """One server: `api_base` is the URL that `/v1/...` hangs from."""
 
@@ -118,6 +121,7 @@ class Client:
         self.token = token
         self.source = source
         self.model = model  # asked for by every generation that names none, and by status()
+        self.timeout = timeout
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout, connect=5.0))
 
@@ -129,9 +133,15 @@ class Client:
 
     # -- plain calls ----------------------------------------------------------------------
 
-    def _call(self, method: str, path: str) -> httpx.Response:
+    def _call(self, method: str, path: str, timeout: float | None = CALL_TIMEOUT_S) -> httpx.Response:
+        """One plain call, within `timeout` seconds (None: the client's own, for waits such as a load)."""
+        limit = self.timeout if timeout is None else min(timeout, self.timeout)
         try:
-            response = self.http.request(method, self.api_base + path)
+            response = self.http.request(method, self.api_base + path, timeout=httpx.Timeout(limit, connect=5.0))
+        except httpx.TimeoutException:
+            raise ClientError(
+                f"the server at {self.api_base} did not answer {method} {path} within {limit:g} s"
+            ) from None
         except httpx.TransportError as exc:
             raise ClientError(f"cannot reach {self.api_base}: {exc}") from None
         if response.status_code >= 400:
@@ -141,8 +151,8 @@ class Client:
     def _get(self, path: str) -> httpx.Response:
         return self._call("GET", path)
 
-    def _post(self, path: str) -> httpx.Response:
-        return self._call("POST", path)
+    def _post(self, path: str, timeout: float | None = CALL_TIMEOUT_S) -> httpx.Response:
+        return self._call("POST", path, timeout)
 
     def health(self) -> dict[str, Any]:
         return self._get("/health").json()
@@ -165,7 +175,7 @@ class Client:
 
     def load_model(self, model: str) -> dict[str, Any]:
         """Make a model resident on a magnitude server (waits for the load): {id, loaded, load_ms}."""
-        return self._post(f"/models/{quote(model, safe='')}/load").json()
+        return self._post(f"/models/{quote(model, safe='')}/load", timeout=None).json()
 
     def unload_model(self, model: str) -> dict[str, Any]:
         """Unload a model now, or once its requests end: {id, loaded, unload_when_idle}."""
@@ -320,7 +330,10 @@ def start_background_server(timeout: float = 120.0) -> Client:
     """Start `magnitude serve` detached from this process, so that it outlives the kernel and is reused."""
     folder = runtime_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "serve.log", "ab") as log:  # the child keeps its own copy of the descriptor
+    # Owner-only, as the runtime files with the token are; the child keeps its own copy of the descriptor.
+    log_fd = os.open(folder / "serve.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(log_fd, 0o600)  # a log made by an older version may be readable by others
+    with os.fdopen(log_fd, "ab") as log:
         try:
             server = LocalServer(detached=True, log=log, timeout=timeout)
         except ServerStartError as exc:

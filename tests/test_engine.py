@@ -192,7 +192,9 @@ def test_chat_template_and_eos(engine):
 
 def test_ignore_eos_never_samples_an_end_token(engine):
     """As llama.cpp's server does it: the answer runs to max_tokens without end-of-generation tokens,
-    so its text tokenizes back to its tokens and a resent conversation hits the prefix cache."""
+    whose text the answer would not show (a resent conversation would then tokenize otherwise).
+    Whether any text tokenizes back to the same tokens depends on the tokens sampled, which depend on
+    the CPU: only what holds by construction is asserted."""
     messages = [{"role": "user", "content": "Say hi."}]
     natural = engine.generate(messages=messages, params=greedy(64))
     assert natural.finish_reason == "stop"  # the model wants to end here: what ignore_eos must override
@@ -208,7 +210,7 @@ def test_ignore_eos_never_samples_an_end_token(engine):
         result = engine.generate(messages=messages, params=params)
         assert result.finish_reason == "length" and len(result.token_ids) == 64
         assert not [t for t in result.token_ids if runner.is_eog(t)], result.token_ids
-        assert runner.tokenize(result.text, add_special=False) == result.token_ids
+        assert "<|im_end|>" not in result.text and "<|endoftext|>" not in result.text
     wait_idle(engine)
 
 

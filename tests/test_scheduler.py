@@ -448,3 +448,56 @@ def test_saved_entries_wait_for_a_second_of_idleness_to_come_back():
     back = s.schedule(now=20.0 + BRING_BACK_AFTER_IDLE_SECONDS).kv_ops
     assert [type(op) for op in back] == [RestoreSequence] and s.cache.entries == 1 and not s.cache.ram.entries
     assert s.budget.used == s.cache.cells == len(saved) > 0
+
+
+def scoped(rid: str, tokens: list[int], scope: str | None) -> Request:
+    request = make_request(rid, 4, 4)
+    request.prompt_tokens, request.cache_scope = list(tokens), scope
+    return request
+
+
+def run_and_finish(s: Scheduler, request: Request) -> None:
+    s.add_request(request)
+    s.schedule()
+    request.num_computed_tokens, request.output_tokens = len(request.prompt_tokens), [7]
+    s.finish(request, FinishReason.STOP)
+    s.take_pending_kv_ops()
+
+
+def test_a_scoped_request_shares_cache_entries_only_within_its_scope():
+    """Without scopes, a second user's identical prefix reports cached tokens: a timing oracle."""
+    s = cached_scheduler()
+    prompt = list(range(100, 140))
+    run_and_finish(s, scoped("alice-1", prompt, "salt:alice"))
+    bob = scoped("bob", [*prompt, 1], "salt:bob")
+    anonymous = scoped("anon", [*prompt, 2], None)
+    alice = scoped("alice-2", [*prompt, 3], "salt:alice")
+    for request in (bob, anonymous, alice):
+        s.add_request(request)
+        s.schedule()
+    assert bob.cached_tokens == 0 and anonymous.cached_tokens == 0
+    assert alice.cached_tokens == 40  # the whole entry: prompt and answer cells up to the last prompt token
+
+
+def test_a_running_request_of_another_scope_lends_no_cells():
+    s = cached_scheduler()
+    prompt = list(range(100, 140))
+    first = scoped("first", [*prompt, 1], "salt:a")
+    s.add_request(first)
+    s.schedule()
+    first.num_computed_tokens, first.output_tokens = len(first.prompt_tokens), [7]
+    other, same = scoped("other", [*prompt, 2], "salt:b"), scoped("same", [*prompt, 3], "salt:a")
+    s.add_request(other)
+    s.add_request(same)
+    s.schedule()
+    assert other.cached_tokens == 0 and same.cached_tokens == 40
+
+
+@pytest.mark.parametrize("scope", [None, "salt:a"])
+def test_scoped_answers_are_no_drafts_for_anyone(scope):
+    s = cached_scheduler(draft_tokens=6)
+    request = scoped("a", list(range(100, 140)), scope)
+    request.params.temperature = 0
+    assert request.params.draftable
+    run_and_finish(s, request)
+    assert bool(s.answers.tokens) == (scope is None)

@@ -30,6 +30,7 @@ from ..config import EngineSettings, Settings, load_settings
 from ..kvmath import kv_bytes_per_token
 from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
 from .chat import render_chat
+from .gbnf_limits import measure_grammar, run_on_grammar_stack, start_with_grammar_stack
 from .memory import ContextSizing, cache_sequences, resolve_settings
 from .metrics import EngineMetrics
 from .prefix_cache import (
@@ -44,6 +45,7 @@ from .prefix_cache import (
 )
 from .request import FinishReason, Priority, Request, SamplingParams, invalid_param
 from .scheduler import DecodeItem, ScheduledChunk, Scheduler, SchedulerOutput, SchedulerStats
+from .schema_limits import GrammarError
 from .stats import EngineStats, FinishedRequest, LiveRequest, rss_bytes
 from .streams import StreamEvent, StreamRegistry, TokenLogprob
 from .text import TextAssembler
@@ -216,7 +218,7 @@ class Engine:
             return self
         self.state = "loading"
         self._thread = threading.Thread(target=self._run, name="magnitude-engine", daemon=True)
-        self._thread.start()
+        start_with_grammar_stack(self._thread)  # it samples through grammars
         if wait:
             self.wait_ready(timeout)
         return self
@@ -277,6 +279,13 @@ class Engine:
             raise ValueError("give a prompt or messages")
         return runner.tokenize(prompt, add_special=True)
 
+    def _cache_scope(self, cache_salt: str | None, user: str | None) -> str | None:
+        if cache_salt is not None:
+            return "salt:" + cache_salt
+        if user is not None and self.engine_settings.prefix_cache_scope == "user":
+            return "user:" + user
+        return None
+
     def submit(
         self,
         prompt: str | None = None,
@@ -289,10 +298,14 @@ class Engine:
         arrival_time: float | None = None,
         load_ms: float | None = None,
         tools: ToolRequest | None = None,
+        cache_salt: str | None = None,
+        user: str | None = None,
     ) -> Request:
         """Queue one generation; returns at once. Raises ValueError (bad input), PromptTooLongError,
         OverloadedError or EngineError; never blocks on the model. `arrival_time` (monotonic) and
-        `load_ms` let a request that waited for its model to load count that wait in its timings."""
+        `load_ms` let a request that waited for its model to load count that wait in its timings.
+        `cache_salt` keeps its prefix-cache entries apart from every other salt's; with the setting
+        `prefix_cache_scope: user`, `user` does the same when no salt is given."""
         runner, scheduler = self._require_ready()
         params = replace(params or SamplingParams(), stop=list((params.stop if params else []) or []))
         params.validate()
@@ -304,8 +317,14 @@ class Engine:
                 raise invalid_param("tools", "give tools or a grammar (response_format), not both")
             tool_form = template_form(self._chat_template).name
             params.grammar = tools_grammar(tools, tool_form)
-        if params.grammar is not None and not runner.check_grammar(params.grammar):
-            raise invalid_param("grammar", "llama.cpp could not parse it (GBNF with a 'root' rule)")
+        if params.grammar is not None:
+            grammar = params.grammar
+            try:
+                measure_grammar(grammar)  # before llama.cpp sees it: see gbnf_limits.py
+            except GrammarError as exc:
+                raise invalid_param("tools" if tools is not None else "grammar", str(exc)) from None
+            if not run_on_grammar_stack(lambda: runner.check_grammar(grammar)):
+                raise invalid_param("grammar", "llama.cpp could not parse it (GBNF with a 'root' rule)")
         if not params.greedy and params.seed is None:
             params.seed = random.getrandbits(32)  # recorded, so a sampled answer can be reproduced
         tokens = list(prompt_tokens) if prompt_tokens is not None else self.prompt_tokens_for(prompt, messages, tools)
@@ -326,6 +345,7 @@ class Engine:
             text=TextAssembler(params.stop),
             load_ms=load_ms,
             tool_form=tool_form,
+            cache_scope=self._cache_scope(cache_salt, user),
         )
         if arrival_time is not None:
             request.arrival_time = arrival_time

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -176,6 +177,21 @@ class Timings:
         return {k: (round(v, 3) if v is not None else None) for k, v in asdict(self).items()}
 
 
+def scope_token(scope: str, first: int) -> int:
+    """A key no real token has (negative) that stands for `first` in `scope`'s part of the cache."""
+    digest = hashlib.blake2b(f"{scope}\0{first}".encode(), digest_size=8).digest()
+    return -1 - (int.from_bytes(digest, "little") >> 2)
+
+
+def scoped_tokens(tokens: list[int], scope: str | None) -> list[int]:
+    """`tokens` with the first one replaced by its scope's key: the cache tree and the RAM tier are
+    keyed by tokens and cells by position, so one key per scope keeps the scopes' entries apart and
+    leaves every position where it was."""
+    if scope is None or not tokens:
+        return tokens
+    return [scope_token(scope, tokens[0]), *tokens[1:]]
+
+
 @dataclass(eq=False)
 class Request:
     request_id: str
@@ -201,6 +217,12 @@ class Request:
     stream: TokenStream | None = None
     text: TextAssembler | None = None
     ngrams: NgramIndex | None = None  # its tokens' n-gram positions, once it has been drafted for
+    cache_scope: str | None = None  # prefix-cache entries are shared only with requests of the same scope
+
+    @property
+    def cache_tokens(self) -> list[int]:
+        """Its prompt as the prefix cache knows it: see `scoped_tokens`."""
+        return scoped_tokens(self.prompt_tokens, self.cache_scope)
 
     @property
     def kv_cells(self) -> int:

@@ -201,7 +201,7 @@ class Scheduler:
                 head = queue[0]
                 source, shared, from_cache = self._prefix_source(head, out)
                 need = head.kv_cells - (shared if from_cache else 0)
-                if not self._make_room(need, out, (head.prompt_tokens, shared if from_cache else 0)):
+                if not self._make_room(need, out, (head.cache_tokens, shared if from_cache else 0)):
                     # Strict FIFO: a large request at the head is not overtaken forever by small ones,
                     # and batch rows do not jump ahead of a waiting interactive request.
                     return
@@ -224,7 +224,7 @@ class Scheduler:
 
     def _pins(self, extra: tuple[list[int], int] | None = None) -> Pins:
         """What running requests (and the one being admitted) share of the cache: not to be evicted."""
-        pins = [(r.prompt_tokens, r.cache_shared) for r in self.running if r.cache_shared]
+        pins = [(r.cache_tokens, r.cache_shared) for r in self.running if r.cache_shared]
         return [*pins, extra] if extra and extra[1] else pins
 
     def _make_room(self, cells: int, out: SchedulerOutput, admitting: tuple[list[int], int]) -> bool:
@@ -251,7 +251,7 @@ class Scheduler:
         limit = len(request.prompt_tokens) - 1  # the last prompt token is always computed: it gives the logits
         best: tuple[int | None, int, bool] = (None, 0, False)
         if self.cache is not None:
-            match = self.cache.match(request.prompt_tokens, limit)
+            match = self.cache.match(request.cache_tokens, limit)
             if self.cache.ram is not None:
                 match = self._restore_from_ram(request, match.length, limit, out) or match
             if match.seq_id is not None and match.length >= self.min_prefix_tokens and self.spell is not None:
@@ -260,7 +260,7 @@ class Scheduler:
                 best = (match.seq_id, match.length, True)
                 self.cache.touch(match)
         for other in self.running:
-            if other.params.reproducible or other.seq_id is None:
+            if other.params.reproducible or other.seq_id is None or other.cache_scope != request.cache_scope:
                 continue
             n = common_prefix_len(other.prompt_tokens, request.prompt_tokens, min(limit, other.num_computed_tokens))
             if n > best[1]:
@@ -272,27 +272,27 @@ class Scheduler:
         `PrefixCache.respelled`): the prompt then uses the tokens its model wrote rather than the
         tokenizer's, and their cells are copied instead of computed."""
         assert self.cache is not None and self.spell is not None
-        found = self.cache.respelled(request.prompt_tokens, match, self.spell)
+        found = self.cache.respelled(request.cache_tokens, match, self.spell)
         if found is None:
             return match, limit
         tokens, cached = found
         if len(tokens) + request.max_tokens > self.max_request_tokens:
             return match, limit
-        request.prompt_tokens = tokens
+        request.prompt_tokens = [request.prompt_tokens[0], *tokens[1:]]  # the first is its scope's key
         self.cache.respelled_tokens += cached - match.length
         limit = len(tokens) - 1
-        return self.cache.match(tokens, limit), limit
+        return self.cache.match(request.cache_tokens, limit), limit
 
     def _restore_from_ram(self, request: Request, have: int, limit: int, out: SchedulerOutput) -> Match | None:
         """Bring back a saved entry that covers more of the prompt than the tree does; the new match."""
         assert self.cache is not None and self.cache.ram is not None
-        tokens, n = self.cache.ram.best(request.prompt_tokens, limit)
+        tokens, n = self.cache.ram.best(request.cache_tokens, limit)
         if n < have + RAM_RESTORE_GAIN:
             return None
         # llama.cpp loads the whole saved sequence before the shared part is swapped for the tree's,
         # and the request then adds its own cells beyond it.
         need = len(tokens) + max(0, request.kv_cells - n)
-        if not self._make_room(need, out, (request.prompt_tokens, have)):
+        if not self._make_room(need, out, (request.cache_tokens, have)):
             return None
         data = self.cache.ram.pop(tokens)
         assert data is not None
@@ -300,7 +300,7 @@ class Scheduler:
             self.cache.ram.put(tokens, data)
             return None
         self._sync_cache_budget()
-        return self.cache.match(request.prompt_tokens, limit)
+        return self.cache.match(request.cache_tokens, limit)
 
     def _bring_back_idle(self, out: SchedulerOutput) -> None:
         """With nothing to run (BRING_BACK_AFTER_IDLE_SECONDS), move saved entries back into the KV
@@ -437,7 +437,7 @@ class Scheduler:
         req.ngrams.extend(req.output_tokens[len(req.ngrams.tokens) - len(req.prompt_tokens) :])
         guess = req.ngrams.guess(k)
         # An earlier answer that went the same way is the better guess when it matches longer.
-        remembered = self.answers.guess(req.ngrams.tokens, k)
+        remembered = self.answers.guess(req.ngrams.tokens, k) if req.cache_scope is None else None
         if remembered is not None and (guess is None or remembered.matched > guess.matched):
             guess = remembered
         return (guess, req.ngrams) if guess is not None else None
@@ -471,7 +471,7 @@ class Scheduler:
                 if self.cache is not None and reason != FinishReason.ERROR and not request.params.reproducible:
                     # Its tokens stay as a cache entry: the next turn of a conversation starts with them
                     # (not a reproducible request's: they are in its lane, runner.Lane).
-                    computed = (request.prompt_tokens + request.output_tokens)[: request.num_computed_tokens]
+                    computed = (request.cache_tokens + request.output_tokens)[: request.num_computed_tokens]
                     if computed:
                         self.cache.insert(computed, seq_id, self.pending_kv_ops, self._pins())
                     self._sync_cache_budget()
@@ -481,7 +481,9 @@ class Scheduler:
         request.finish_reason = reason
         request.error = error
         request.finished_time = time.monotonic()
-        if self.drafts is not None and request.params.draftable and reason != FinishReason.ERROR:
+        # Another scope's answers are no guesses: a faster answer would tell what it was asked.
+        shared = request.cache_scope is None
+        if self.drafts is not None and request.params.draftable and reason != FinishReason.ERROR and shared:
             self.answers.remember(request.prompt_tokens, request.output_tokens)
         request.ngrams = None  # a finished request's record stays a while (for its stream): not its index
         request.seq_id = None

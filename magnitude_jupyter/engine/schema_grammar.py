@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from typing import Any
 
+from llama_cpp import llama_grammar
 from llama_cpp.llama_grammar import SchemaConverter
+
+from .gbnf_limits import measure_grammar
+from .schema_limits import GrammarError, check_schema
 
 MAX_DIGITS = 15  # as the converter's own integer rule: [1-9] [0-9]{0,15}
 
@@ -38,8 +43,44 @@ UNENFORCED = (
 )
 
 
-class GrammarError(ValueError):
-    """A schema that cannot become a grammar; the message says why."""
+COMPILE_SECONDS = 2.0  # a schema's conversion stops with an error past this
+
+
+def repetition(
+    item: str, low: int, high: int | None, separator_rule: str | None = None, item_rule_is_literal: bool = False
+) -> str:
+    """GBNF for `low` to `high` (None: no end) of `item`, written as llama.cpp's `{m,n}`.
+
+    llama-cpp-python's converter writes `{0,n}` out as n nested optional groups, and llama.cpp's
+    parser recurses once per group: a `maxLength` of 10,000,000 ran its stack out. `{m,n}` stays
+    flat in the text, and llama.cpp expands it without recursing (gbnf_limits.py caps n).
+    """
+    del item_rule_is_literal  # a literal repeats like any other item (the converter's keyword names)
+    separator = separator_rule
+    if high == 0:
+        return ""
+    if separator is None:
+        if (low, high) == (0, 1):
+            return f"{item}?"
+        if high is None:
+            return f"{item}*" if low == 0 else f"{item}+" if low == 1 else f"{item}{{{low},}}"
+        return f"{item}{{{low}}}" if low == high else f"{item}{{{low},{high}}}"
+    more_low, more_high = max(0, low - 1), None if high is None else high - 1
+    more = f"({separator} {item})"
+    if more_high == 0:
+        tail = ""
+    elif more_high is None:
+        tail = f" {more}*" if more_low == 0 else f" {more}{{{more_low},}}"
+    elif more_low == more_high:
+        tail = f" {more}{{{more_low}}}"
+    else:
+        tail = f" {more}{{{more_low},{more_high}}}"
+    return f"({item}{tail})?" if low == 0 else f"{item}{tail}"
+
+
+# The converter's own visit and pattern code call this module function by name: pinned
+# llama-cpp-python (pyproject.toml), so the swap is tested against the one version we run.
+llama_grammar._build_repetition = repetition
 
 
 def _same_length(a: str, b: str) -> str:
@@ -147,10 +188,13 @@ BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 class BoundedSchemaConverter(SchemaConverter):
     """llama-cpp-python's converter, with numeric bounds and refusals of what it would ignore."""
 
-    def __init__(self) -> None:
+    def __init__(self, seconds: float = COMPILE_SECONDS) -> None:
         super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+        self.deadline = time.monotonic() + seconds
 
     def visit(self, schema: Any, name: str) -> str:
+        if time.monotonic() > self.deadline:
+            raise GrammarError("the JSON schema took too long to turn into a grammar; make it smaller")
         if isinstance(schema, dict):
             where = name or "the schema"
             for keyword in UNENFORCED:
@@ -165,7 +209,9 @@ class BoundedSchemaConverter(SchemaConverter):
 
 
 def schema_rules(converter: BoundedSchemaConverter, schema: dict[str, Any], name: str, url: str) -> str:
-    """Add the rules of one schema to `converter`; returns the name of its rule."""
+    """Add the rules of one schema to `converter`; returns the name of its rule. The schema is
+    checked against the caps of schema_limits.py first: nothing resolves a reference outside it."""
+    check_schema(schema)
     try:
         resolved = converter.resolve_refs(copy.deepcopy(schema), url)  # it rewrites refs in place
         return converter.visit(resolved, name)
@@ -186,4 +232,6 @@ def schema_grammar(schema: dict[str, Any]) -> str:
     """GBNF for JSON that follows `schema`."""
     converter = BoundedSchemaConverter()
     schema_rules(converter, schema, "", "input")
-    return str(converter.format_grammar())
+    grammar = str(converter.format_grammar())
+    measure_grammar(grammar)
+    return grammar

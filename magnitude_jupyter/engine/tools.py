@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .schema_grammar import BoundedSchemaConverter, GrammarError, schema_rules, without_trailing_space
+from .schema_limits import MAX_TOOLS, check_schema
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 CHOICES = ("auto", "none", "required")
@@ -73,6 +74,8 @@ def parse_tools(raw: Any) -> list[Tool]:
 
     if not isinstance(raw, list) or not raw:
         raise ToolError("'tools' must be a non-empty list of {type: 'function', function: {...}} objects")
+    if len(raw) > MAX_TOOLS:
+        raise ToolError(f"'tools' lists {len(raw)} functions; the limit is {MAX_TOOLS}")
     tools: list[Tool] = []
     for i, entry in enumerate(raw):
         where = f"tools[{i}]"
@@ -92,6 +95,10 @@ def parse_tools(raw: Any) -> list[Tool]:
             parameters = {"type": "object", "properties": {}}
         if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
             raise ToolError(f"{where}.function.parameters of {name!r} must be a JSON Schema of type 'object'")
+        try:  # the caps, and no reference outside the schema, before fastjsonschema resolves anything
+            check_schema(parameters, f"{where}.function.parameters")
+        except GrammarError as exc:
+            raise ToolError(str(exc)) from None
         try:
             fastjsonschema.compile(parameters)
         except Exception as exc:  # a definition error, or whatever its walk of a malformed schema hits

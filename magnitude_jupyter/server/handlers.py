@@ -195,6 +195,8 @@ class GenerationHandler(ApiMixin):
             arrival_time=arrival,
             load_ms=load_ms,
             tools=req.tools,
+            cache_salt=req.cache_salt,
+            user=req.user,
         )
 
     async def post(self) -> None:
@@ -266,7 +268,8 @@ class StreamHandler(ApiMixin):
         try:
             engine, stream = self.pool.find_stream(stream_id)
             header = self.request.headers.get("Last-Event-ID")
-            after = parse_event_id(header if header is not None else self.get_query_argument("starting_after", "0"))
+            raw = header if header is not None else self.get_query_argument("starting_after", "0", strip=False)
+            after = parse_event_id(raw)
             if after > stream.last_id:
                 raise ApiError(
                     400,

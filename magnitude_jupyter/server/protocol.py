@@ -56,6 +56,8 @@ class GenerationRequest:
     include_usage: bool = False
     keep_alive: float | None = None  # seconds the model stays loaded after this (Ollama's); None: as set
     tools: ToolRequest | None = None
+    cache_salt: str | None = None
+    user: str | None = None
 
     @property
     def logprobs(self) -> bool:
@@ -93,7 +95,8 @@ COMMON_FIELDS = {
     "grammar",
     "priority",
     "keep_alive",  # Ollama's: how long the model stays loaded once idle ("5m", seconds, 0 = unload now)
-    "user",  # an end-user id for the caller's own records: it changes nothing in the answer
+    "user",  # an end-user id: it changes nothing in the answer (with prefix_cache_scope: user, it scopes the cache)
+    "cache_salt",  # vLLM's: the prefix cache shares entries only between requests of the same salt
 }
 CHAT_FIELDS = COMMON_FIELDS | {
     "messages",
@@ -238,6 +241,18 @@ def _tools(data: dict[str, Any]) -> ToolRequest | None:
         raise bad_param(exc.param, str(exc)) from None
 
 
+MAX_ID_CHARS = 256  # `user`, `cache_salt`
+
+
+def _short_string(data: dict[str, Any], name: str) -> str | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_CHARS:
+        raise bad_param(name, f"'{name}' must be a string of 1 to {MAX_ID_CHARS} characters")
+    return value
+
+
 def _is_text_format(response_format: Any) -> bool:
     return isinstance(response_format, dict) and response_format.get("type") == "text"
 
@@ -299,7 +314,10 @@ def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
         except ValueError as exc:
             raise bad_param("keep_alive", str(exc)) from None
 
+    cache_salt, user = _short_string(data, "cache_salt"), _short_string(data, "user")
     return GenerationRequest(
+        cache_salt=cache_salt,
+        user=user,
         model=model,
         params=params,
         priority=priority,

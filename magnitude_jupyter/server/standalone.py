@@ -9,6 +9,7 @@ import logging
 import os
 import secrets
 import signal
+import threading
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,6 +23,7 @@ from .handlers import DEFAULT_MAX_BODY_BYTES, MAX_BODY_KEY, ApiMixin, make_route
 from .sse import POOL_KEY
 
 log = logging.getLogger("magnitude.serve")
+SHUTDOWN_SECONDS = 3.0  # after SIGTERM or SIGINT, the most a graceful shutdown may take
 TOKEN_KEY = "magnitude_token"
 REMOTE_KEY = "magnitude_allow_remote"
 
@@ -129,6 +131,10 @@ async def serve(
         await stop.wait()
     finally:
         announce("magnitude: shutting down")
+        # Whatever a worker thread is doing (a native call cannot be interrupted), the process ends.
+        deadline = threading.Timer(SHUTDOWN_SECONDS, os._exit, (0,))
+        deadline.daemon = True
+        deadline.start()
         server.stop()
         await loop.run_in_executor(None, pool.shutdown)
         runtime_file.unlink(missing_ok=True)
