@@ -198,6 +198,8 @@ class LlamaRunner:
         self._candidates = np.zeros(self.n_vocab, dtype=TOKEN_DATA)
         self._token_ids = np.arange(self.n_vocab, dtype=np.int32)
         self._one = np.zeros(1, dtype=TOKEN_DATA)
+        self._shortlist = np.zeros(GRAMMAR_SHORTLIST, dtype=TOKEN_DATA)
+        self._shortlist_need: dict[int, int] = {}  # see _shortlist_pick
         self._piece_buf = ctypes.create_string_buffer(256)
         self._lanes: dict[int, Lane] = {}
         self._last_ctx = self.ctx  # where the last decode's logits are
@@ -267,6 +269,9 @@ class LlamaRunner:
             if grammar is None:
                 raise RunnerError("llama.cpp could not parse the grammar")
             self._grammars[seq_id] = grammar
+            shortlist_need = 1 if params.greedy else params.top_k
+            if not params.penalized and 0 < shortlist_need <= GRAMMAR_SHORTLIST:
+                self._shortlist_need[seq_id] = shortlist_need
         if params.greedy and not params.penalized:
             self._samplers[seq_id] = None  # plain argmax over the logits row: no sampler state needed
             return
@@ -376,6 +381,7 @@ class LlamaRunner:
 
     def _free_sampler(self, seq_id: int) -> None:
         self._eog_banned.discard(seq_id)
+        self._shortlist_need.pop(seq_id, None)
         grammar = self._grammars.pop(seq_id, None)
         if grammar is not None:
             llama_cpp.llama_sampler_free(grammar)
@@ -439,7 +445,8 @@ class LlamaRunner:
         logits = self._logits_view(row)
         token = self._pick(seq_id, chain, None, logits)
         if not self._allows(grammar, token, float(logits[token])):
-            token = self._pick(seq_id, chain, grammar, logits)
+            picked = self._shortlist_pick(seq_id, chain, grammar, logits)
+            token = picked if picked is not None else self._pick(seq_id, chain, grammar, logits)
         llama_cpp.llama_sampler_accept(grammar, token)
         if chain is not None:
             llama_cpp.llama_sampler_accept(chain, token)
@@ -465,6 +472,37 @@ class LlamaRunner:
         array = _token_data_array(candidates)
         if grammar is not None:
             llama_cpp.llama_sampler_apply(grammar, ctypes.byref(array))
+        if chain is None:
+            return int(candidates["id"][int(np.argmax(candidates["logit"][: array.size]))])
+        llama_cpp.llama_sampler_apply(chain, ctypes.byref(array))
+        return int(candidates["id"][array.selected])
+
+    def _shortlist_pick(self, seq_id: int, chain: Any, grammar: Any, logits: np.ndarray) -> int | None:
+        """The pick under a grammar made among the GRAMMAR_SHORTLIST likeliest tokens only, where that
+        is the same pick as over the whole vocabulary; None where it may not be.
+
+        Applying a grammar costs each token it is tried on times the alternatives it has open, so a
+        wide choice (an enum) tried on the whole vocabulary stalls every request's step. Every token
+        outside the shortlist is less likely than every token in it: when the grammar allows at least
+        as many shortlisted tokens as the pick looks at (1 for greedy, top_k for a chain without
+        penalties, which only lower some logits), none outside could have been picked.
+        """
+        need = self._shortlist_need.get(seq_id)
+        if need is None:
+            return None
+        shortlist = np.argpartition(logits, -GRAMMAR_SHORTLIST)[-GRAMMAR_SHORTLIST:]
+        if seq_id in self._eog_banned:
+            shortlist = shortlist[~np.isin(shortlist, self._eog_tokens)]
+        size = len(shortlist)
+        candidates = self._shortlist[:size]
+        candidates["id"] = shortlist
+        candidates["logit"] = logits[shortlist]
+        candidates["p"] = 0.0
+        array = _token_data_array(candidates)
+        llama_cpp.llama_sampler_apply(grammar, ctypes.byref(array))
+        allowed = np.isfinite(candidates["logit"][: array.size])
+        if int(allowed.sum()) < need:
+            return None
         if chain is None:
             return int(candidates["id"][int(np.argmax(candidates["logit"][: array.size]))])
         llama_cpp.llama_sampler_apply(chain, ctypes.byref(array))
@@ -520,6 +558,9 @@ class LlamaRunner:
 
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
+
+
+GRAMMAR_SHORTLIST = 256  # tokens a greedy request's grammar is tried on before the whole vocabulary
 
 
 def _token_data_array(candidates: np.ndarray) -> Any:

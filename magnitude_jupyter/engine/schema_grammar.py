@@ -9,7 +9,10 @@ refuses by name the keywords no grammar here enforces, rather than promising wha
 from __future__ import annotations
 
 import copy
+import itertools
+import json
 import math
+import os
 import time
 from typing import Any
 
@@ -191,6 +194,7 @@ class BoundedSchemaConverter(SchemaConverter):
     def __init__(self, seconds: float = COMPILE_SECONDS) -> None:
         super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
         self.deadline = time.monotonic() + seconds
+        self._branches = 0  # rules made by _trie
 
     def visit(self, schema: Any, name: str) -> str:
         if time.monotonic() > self.deadline:
@@ -202,10 +206,39 @@ class BoundedSchemaConverter(SchemaConverter):
                     raise GrammarError(
                         f"'{keyword}' (in {where}) cannot be enforced while generating: drop it, or check it afterwards"
                     )
+            if isinstance(schema.get("enum"), list) and schema["enum"] and "$ref" not in schema:
+                texts = sorted({json.dumps(value) for value in schema["enum"]})
+                rule = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
+                return str(self._add_rule(rule, self._trie(texts, rule)))
             bounded = any(key in schema for key in BOUNDS)
             if bounded and schema.get("type") in ("integer", "number") and not ({"enum", "const"} & schema.keys()):
                 return str(self._add_rule(name or "root", f"({number_rule(schema)}) space"))
         return str(super().visit(schema, name))
+
+    def _trie(self, texts: list[str], name: str) -> str:
+        """GBNF for exactly `texts` (sorted, distinct), their common prefixes written once.
+
+        llama.cpp keeps a parse stack per open alternative and tries every candidate token on each:
+        an enum written as N whole alternatives costs N stacks for as long as they share a prefix.
+        Branching where the texts differ keeps the open alternatives to the characters that differ.
+        Each branching point is a rule of its own, so nothing nests deeper than one group.
+        """
+        prefix = os.path.commonprefix(texts)
+        rests = [text[len(prefix) :] for text in texts]
+        head = self._format_literal(prefix) if prefix else ""
+        if len(rests) == 1:
+            return head
+        optional = rests[0] == ""  # sorted: the empty rest comes first
+        branches = []
+        for _, group in itertools.groupby(rests[1:] if optional else rests, key=lambda rest: rest[0]):
+            members = list(group)
+            if len(members) == 1:
+                branches.append(self._format_literal(members[0]))
+            else:
+                self._branches += 1
+                branches.append(str(self._add_rule(f"{name}-b{self._branches}", self._trie(members, name))))
+        choice = f"({' | '.join(branches)}){'?' if optional else ''}"
+        return f"{head} {choice}" if head else choice
 
 
 def schema_rules(converter: BoundedSchemaConverter, schema: dict[str, Any], name: str, url: str) -> str:
