@@ -171,8 +171,8 @@ class LlamaServer:
 
 def use_our_weight_layout() -> None:
     """Make llama-cpp-python's `Llama` (a baseline) load weights in the layout ours uses (engine.repack):
-    it has no argument for it, and with a build's AMX kernels its default layout crashes (README,
-    Configuration). Call before creating a `Llama`."""
+    it has no argument for it, and with a build's AMX kernels its default layout crashes
+    (docs/decisions.md, "repacked weights"). Call before creating a `Llama`."""
     import llama_cpp.llama_cpp as low_level  # the module `Llama` takes its default parameters from
 
     default_params = low_level.llama_model_default_params

@@ -10,8 +10,9 @@ from typing import Any
 import click
 
 from .cli_models import list_cmd, profiles_cmd, settings_or_exit
-from .config import KV_CACHE_TYPES, ConfigError
+from .config import ConfigError
 from .models import ModelNotFoundError
+from .settings_surface import engine_options, engine_overrides
 
 
 @click.group()
@@ -232,21 +233,7 @@ def _token_count(text: str, flag: str) -> int:
 @click.option("-m", "--model", default=None, help="Model alias or .gguf path (default: from config).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--port", type=int, default=8000, show_default=True)
-@click.option("--parallel", type=int, default=None, help="Sequences decoded together.")
-@click.option(
-    "--ctx-size", default=None, help="KV cache size in tokens, shared by all sequences, or 'auto' (--memory-budget)."
-)
-@click.option("--threads", type=int, default=None, help="CPU threads for llama.cpp (0: all cores).")
-@click.option("--grace-seconds", type=float, default=None, help="Keep an unread stream this long.")
-@click.option("--cache-type", type=click.Choice(KV_CACHE_TYPES), default=None, help="KV cache type (default f16).")
-@click.option("--memory-budget", default=None, help="With --ctx-size auto: bytes ('4GiB') or a fraction of free RAM.")
-@click.option("--mlock/--no-mlock", default=None, help="Keep the weights locked in RAM.")
-@click.option("--mmap/--no-mmap", default=None, help="Map the weights from the file (default: llama.cpp's choice).")
-@click.option(
-    "--flash-attention/--no-flash-attention",
-    default=None,
-    help="llama.cpp's flash attention (default: off on a CPU with an f16/f32 V cache).",
-)
+@engine_options
 @click.option("--token", default=None, help="Bearer token clients must send (default: $MAGNITUDE_TOKEN or a new one).")
 @click.option("--no-auth", is_flag=True, help="Accept requests without a token (loopback hosts only).")
 @click.option("--force", is_flag=True, help="Allow --no-auth on a non-loopback host.")
@@ -255,19 +242,11 @@ def serve(
     model: str | None,
     host: str,
     port: int,
-    parallel: int | None,
-    ctx_size: str | None,
-    threads: int | None,
-    grace_seconds: float | None,
-    cache_type: str | None,
-    memory_budget: str | None,
-    mlock: bool | None,
-    mmap: bool | None,
-    flash_attention: bool | None,
     token: str | None,
     no_auth: bool,
     force: bool,
     verbose: bool,
+    **engine: Any,
 ) -> None:
     """Serve the OpenAI-compatible API (and /health, /status, /metrics) on HTTP."""
     import asyncio
@@ -283,21 +262,10 @@ def serve(
         )
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(message)s")
     settings = settings_or_exit()
-    overrides: dict[str, Any] = {
-        k: v
-        for k, v in {
-            "parallel": parallel,
-            "ctx_size": ctx_size if ctx_size in (None, "auto") else _token_count(ctx_size, "--ctx-size"),
-            "threads": threads,
-            "grace_seconds": grace_seconds,
-            "cache_type": cache_type,
-            "memory_budget": memory_budget,
-            "mlock": mlock,
-            "mmap": mmap,
-            "flash_attention": flash_attention,
-        }.items()
-        if v is not None
-    }
+    try:
+        overrides = engine_overrides(engine)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
     try:
         pool = ModelPool(settings, model, overrides=overrides, verbose=verbose)
         pool.plan(pool.default_entry)  # bad overrides (or a memory budget too small) fail here, before listening

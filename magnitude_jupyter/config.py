@@ -26,72 +26,150 @@ class ConfigError(ValueError):
     """The config file (or an override) cannot be used as it is; the message says where and why."""
 
 
-PREFIX_CACHE_SCOPES = ("shared", "user")
+# KV cache types llama.cpp's CPU backend takes (a quantized V needs flash attention: `uses_flash_attention`).
+UNQUANTIZED_CACHE_TYPES = ("f16", "f32")
+KV_CACHE_TYPES = ("f16", "q8_0", "q4_0", "f32", "q5_1", "q5_0", "q4_1")
+
+
+def about(
+    help: str, kind: str, *, per_model: bool = True, env: bool = False, choices: tuple[str, ...] | None = None
+) -> dict[str, Any]:
+    """The one description of an engine setting: its help, its kind (for flags, traitlets and the docs),
+    whether a model's own settings may change it, whether a MAGNITUDE_* variable sets it, its choices."""
+    return {"help": help, "kind": kind, "per_model": per_model, "env": env, "choices": choices}
 
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """How the engine is sized. ``ctx_size`` is the whole KV cache in tokens, shared by all sequences."""
+    """How the engine is sized and behaves. Each field is one setting: the config file's `engine:` key,
+    `magnitude serve`'s flag, the Jupyter extension's traitlet and the docs' row (docs/configuration.md)
+    all come from its metadata (`about`)."""
 
-    parallel: int = 8
-    ctx_size: int | str = 8192  # or "auto": as many cells as `memory_budget` holds (engine/memory.py)
-    n_batch: int = 512
-    threads: int = 0  # 0: the cores other processes leave free (engine/threads.py); N: always N
-    max_waiting: int = 256
-    default_max_tokens: int = 512
-    grace_seconds: float = 60.0
-    retention_seconds: float = 300.0
-    max_retained_events: int = 100_000
-    prefix_reuse: bool = True  # the prefix cache: start a prompt from cells already computed (prefix_cache.py)
-    min_prefix_tokens: int = 4
-    prefix_cache_ram_mib: int = 256  # evicted cache entries kept in host memory, restored when they come back
-    # Cache entries held in KV cells at once (each a llama.cpp sequence; 256 in all, less `parallel`).
-    # Each sequence costs a logits row in llama.cpp's output buffer, resident: vocab x 4 bytes.
-    prefix_cache_entries: int = 64
-    # An entry nobody used while this many rows were decoded moves to the RAM tier: idle cells slow
-    # every row (engine/prefix_cache.py SPILL_AFTER_ROWS). 0: entries stay until their cells are needed.
-    prefix_cache_spill_rows: int = 64
-    # "shared": every request may reuse any cached prefix. "user": a request reuses only prefixes of
-    # requests with the same `user` (or `cache_salt`), so no client can time another's prompts.
-    prefix_cache_scope: str = "shared"
-    # Prompt-lookup drafts (engine/speculate.py): up to this many guessed tokens per step for greedy
-    # requests (how many is measured: engine/draft_policy.py), and none while more than
-    # `draft_max_sequences` sequences decode (on a CPU, 16 sequences already batch well: drafts
-    # there cost 14-17% in server_throughput's 16-client runs). 0 turns drafts off.
-    draft_tokens: int = 6
-    draft_max_sequences: int = 8
-    gpu_layers: int = 0  # layers offloaded to a GPU (GPU builds of llama-cpp-python; a CPU build ignores it)
-    cache_type: str = "f16"  # the KV cache's K and V: f16, q8_0 (about half), q4_0 (about a quarter)
-    cache_type_v: str | None = None  # V's own type, when it differs from K's
-    # With ctx_size "auto": bytes (or "4GiB"), or a fraction of the memory free at load (0.5);
-    # none given: half the free memory. Weights, buffers and the prefix cache's RAM tier come out of it.
-    memory_budget: int | float | str | None = None
-    mlock: bool = False  # keep the weights in RAM (llama.cpp's use_mlock)
-    mmap: bool | None = None  # map the weights from the file (None: llama.cpp's choice, mmap on CPU)
-    # llama.cpp's extra layouts for the weights (CPU repacking, AMX tiles). None: on, unless this build
-    # compiled llama.cpp's AMX kernels, which crash (engine/runner.py `repack_weights`).
-    repack: bool | None = None
-    # llama.cpp's attention: flash attention (true), or its matrix products (false). None: false on a
-    # CPU with an f16/f32 V cache, where the products decode long contexts several times faster
-    # (README, Flash attention); true with GPU layers or a quantized V, which only flash attention holds.
-    flash_attention: bool | None = None
+    parallel: int = field(default=8, metadata=about("Sequences decoded together (request slots).", "int", env=True))
+    ctx_size: int | str = field(
+        default=8192,
+        metadata=about(
+            "KV cache cells shared by all sequences, or 'auto': as many as memory_budget holds (engine/memory.py).",
+            "int|auto",
+            env=True,
+        ),
+    )
+    n_batch: int = field(
+        default=512, metadata=about("Tokens per decode step: decode rows first, then prompt chunks.", "int")
+    )
+    threads: int = field(
+        default=0,
+        metadata=about(
+            "CPU threads for llama.cpp; 0: the cores other processes leave free, read once a second.",
+            "int",
+            env=True,
+        ),
+    )
+    max_waiting: int = field(default=256, metadata=about("Waiting requests before new ones get 429.", "int"))
+    default_max_tokens: int = field(default=512, metadata=about("max_tokens of a request that gives none.", "int"))
+    grace_seconds: float = field(
+        default=60.0,
+        metadata=about(
+            "A stream nobody reads is cancelled after this long (a reader may re-attach).", "float", env=True
+        ),
+    )
+    retention_seconds: float = field(
+        default=300.0, metadata=about("A finished stream's events are kept this long for re-attaching.", "float")
+    )
+    max_retained_events: int = field(
+        default=100_000, metadata=about("Events kept over all finished streams.", "int", per_model=False)
+    )
+    prefix_reuse: bool = field(
+        default=True, metadata=about("The prefix cache: start a prompt from cells already computed.", "bool")
+    )
+    min_prefix_tokens: int = field(default=4, metadata=about("The shortest cached prefix worth copying.", "int"))
+    prefix_cache_ram_mib: int = field(
+        default=256,
+        metadata=about("Host memory for evicted cache entries, restored when their conversation returns.", "int"),
+    )
+    prefix_cache_entries: int = field(
+        default=64,
+        metadata=about(
+            "Cache entries held in KV cells at once; each is a llama.cpp sequence with a resident logits row.", "int"
+        ),
+    )
+    prefix_cache_spill_rows: int = field(
+        default=64,
+        metadata=about(
+            "An entry unused while this many rows decode moves to the RAM tier; 0: only under pressure.", "int"
+        ),
+    )
+    prefix_cache_scope: str = field(
+        default="shared",
+        metadata=about(
+            "'shared': any request may reuse any cached prefix; 'user': only those of requests with the same "
+            "`user` (or `cache_salt`), so no client can time another's prompts.",
+            "str",
+            choices=("shared", "user"),
+        ),
+    )
+    draft_tokens: int = field(
+        default=6,
+        metadata=about("Prompt-lookup guesses per step for greedy requests (how many is measured); 0: off.", "int"),
+    )
+    draft_max_sequences: int = field(
+        default=8, metadata=about("No drafts while more sequences than this decode.", "int")
+    )
+    gpu_layers: int = field(
+        default=0,
+        metadata=about("Layers offloaded to a GPU (GPU builds of llama-cpp-python; a CPU build ignores it).", "int"),
+    )
+    cache_type: str = field(
+        default="f16",
+        metadata=about(
+            "The KV cache's type: f16, q8_0 (about half the bytes), q4_0 (about a quarter).",
+            "str",
+            env=True,
+            choices=KV_CACHE_TYPES,
+        ),
+    )
+    cache_type_v: str | None = field(
+        default=None,
+        metadata=about("V's own type, when it differs from K's.", "str|null", choices=KV_CACHE_TYPES),
+    )
+    memory_budget: int | float | str | None = field(
+        default=None,
+        metadata=about(
+            "With ctx_size auto: bytes ('4GiB') or a fraction of the memory free at load; none: half of it.",
+            "bytes|fraction",
+            env=True,
+        ),
+    )
+    mlock: bool = field(default=False, metadata=about("Keep the weights locked in RAM.", "bool"))
+    mmap: bool | None = field(
+        default=None,
+        metadata=about("Map the weights from the file; null: llama.cpp's choice (mmap on a CPU).", "bool|null"),
+    )
+    repack: bool | None = field(
+        default=None,
+        metadata=about(
+            "llama.cpp's repacked weight layouts; null: on, unless this build's AMX kernels would crash.",
+            "bool|null",
+        ),
+    )
+    flash_attention: bool | None = field(
+        default=None,
+        metadata=about(
+            "llama.cpp's flash attention; null: off on a CPU with an f16/f32 V cache, on with GPU layers or a "
+            "quantized V (docs/decisions.md, 'Attention kernel').",
+            "bool|null",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.ctx_size != "auto" and (
             not isinstance(self.ctx_size, int) or isinstance(self.ctx_size, bool) or self.ctx_size < 1
         ):
             raise ConfigError(f"engine setting 'ctx_size' must be a positive integer or 'auto', got {self.ctx_size!r}")
-        for name in ("cache_type", "cache_type_v"):
-            value = getattr(self, name)
-            if value is None and name == "cache_type_v":
-                continue
-            if value not in KV_CACHE_TYPES:
-                raise ConfigError(f"engine setting {name!r} must be one of {', '.join(KV_CACHE_TYPES)}, got {value!r}")
-        if self.prefix_cache_scope not in PREFIX_CACHE_SCOPES:
-            raise ConfigError(
-                f"engine setting 'prefix_cache_scope' must be one of {', '.join(PREFIX_CACHE_SCOPES)}, "
-                f"got {self.prefix_cache_scope!r}"
-            )
+        for item in dataclasses.fields(self):
+            choices, value = item.metadata["choices"], getattr(self, item.name)
+            if choices and not (value is None and item.metadata["kind"].endswith("|null")) and value not in choices:
+                raise ConfigError(f"engine setting {item.name!r} must be one of {', '.join(choices)}, got {value!r}")
         if not (self.flash_attention is None or isinstance(self.flash_attention, bool)):
             raise ConfigError(
                 f"engine setting 'flash_attention' must be true, false or null, got {self.flash_attention!r}"
@@ -167,9 +245,6 @@ class EngineSettings:
         return self.ctx_size
 
 
-# KV cache types llama.cpp's CPU backend takes (a quantized V needs flash attention: `uses_flash_attention`).
-UNQUANTIZED_CACHE_TYPES = ("f16", "f32")
-KV_CACHE_TYPES = ("f16", "q8_0", "q4_0", "f32", "q5_1", "q5_0", "q4_1")
 BYTE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20}
 BYTE_UNITS |= {"g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
 
@@ -224,18 +299,7 @@ class Settings:
 
 
 ENGINE_KEYS = {f.name: f.type for f in dataclasses.fields(EngineSettings)}
-MODEL_KEYS = {"parallel", "ctx_size", "threads", "gpu_layers", "n_batch", "max_waiting", "chat_template"}
-MODEL_KEYS |= {
-    "default_max_tokens",
-    "prefix_reuse",
-    "prefix_cache_ram_mib",
-    "min_prefix_tokens",
-    "prefix_cache_entries",
-    "prefix_cache_spill_rows",
-    "draft_tokens",
-    "draft_max_sequences",
-}
-MODEL_KEYS |= {"cache_type", "cache_type_v", "memory_budget", "mlock", "mmap", "flash_attention"}
+MODEL_KEYS = {f.name for f in dataclasses.fields(EngineSettings) if f.metadata["per_model"]} | {"chat_template"}
 TOP_KEYS = {
     "default_model",
     "models_dir",
@@ -268,16 +332,28 @@ def parse_keep_alive(value: Any) -> float:
     raise ValueError(f"keep_alive must be seconds or a duration like '5m', got {value!r}")
 
 
-# Environment overrides: variable -> (section, key, parser)
+def parse_token_count(text: str) -> int | str:
+    """A ctx_size given as text: a number of tokens, or 'auto'."""
+    return text if text == "auto" else int(text)
+
+
+KIND_PARSERS: dict[str, Callable[[str], Any]] = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "int|auto": parse_token_count,
+    "bytes|fraction": str,
+}
+
+# Environment overrides: variable -> (section, key, parser). The engine's come from its settings' metadata.
 ENV_OVERRIDES: dict[str, tuple[str | None, str, Callable[[str], Any]]] = {
     "MAGNITUDE_MODEL": (None, "default_model", str),
     "MAGNITUDE_MODELS_DIR": (None, "models_dir", str),
-    "MAGNITUDE_PARALLEL": ("engine", "parallel", int),
-    "MAGNITUDE_CTX_SIZE": ("engine", "ctx_size", lambda v: v if v == "auto" else int(v)),
-    "MAGNITUDE_CACHE_TYPE": ("engine", "cache_type", str),
-    "MAGNITUDE_MEMORY_BUDGET": ("engine", "memory_budget", str),
-    "MAGNITUDE_THREADS": ("engine", "threads", int),
-    "MAGNITUDE_GRACE_SECONDS": ("engine", "grace_seconds", float),
+    **{
+        f"MAGNITUDE_{item.name.upper()}": ("engine", item.name, KIND_PARSERS[item.metadata["kind"]])
+        for item in dataclasses.fields(EngineSettings)
+        if item.metadata["env"]
+    },
     "MAGNITUDE_MAX_LOADED_MODELS": (None, "max_loaded_models", int),
     "MAGNITUDE_KEEP_ALIVE": (None, "keep_alive", str),
 }

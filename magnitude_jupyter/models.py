@@ -29,7 +29,7 @@ INFO_CACHE_VERSION = 2  # bump when ModelInfo changes shape
 # llamafile's sgemm (F32, F16, BF16, Q8_0, Q4_0, Q5_0, IQ4_NL) and the repacked layouts (Q4_0, Q4_K,
 # IQ4_NL, MXFP4, Q8_0). Other types go through one dot product per weight row and activation row, so
 # decoding 8 sequences together shares the weights' memory traffic but not the arithmetic: on a CPU,
-# concurrency then gains far less (see the batch benchmark in the README).
+# concurrency then gains far less (docs/benchmarks.md, batch_throughput).
 X86_BATCHED_WEIGHT_TYPES = frozenset({"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q4_K", "MXFP4"})
 
 

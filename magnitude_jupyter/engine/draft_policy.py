@@ -27,8 +27,7 @@ from .speculate import Guess, NgramIndex
 
 STEP_EWMA = 0.1  # weight of a new step time in its band's average: the machine's load drifts
 # Match lengths (tokens) from which a guess counts in the next class up, and what each class is
-# expected to keep per draft token before anything is counted (measured on conversation data:
-# 4-7 matching tokens kept about half of a 6-token draft, 8 or more kept 80-98%).
+# expected to keep per draft token before anything is counted (from conversation data: docs/decisions.md).
 MATCH_CLASSES = (4, 6, 8, 12, 16)
 PRIOR_KEPT = (0.55, 0.65, 0.8, 0.88, 0.92)
 PRIOR_WEIGHT = 4.0  # the prior counts as this many drafts: the first counted ones soon outweigh it

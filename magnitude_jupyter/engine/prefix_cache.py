@@ -73,16 +73,8 @@ class RestoreSequence:
 
 
 RESPELL_WINDOW = 512  # prompt tokens after a match that a cached entry may spell differently
-# An entry nobody has used while this many rows went through llama_decode moves to the RAM tier.
-# Holding cells costs every row: llama.cpp's CPU attention visits each cell up to the highest one in
-# use, per row, head and layer, while saving and restoring costs about 20-30 us a cell once
-# (benchmarks/idle_cells.py, bundled model, 2 cores). With flash attention a cell nobody reads costs
-# a look at its mask, 0.2-0.9 us a cell per row: moving pays after about 40-70 rows held. Without it
-# (the default on a CPU) the cell is part of the row's matrix products, 1.3-2.0 us: moving pays
-# after about 18 rows, yet 16 rows cost conversations 9-12% (benchmarks/conversations.py: an entry
-# then moves out between two turns of its conversation), so one figure serves both. Moving an entry
-# once holding it has cost about what the move would is the ski-rental rule: never much worse than
-# the better choice, whenever the entry comes back.
+# An entry nobody has used while this many rows went through llama_decode moves to the RAM tier:
+# idle cells cost every row, a save and a restore cost once (docs/decisions.md, "Idle entries move").
 SPILL_AFTER_ROWS = 64
 
 KVOp = CopyCells | ClearSequence | TrimSequence | SaveSequence | RestoreSequence

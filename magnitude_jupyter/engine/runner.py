@@ -92,10 +92,8 @@ MMAP_THRESHOLD_BYTES = 1 << 20
 def _map_large_blocks() -> None:
     """Serve every block of 1 MiB or more with its own mapping, returned to the OS when freed.
 
-    glibc raises its mmap threshold each time a mapped block is freed (up to 32 MiB), after which the
-    prefix cache's saved sequences (1-10 MB each, made and dropped all day) come from the heap and
-    fragment it: a 3-minute soak grew 8.4% beyond the RAM tier's own bytes with the default, 2.0% with
-    the threshold fixed (fixing it also stops the raising). A no-op off glibc.
+    glibc raises its mmap threshold each time a mapped block is freed, after which the prefix cache's
+    saved sequences come from the heap and fragment it (docs/decisions.md). A no-op off glibc.
     """
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
@@ -360,8 +358,7 @@ class LlamaRunner:
 
     def save_sequence(self, seq_id: int) -> bytearray:
         """The KV state of one sequence (for the prefix cache's RAM tier). llama.cpp writes it straight
-        into the bytearray kept: no copy out of a ctypes array (benchmarks/idle_cells.py: 15 against 25 us
-        a cell)."""
+        into the bytearray kept: no copy out of a ctypes array (docs/decisions.md)."""
         size = llama_cpp.llama_state_seq_get_size(self.ctx, seq_id)
         state = bytearray(size)
         written = llama_cpp.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * size).from_buffer(state), size, seq_id)
@@ -370,7 +367,7 @@ class LlamaRunner:
 
     def restore_sequence(self, seq_id: int, data: SavedState) -> bool:
         """Load a saved state into an empty sequence; False if llama.cpp could not place it. llama.cpp
-        reads a saved bytearray in place (benchmarks/idle_cells.py: 4 against 16 us a cell through a copy)."""
+        reads a saved bytearray in place (docs/decisions.md)."""
         array = ctypes.c_uint8 * len(data)
         buf = array.from_buffer(data) if isinstance(data, bytearray) else array.from_buffer_copy(data)
         return bool(llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id))

@@ -27,8 +27,7 @@ from .speculate import AnswerMemory, Guess, NgramIndex
 
 CACHE_KEY = "<prefix cache>"  # the cache's cells in the KV budget
 # Restore a saved entry when it covers at least this many more prompt tokens than the tree: a restore
-# (and the save when it goes idle again) costs about 20 us a cell, a few ms for a chat prompt and its
-# answer, less than one prompt row computes in (benchmarks/idle_cells.py, ram_tier.py).
+# costs less than computing a prompt row (docs/decisions.md).
 RAM_RESTORE_GAIN = 2
 # Saved entries come back into the KV cache once nothing has run for this long: not in the gap between
 # a client's requests, where they would only go out again, with their save, 64 rows later.

@@ -12,7 +12,6 @@ import copy
 import itertools
 import json
 import math
-import os
 import time
 from typing import Any
 
@@ -223,7 +222,11 @@ class BoundedSchemaConverter(SchemaConverter):
         Branching where the texts differ keeps the open alternatives to the characters that differ.
         Each branching point is a rule of its own, so nothing nests deeper than one group.
         """
-        prefix = os.path.commonprefix(texts)
+        first, last = texts[0], texts[-1]  # sorted: what these share, all share
+        shared = 0
+        while shared < min(len(first), len(last)) and first[shared] == last[shared]:
+            shared += 1
+        prefix = first[:shared]
         rests = [text[len(prefix) :] for text in texts]
         head = self._format_literal(prefix) if prefix else ""
         if len(rests) == 1:

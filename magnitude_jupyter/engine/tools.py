@@ -67,9 +67,8 @@ class Tool:
 def parse_tools(raw: Any) -> list[Tool]:
     """OpenAI's `tools` list, checked: names, descriptions, and parameter schemas that are valid JSON
     Schema and can become a grammar. Raises ToolError naming the tool."""
-    # fastjsonschema, not jsonschema: with the format extras Jupyter installs, `import jsonschema`
-    # takes seconds and 30 MiB (benchmarks/server_memory.py), for a check of the schema's own shape
-    # that this does in milliseconds.
+    # fastjsonschema, not jsonschema: importing jsonschema costs seconds and tens of MiB in a Jupyter
+    # environment, for a check of the schema's own shape (docs/decisions.md).
     import fastjsonschema
 
     if not isinstance(raw, list) or not raw:

@@ -9,10 +9,11 @@ from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
-from traitlets import Bool, Float, Integer, Unicode, Union
+from traitlets import Integer, Unicode
 
 from ..config import EngineSettings, load_settings
 from ..engine.pool import ModelPool
+from ..settings_surface import engine_traits
 from ..workshop import COPY_FOLDER, workshop_notebook
 from .handlers import DEFAULT_MAX_BODY_BYTES, MAX_BODY_KEY, ApiMixin, make_routes
 from .protocol import ApiError
@@ -57,34 +58,12 @@ class WorkshopHandler(ApiMixin, JupyterAuthHandler):
         self.send_json({"path": path})
 
 
-class MagnitudeApp(ExtensionApp):
+class MagnitudeAppBase(ExtensionApp):
     name = "magnitude_jupyter"
     description = "A local-LLM inference service inside Jupyter."
     load_other_extensions = True
 
     model = Unicode(None, allow_none=True, config=True, help="Model alias or .gguf path (default: the config file's).")
-    parallel = Integer(None, allow_none=True, config=True, help="Sequences decoded together.")
-    ctx_size = Union(
-        [Integer(), Unicode()],
-        default_value=None,
-        allow_none=True,
-        config=True,
-        help="KV cache size in tokens, shared by all sequences, or 'auto' (sized from memory_budget).",
-    )
-    cache_type = Unicode(None, allow_none=True, config=True, help="KV cache type: f16, q8_0 or q4_0.")
-    memory_budget = Unicode(
-        None, allow_none=True, config=True, help="With ctx_size 'auto': bytes ('4GiB') or a fraction of free memory."
-    )
-    mlock = Bool(None, allow_none=True, config=True, help="Keep the weights locked in RAM.")
-    mmap = Bool(None, allow_none=True, config=True, help="Map the weights from the file (default: llama.cpp's choice).")
-    flash_attention = Bool(
-        None, allow_none=True, config=True, help="llama.cpp's flash attention (default: off on a CPU, f16 V cache)."
-    )
-    threads = Integer(None, allow_none=True, config=True, help="CPU threads for llama.cpp (0: all cores).")
-    max_waiting = Integer(None, allow_none=True, config=True, help="Waiting requests before new ones get 429.")
-    grace_seconds = Float(
-        None, allow_none=True, config=True, help="How long a stream nobody reads is kept before it is cancelled."
-    )
     max_body_bytes = Integer(DEFAULT_MAX_BODY_BYTES, config=True, help="Largest request body accepted (413 above).")
 
     def initialize_settings(self) -> None:
@@ -108,3 +87,7 @@ class MagnitudeApp(ExtensionApp):
         import asyncio
 
         await asyncio.get_running_loop().run_in_executor(None, self.pool.shutdown)
+
+
+# Every engine setting is a traitlet too, from its one definition (settings_surface.py).
+MagnitudeApp = type("MagnitudeApp", (MagnitudeAppBase,), {"__module__": __name__, **engine_traits()})

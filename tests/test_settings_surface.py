@@ -1,0 +1,74 @@
+"""One definition per engine setting: the config key, the serve flag, the traitlet and the docs row
+all come from `config.EngineSettings`; the committed docs page is the generated one."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from magnitude_jupyter.config import ENGINE_KEYS, ConfigError, EngineSettings, load_settings
+from magnitude_jupyter.settings_surface import engine_overrides, engine_settings, render_configuration
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_configuration_page_is_the_generated_one():
+    committed = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert committed == render_configuration(), (
+        "run: python -m magnitude_jupyter.settings_surface > docs/configuration.md"
+    )
+
+
+def test_every_engine_setting_is_a_config_key_a_serve_flag_and_a_traitlet():
+    from magnitude_jupyter.cli import serve
+    from magnitude_jupyter.server.extension import MagnitudeApp
+
+    names = {s.name for s in engine_settings()}
+    assert names == set(ENGINE_KEYS) == {f.name for f in dataclasses.fields(EngineSettings)}
+    flags = {param.name for param in serve.params}
+    assert names <= flags
+    traits = set(MagnitudeApp.class_traits(config=True))
+    assert names <= traits
+    page = render_configuration()
+    for setting in engine_settings():
+        assert f"| `{setting.name}` |" in page
+        assert setting.help, setting.name
+
+
+def test_every_engine_key_is_read_from_the_file(tmp_path):
+    defaults = EngineSettings()
+    engine = {s.name: getattr(defaults, s.name) for s in engine_settings()}
+    engine["ctx_size"] = "auto"  # memory_budget is only taken with ctx_size auto
+    engine["memory_budget"] = "1GiB"
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"engine": engine}))
+    settings = load_settings(path, environ={})
+    assert settings.engine.memory_budget == "1GiB" and settings.engine.parallel == defaults.parallel
+
+
+def test_choices_are_checked_from_the_same_definition(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("engine:\n  prefix_cache_scope: everyone\n")
+    with pytest.raises(ConfigError, match=r"prefix_cache_scope.*shared, user"):
+        load_settings(path, environ={})
+
+
+def test_flag_values_are_parsed_by_the_settings_kind():
+    assert engine_overrides({"ctx_size": "auto", "parallel": 4, "mlock": None}) == {"ctx_size": "auto", "parallel": 4}
+    assert engine_overrides({"ctx_size": "4096"}) == {"ctx_size": 4096}
+    with pytest.raises(ValueError, match="--ctx-size"):
+        engine_overrides({"ctx_size": "lots"})
+
+
+def test_the_threads_help_says_what_zero_means_everywhere():
+    (threads,) = [s for s in engine_settings() if s.name == "threads"]
+    assert "other processes leave free" in threads.help
+    from click.testing import CliRunner
+
+    from magnitude_jupyter.cli import main
+
+    output = CliRunner().invoke(main, ["serve", "--help"]).output
+    assert "other processes leave free" in " ".join(output.split())
