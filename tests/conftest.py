@@ -162,3 +162,14 @@ def wait_for(condition, timeout: float = 30.0, interval: float = 0.05, what: str
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} did not hold within {timeout} s")
         time.sleep(interval)
+
+
+# Fixtures that load the bundled model (or start a server or kernel that does): a test using one is a
+# `model` test whether or not its module says so, so `pytest -m "not model"` stays the fast tier.
+MODEL_FIXTURES = {"engine", "serve", "server", "connected", "inproc", "models_dir", "jp_serverapp", "jp_fetch"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
