@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from .calibrate.options import click_options as calibrate_options
 from .cli_models import list_cmd, profiles_cmd, settings_or_exit
 from .config import ConfigError
 from .models import ModelNotFoundError
@@ -283,33 +284,10 @@ def serve(
 @main.command()
 @click.option("--url", default=None, help="Server URL ending before /v1 (default: find one, or start one).")
 @click.option("--token", default=None, envvar="MAGNITUDE_TOKEN")
-@click.option("--concurrency", default="1,2,4,8,16", show_default=True, help="Levels, comma-separated.")
-@click.option("--requests", type=int, default=16, show_default=True, help="Requests per level.")
-@click.option("--max-tokens", type=int, default=64, show_default=True)
-@click.option("--min-seconds", type=float, default=None, help="Run each level at least this long (steadier figures).")
-@click.option(
-    "--prompt", default=None, help="One prompt for every request (flatters: a cache hit); default: distinct prompts."
-)
-@click.option("--workflow", is_flag=True, help="Sweep concurrent multi-round sessions instead (agent workflows).")
-@click.option("--sessions", default="1,4,8", show_default=True, help="With --workflow: concurrent sessions, per level.")
-@click.option("--rounds", type=int, default=6, show_default=True, help="With --workflow: rounds per session.")
-@click.option(
-    "--agent", is_flag=True, help="With --workflow: sessions are tool-using agents (call, tool result, next call)."
-)
-@click.option(
-    "--slo-round-p95-ms",
-    type=float,
-    default=3000.0,
-    show_default=True,
-    help="With --workflow: the p95 round latency each round must meet; exit 1 if the most sessions miss it.",
-)
-@click.option("--ttft-limit-ms", type=float, default=None, help="Stop when a level's p95 TTFT is over this.")
-@click.option("--latency-target-ms", type=float, default=None, help="For the recommended parallel (p95 end-to-end).")
-@click.option("--no-probe", is_flag=True, help="Skip the capacity probe.")
+@calibrate_options
 @click.option("--json", "json_path", default=None, help="Write the profile here.")
 @click.option("--csv", "csv_path", default=None, help="Write the levels here.")
 @click.option("--html", "html_path", default=None, help="Write a standalone report with the plots here.")
-@click.option("--model", "-m", default=None, help="Calibrate this model (a server with many models loads it first).")
 @click.option(
     "--baseline", default=None, help="Compare with this profile file, or 'auto': the last archived one of this model."
 )
@@ -327,6 +305,7 @@ def calibrate(
     requests: int,
     max_tokens: int,
     min_seconds: float | None,
+    warmup: int,
     prompt: str | None,
     workflow: bool,
     sessions: str,
@@ -393,6 +372,7 @@ def calibrate(
             requests_per_level=requests,
             max_tokens=max_tokens,
             min_seconds_per_level=min_seconds,
+            warmup_requests=warmup,
             prompt=prompt,
             ttft_p95_limit_ms=ttft_limit_ms,
             latency_target_ms=latency_target_ms,
@@ -452,7 +432,7 @@ def _model_client(client: Any, model: str | None) -> Any:
     if model is None:
         return client
     try:
-        ours = "kv_cells_total" in client.status()
+        ours = client.is_magnitude()
         return client.for_model(client.load_model(model)["id"] if ours else model)
     except ClientError as exc:
         raise click.ClickException(str(exc)) from exc

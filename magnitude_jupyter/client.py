@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import quote
 
 import httpx
@@ -103,6 +103,11 @@ def iter_sse(lines: Iterator[str]) -> Iterator[tuple[int | None, str]]:
         yield event_id, "\n".join(data)
 
 
+def is_magnitude_status(status: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
+    """Whether a /status body is a magnitude server's."""
+    return status is not None and "kv_cells_total" in status
+
+
 CALL_TIMEOUT_S = 30.0  # a plain call (status, models, health): a server that does not answer is named
 
 
@@ -161,6 +166,11 @@ class Client:
         """The engine's figures: the default model's, or `model`'s (a magnitude server with many models)."""
         model = model or self.model
         return self._get("/status" + (f"?model={quote(model)}" if model else "")).json()
+
+    def is_magnitude(self) -> bool:
+        """Whether this server is a magnitude server (its /status has the engine's figures), not another
+        OpenAI-compatible one."""
+        return is_magnitude_status(self.status())
 
     def with_timeout(self, timeout: float) -> Client:
         """A client of its own on the same server, with another timeout (close it when done)."""

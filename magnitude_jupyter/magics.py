@@ -19,6 +19,7 @@ from IPython.display import display
 
 from .batch import is_dask_dataframe, score_dataframe, summary_line
 from .batch_options import BatchError, add_batch_arguments, batch_flags, given_options
+from .calibrate.options import add_arguments as add_calibrate_arguments
 from .client import Client, ClientError, StreamResult, discover
 from .conversations import DEFAULT_CHAT, Conversations, Turn
 
@@ -114,20 +115,8 @@ def line_parser() -> _Parser:
     reset = sub.add_parser("reset")
     reset.add_argument("name", nargs="?", default=DEFAULT_CHAT)
     calibrate = sub.add_parser("calibrate")
-    calibrate.add_argument("--concurrency", default="1,2,4,8,16")
-    calibrate.add_argument("--requests", type=int, default=16)
-    calibrate.add_argument("--max-tokens", type=int, default=64)
-    calibrate.add_argument("--min-seconds", type=float, default=None, help="run each level at least this long")
-    calibrate.add_argument("--warmup", type=int, default=2, help="requests sent before the first level")
-    calibrate.add_argument("--latency-target-ms", type=float, default=2000.0)
-    calibrate.add_argument("--no-probe", action="store_true")
+    add_calibrate_arguments(calibrate)
     calibrate.add_argument("--start", action="store_true", help="start the sweep at once")
-    calibrate.add_argument("--workflow", action="store_true", help="sessions that resend their conversation")
-    calibrate.add_argument("--sessions", default="1,4,8")
-    calibrate.add_argument("--rounds", type=int, default=6)
-    calibrate.add_argument("--agent", action="store_true", help="with --workflow: tool-using agent sessions")
-    calibrate.add_argument("--slo-round-p95-ms", type=float, default=3000.0)
-    calibrate.add_argument("--model", "-m", default=None, help="calibrate this model (loaded first)")
     batch = sub.add_parser("batch")
     batch.add_argument("df")
     batch.add_argument("--template", required=True)
@@ -174,7 +163,7 @@ class MagnitudeMagics(Magics):
         if self._facts is not None and self._facts[0] is client:
             return self._facts[1], self._facts[2]
         try:
-            ours = "kv_cells_total" in client.status()
+            ours = client.is_magnitude()
         except ClientError:
             ours = False
         try:

@@ -18,9 +18,7 @@ def calibrate_cell(client: Client, args: argparse.Namespace, user_ns: dict[str, 
     from .calibrate.widget import CalibrationWidget
 
     if args.model:  # a server with many models: load it first, so that its own engine is measured
-        client = client.for_model(
-            client.load_model(args.model)["id"] if "kv_cells_total" in client.status() else args.model
-        )
+        client = client.for_model(client.load_model(args.model)["id"] if client.is_magnitude() else args.model)
     if args.agent and not args.workflow:
         raise ValueError("--agent is a kind of --workflow sweep: give both")
     if args.workflow:
@@ -30,8 +28,10 @@ def calibrate_cell(client: Client, args: argparse.Namespace, user_ns: dict[str, 
         requests_per_level=args.requests,
         max_tokens=args.max_tokens,
         latency_target_ms=args.latency_target_ms,
+        ttft_p95_limit_ms=args.ttft_limit_ms,
         min_seconds_per_level=args.min_seconds,
         warmup_requests=args.warmup,
+        prompt=args.prompt,
         model=client.model,
     )
     config.validate()

@@ -143,6 +143,7 @@ SERVE_ONLY = (
 EXTENSION_ONLY = (
     ("model", "Model alias or .gguf path (default: the config file's)."),
     ("max_body_bytes", "Largest request body accepted; 413 above (1 MiB)."),
+    ("load_model_at_start", "Load the default model when Jupyter starts (false: on the first request that needs it)."),
 )
 
 

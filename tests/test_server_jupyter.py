@@ -136,3 +136,24 @@ async def test_the_calibration_notebook_is_copied_from_the_package_once(jp_fetch
     with pytest.raises(HTTPClientError) as info:
         await jp_fetch("magnitude", "workshop", "nope.ipynb", method="POST", body=b"")
     assert info.value.code == 404 and json.loads(info.value.response.body)["error"]["message"]
+
+
+def magnitude_app(serverapp):
+    from magnitude_jupyter.server.extension import MagnitudeAppBase
+
+    for point in serverapp.extension_manager.extension_points.values():
+        if isinstance(point.app, MagnitudeAppBase):
+            return point.app
+    raise AssertionError("the magnitude extension is not loaded")
+
+
+async def test_jupyter_starts_with_no_model_in_memory_and_the_first_request_loads_it(jp_fetch, jp_serverapp):
+    await jp_serverapp.extension_manager.start_all_extensions()
+    pool = magnitude_app(jp_serverapp).pool
+    assert pool.residents() == []  # JupyterLab started: nothing loaded, no memory held for a model
+    status = json.loads((await jp_fetch("magnitude", "status")).body)
+    assert status["state"] == "unloaded"
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    response = await jp_fetch("magnitude", "v1", "chat", "completions", method="POST", body=json.dumps(body))
+    assert json.loads(response.body)["choices"][0]["finish_reason"] in ("stop", "length")
+    assert [r.entry.alias for r in pool.residents()] == [pool.default_model]

@@ -24,6 +24,11 @@ try {
   await page.locator('.jp-SideBar [data-id="magnitude-panel"]').click();
   const panel = page.locator('#magnitude-panel');
   await panel.waitFor({ state: 'visible' });
+  // JupyterLab starts without a model in memory: the panel says so, and its button loads it.
+  await page.waitForFunction(
+    () => /no model loaded yet/.test(document.querySelector('#magnitude-panel .mg-state')?.textContent ?? '')
+  );
+  await panel.locator('.mg-load-model').click();
   await page.waitForFunction(() => document.querySelector('#magnitude-panel .mg-state')?.textContent === 'ready');
   const tokensBefore = Number(await panel.locator('.mg-tokens').textContent());
   assert.equal(await panel.locator('.mg-model').textContent(), 'smollm2-135m');

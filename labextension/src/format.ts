@@ -196,3 +196,8 @@ export function chosenModel(picked: string | null, status: EngineStatus | null):
   }
   return status.models.some(m => m.id === picked) ? picked : null;
 }
+
+/** A model's state in words: "unloaded" is a model not yet in memory, which loads when first used. */
+export function stateLine(state: string): string {
+  return state === 'unloaded' ? 'no model loaded yet (loads on the first request)' : state;
+}

@@ -59,6 +59,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
         picked = id;
         history = [];
         void poll.refresh();
+      },
+      loadModel: async id => {
+        await requestAPI(`models/${encodeURIComponent(id)}/load`, { method: 'POST' });
+        void poll.refresh();
       }
     });
     panel.title.icon = icon;

@@ -13,6 +13,7 @@ import {
   kvShares,
   residentLine,
   sparklinePoints,
+  stateLine,
   stepsLine,
   tokensLine
 } from './format';
@@ -32,6 +33,8 @@ export interface PanelActions {
   cancel(id: string): void;
   /** Show this resident model's engine (null: the server's default). */
   selectModel(id: string | null): void;
+  /** Load a model now (the server loads one on the first request that needs it otherwise). */
+  loadModel(id: string): Promise<void>;
 }
 
 export class MagnitudePanel extends Widget {
@@ -43,6 +46,7 @@ export class MagnitudePanel extends Widget {
   private readonly recent: HTMLElement;
   private readonly modelSelect: HTMLSelectElement;
   private readonly residents: HTMLElement;
+  private readonly loadButton: HTMLButtonElement;
 
   constructor(private readonly actions: PanelActions) {
     super();
@@ -78,6 +82,10 @@ export class MagnitudePanel extends Widget {
       this.fields[key] = value;
     }
     this.node.appendChild(grid);
+    // JupyterLab starts without a model in memory: it loads on the first request, or here.
+    this.loadButton = el('button', 'jp-Button mg-load-model', 'Load the model now');
+    this.loadButton.style.display = 'none';
+    this.node.appendChild(this.loadButton);
 
     this.node.appendChild(el('div', 'mg-label', 'KV cache'));
     const bar = el('div', 'mg-kv-bar');
@@ -118,7 +126,17 @@ export class MagnitudePanel extends Widget {
     }
     this.fields.model.textContent = status.model;
     this.renderModels(status);
-    this.fields.state.textContent = status.state;
+    this.fields.state.textContent = stateLine(status.state);
+    const unloaded = status.state === 'unloaded';
+    this.loadButton.style.display = unloaded ? '' : 'none';
+    this.loadButton.onclick = () => {
+      this.loadButton.disabled = true;
+      this.loadButton.textContent = 'Loading…';
+      void this.actions.loadModel(status.model).finally(() => {
+        this.loadButton.disabled = false;
+        this.loadButton.textContent = 'Load the model now';
+      });
+    };
     this.fields.slots.textContent = `${status.running} / ${status.parallel}`;
     this.fields.waiting.textContent = String(status.waiting);
     this.fields.rate.textContent = formatRate(status.recent_tokens_per_s);

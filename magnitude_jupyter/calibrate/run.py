@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from ..client import Client, ClientError, discover
+from ..client import Client, ClientError, discover, is_magnitude_status
 from .capacity import capacity_report, probe
 from .profile import Profile, machine_info, summarize_levels
 from .records import Level, Summary
@@ -35,7 +35,7 @@ def server_facts(client: Client) -> tuple[dict[str, Any], dict[str, Any], dict[s
     except ClientError:
         status = None
     engine = {}
-    if status and "kv_cells_total" in status:
+    if is_magnitude_status(status):
         engine = {
             "parallel": status["parallel"],
             "ctx_size": status["kv_cells_total"],

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..client import Client, ClientError, StreamResult
+from . import options
 from .records import Level, Percentiles
 from .stats import percentiles, saturated
 
@@ -102,19 +103,21 @@ def parse_levels(text: str) -> tuple[int, ...]:
 
 @dataclass
 class SweepConfig:
-    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
-    requests_per_level: int = 16
+    """One sweep; the defaults are calibrate/options.py's, as the CLI, the magic and the widget use them."""
+
+    concurrency: tuple[int, ...] = field(default_factory=lambda: parse_levels(options.DEFAULT_CONCURRENCY))
+    requests_per_level: int = options.DEFAULT_REQUESTS
     seconds_per_level: float | None = None  # if set, run each level this long instead of a request count
     min_seconds_per_level: float | None = None  # and at least this long: a few short requests are noise
-    warmup_requests: int = 2
-    max_tokens: int = 64
+    warmup_requests: int = options.DEFAULT_WARMUP
+    max_tokens: int = options.DEFAULT_MAX_TOKENS
     prompt: str | None = None  # one prompt for every request: a prefix-cache hit after the first, which flatters
     prompts: tuple[str, ...] = ()  # your own prompts (a list, a DataFrame column), cycled
     prompt_words: int = 40  # without either: a fixed system prompt and this many distinct words per request
     temperature: float = 0.0
     ignore_eos: bool = True  # every request generates max_tokens: levels compare like with like
     ttft_p95_limit_ms: float | None = None  # stop when a level's p95 TTFT is over this
-    latency_target_ms: float | None = None  # for the recommended `parallel` (p95 end-to-end)
+    latency_target_ms: float | None = options.DEFAULT_LATENCY_TARGET_MS  # for the recommended `parallel` (p95 e2e)
     mode: str = "closed"  # or "open": Poisson arrivals at `rates` requests/s
     rates: tuple[float, ...] = ()
     model: str | None = None

@@ -61,7 +61,7 @@ class CalibrationWidget:
         self.prompt = w.Textarea(
             config.prompt or "", description="prompt", placeholder="(empty: a distinct prompt for every request)"
         )
-        self.target = w.FloatText(config.latency_target_ms or 2000.0, description="target ms")
+        self.target = w.FloatText(config.latency_target_ms or 0.0, description="target ms")
         self.start_button = w.Button(description="Start", button_style="primary", icon="play")
         self.stop_button = w.Button(description="Stop", button_style="warning", icon="stop", disabled=True)
         self.progress = w.IntProgress(value=0, min=0, max=len(config.concurrency), description="levels")
@@ -212,7 +212,7 @@ class CalibrationWidget:
         if model is None:
             return self.client
         self.status.value = f"loading {model}…"
-        if "kv_cells_total" in self.client.status():
+        if self.client.is_magnitude():
             model = self.client.load_model(model)["id"]
         return self.client.for_model(model)
 

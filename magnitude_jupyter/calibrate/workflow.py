@@ -24,6 +24,7 @@ from typing import Any
 from ..agent import FunctionTool, answer_call, tool_message
 from ..client import Client, ClientError, StreamResult
 from .agent_tools import TOOLS, agent_task
+from .options import DEFAULT_SLO_ROUND_P95_MS
 from .records import Percentiles
 from .stats import percentiles
 
@@ -50,7 +51,6 @@ TOPICS = (
     "weather balloons",
 )
 FOLLOW_UPS = ("Tell me more.", "Why is that?", "Give an example.", "What is often misunderstood?", "Summarize.")
-DEFAULT_SLO_ROUND_P95_MS = 3000.0
 
 
 @dataclass(frozen=True)

@@ -168,9 +168,11 @@ class ModelPool:
 
     # -- lifecycle --------------------------------------------------------------------------------
 
-    def start(self) -> ModelPool:
-        """Begin loading the default model (in the background) and the keep-alive housekeeping."""
-        self.checkin(self._acquire(self.default_entry, keep_alive=-1.0))  # it stays until room is needed
+    def start(self, load_default: bool = True) -> ModelPool:
+        """Start the keep-alive housekeeping, and begin loading the default model (in the background)
+        unless `load_default` is false: then it loads on the first request that needs it."""
+        if load_default:
+            self.checkin(self._acquire(self.default_entry, keep_alive=-1.0))  # it stays until room is needed
         if self._housekeeper is None:
             self._housekeeper = threading.Thread(target=self._housekeeping, name="magnitude-pool", daemon=True)
             self._housekeeper.start()

@@ -9,7 +9,7 @@ from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
-from traitlets import Integer, Unicode
+from traitlets import Bool, Integer, Unicode
 
 from ..config import EngineSettings, load_settings
 from ..engine.pool import ModelPool
@@ -65,6 +65,12 @@ class MagnitudeAppBase(ExtensionApp):
 
     model = Unicode(None, allow_none=True, config=True, help="Model alias or .gguf path (default: the config file's).")
     max_body_bytes = Integer(DEFAULT_MAX_BODY_BYTES, config=True, help="Largest request body accepted (413 above).")
+    load_model_at_start = Bool(
+        False,
+        config=True,
+        help="Load the default model when the Jupyter server starts (a shared workshop server); "
+        "otherwise it loads on the first request that needs it.",
+    )
 
     def initialize_settings(self) -> None:
         settings = load_settings()
@@ -80,8 +86,9 @@ class MagnitudeAppBase(ExtensionApp):
         self.handlers.append((r"/magnitude/workshop/([A-Za-z0-9_.\-]+)", WorkshopHandler))
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
-        # The default model loads on its engine thread; /health answers 503 until it is ready.
-        self.pool.start()
+        # JupyterLab starts light: the default model loads on the first request that needs it (or now,
+        # on its engine thread, with load_model_at_start; /health answers 503 until it is ready).
+        self.pool.start(load_default=self.load_model_at_start)
 
     async def stop_extension(self) -> None:
         import asyncio

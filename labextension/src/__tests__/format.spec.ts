@@ -9,6 +9,7 @@ import {
   pushHistory,
   residentLine,
   sparklinePoints,
+  stateLine,
   statusLine,
   stepsLine,
   tokensLine
@@ -107,5 +108,10 @@ describe('many models', () => {
     expect(stepsLine({ steps: { decode_calls: 0, decode_rows: 0, decode_seconds: 0, step_seconds: 0 } })).toBe('—');
     const steps = { decode_calls: 200, decode_rows: 3000, decode_seconds: 26, step_seconds: 26.3 };
     expect(stepsLine({ steps })).toBe('130.0 ms llama_decode (15.0 rows) + 1.5 ms rest, × 200');
+  });
+
+  it('says in words that a model not yet loaded loads on the first request', () => {
+    expect(stateLine('unloaded')).toBe('no model loaded yet (loads on the first request)');
+    expect(stateLine('ready')).toBe('ready');
   });
 });
