@@ -12,10 +12,10 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from .api.errors import ApiError, api_error_from
+from .api.openai import parse_generation
 from .client import ClientError, StreamResult
 from .engine import Engine
-from .server.errors import api_error_from
-from .server.protocol import ApiError, parse_generation
 
 STREAM_TIMEOUT_S = 600.0
 
@@ -45,7 +45,7 @@ class EngineClient:
         return [{"id": self.engine.model_id, "meta": meta}]
 
     def status(self, model: str | None = None) -> dict[str, Any]:
-        from .server.status import status_json
+        from .api.status import status_json
 
         return status_json(self.engine.stats())
 

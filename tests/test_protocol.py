@@ -6,11 +6,8 @@ import json
 
 import pytest
 
-from magnitude_jupyter.engine.chat import ChatFormatError, normalize_messages
-from magnitude_jupyter.engine.request import NUMBER_LIMITS, SamplingParams
-from magnitude_jupyter.engine.streams import StreamEvent, TokenLogprob
-from magnitude_jupyter.server.errors import api_error_from
-from magnitude_jupyter.server.protocol import (
+from magnitude_jupyter.api.errors import api_error_from
+from magnitude_jupyter.api.openai import (
     ApiError,
     ResponseShape,
     completion_response,
@@ -18,6 +15,9 @@ from magnitude_jupyter.server.protocol import (
     parse_json_body,
     stream_chunks,
 )
+from magnitude_jupyter.engine.chat import ChatFormatError, normalize_messages
+from magnitude_jupyter.engine.request import NUMBER_LIMITS, SamplingParams
+from magnitude_jupyter.engine.streams import StreamEvent, TokenLogprob
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from magnitude_jupyter.api.openai import ApiError
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import schema_limits
 from magnitude_jupyter.engine.gbnf_limits import (
@@ -29,7 +30,6 @@ from magnitude_jupyter.engine.tools import ToolError, parse_tools
 from magnitude_jupyter.gguf_reader import GGUFError, read_header
 from magnitude_jupyter.models import ModelNotFoundError, list_models, resolve_model
 from magnitude_jupyter.server.handlers import parse_event_id
-from magnitude_jupyter.server.protocol import ApiError
 
 
 def string_schema(**keywords):
@@ -317,7 +317,7 @@ def test_the_background_server_log_is_owner_only(tmp_path, monkeypatch):
 
 
 def test_a_grammar_field_over_a_cap_is_refused_by_the_parser_of_requests():
-    from magnitude_jupyter.server.protocol import parse_generation
+    from magnitude_jupyter.api.openai import parse_generation
 
     body = {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema"}}
     body["response_format"]["json_schema"] = {"name": "x", "schema": string_schema(maxLength=10_000_000)}
@@ -328,7 +328,7 @@ def test_a_grammar_field_over_a_cap_is_refused_by_the_parser_of_requests():
 
 
 def test_cache_salt_and_user_are_bounded_strings():
-    from magnitude_jupyter.server.protocol import parse_generation
+    from magnitude_jupyter.api.openai import parse_generation
 
     base = {"messages": [{"role": "user", "content": "hi"}]}
     assert parse_generation({**base, "cache_salt": "alice"}, "chat").cache_salt == "alice"

@@ -11,12 +11,12 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
 from traitlets import Bool, Integer, Unicode
 
+from ..api.errors import ApiError
 from ..config import EngineSettings, load_settings
 from ..engine.pool import ModelPool
 from ..settings_surface import engine_traits
 from ..workshop import COPY_FOLDER, workshop_notebook
 from .handlers import DEFAULT_MAX_BODY_BYTES, MAX_BODY_KEY, ApiMixin, make_routes
-from .protocol import ApiError
 from .sse import POOL_KEY
 
 AUTH_RESOURCE = "magnitude"

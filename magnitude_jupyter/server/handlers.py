@@ -2,7 +2,7 @@
 
 Each handler here is a mixin; a host supplies the base class that authenticates
 (`make_routes(base, prefix)` builds the concrete classes). Handlers only translate: the engine
-does the work, `protocol` shapes the JSON, `errors` picks the status codes. Parsing a body and
+does the work, `api.openai` shapes the JSON, `api.errors` picks the status codes. Parsing a body and
 submitting it (JSON, chat template, tokenizing, grammars) run on a worker thread, never on the
 event loop that every other client is waiting on.
 """
@@ -21,11 +21,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from tornado.web import HTTPError, RequestHandler, stream_request_body
 
-from ..engine import Engine, Request
-from ..engine.pool import ROOM_POLL_SECONDS, ROOM_WAIT_SECONDS, ModelPool, NoRoomError, Resident
-from .errors import api_error_from
-from .protocol import (
-    ApiError,
+from ..api.errors import ApiError, api_error_from
+from ..api.openai import (
     GenerationRequest,
     ResponseShape,
     completion_response,
@@ -33,8 +30,10 @@ from .protocol import (
     parse_json_body,
     stream_renderer,
 )
+from ..api.status import model_json, pool_json, status_json
+from ..engine import Engine, Request
+from ..engine.pool import ROOM_POLL_SECONDS, ROOM_WAIT_SECONDS, ModelPool, NoRoomError, Resident
 from .sse import POOL_KEY, send_sse, step_hub, wait_final
-from .status import model_json, pool_json, status_json
 
 MAX_BODY_KEY = "magnitude_max_body_bytes"
 SHAPES_KEY = "magnitude_response_shapes"

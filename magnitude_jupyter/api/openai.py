@@ -1,7 +1,9 @@
-"""The OpenAI wire format: request bodies in, response objects and stream chunks out.
+"""The OpenAI wire format (chat completions and completions): request bodies in, response objects and
+stream chunks out.
 
-Pure functions, no tornado: the handlers only move bytes. Every problem with a request becomes an
-`ApiError` carrying the HTTP status and an OpenAI-shaped body naming the offending field.
+Pure functions, no tornado: the HTTP handlers, the in-process client and the Dask path share them.
+Every problem with a request becomes an `ApiError` carrying the HTTP status and an OpenAI-shaped
+body naming the offending field.
 """
 
 from __future__ import annotations
@@ -17,28 +19,7 @@ from ..engine import Priority, SamplingParams
 from ..engine.grammar import GrammarError, json_grammar
 from ..engine.streams import StreamEvent, TokenLogprob
 from ..engine.tools import ParsedAnswer, ToolError, ToolRequest, parse_answer
-
-
-class ApiError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+from .errors import ApiError
 
 
 def bad_param(param: str, message: str) -> ApiError:

@@ -1,12 +1,35 @@
-"""Engine errors to HTTP statuses, in one place."""
+"""API errors: the error every wire format answers with, and engine errors to HTTP statuses, in one place."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from ..engine import EngineError, OverloadedError, PromptTooLongError, StreamGoneError, UnknownStreamError
 from ..engine.chat import ChatFormatError
 from ..engine.pool import ModelLoadError, NoRoomError
 from ..models import ModelNotFoundError
-from .protocol import ApiError
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 def api_error_from(exc: Exception, prompt_param: str = "messages") -> ApiError:
