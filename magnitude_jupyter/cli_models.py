@@ -89,7 +89,10 @@ def list_cmd(as_json: bool, show_details: bool) -> None:
             row["loaded"] = bool(on_server.get("loaded"))
             row["memory_bytes"] = (on_server.get("memory") or {}).get("resident") if row["loaded"] else None
         if show_details:
-            row["details"] = _model_details(entry, settings)
+            try:
+                row["details"] = _model_details(entry, settings)
+            except (OSError, ValueError) as exc:  # a file that is not a readable GGUF: listed with why
+                row["error"] = f"cannot read {entry.alias}: {exc}"
         rows.append(row)
     if as_json:
         click.echo(json.dumps({"models": rows}, indent=2))
@@ -105,7 +108,9 @@ def list_cmd(as_json: bool, show_details: bool) -> None:
         if row.get("loaded"):
             held = f"  [loaded, {_human_bytes(row['memory_bytes'])}]" if row.get("memory_bytes") else "  [loaded]"
         click.echo(f"{mark} {row['id']:<24} {row['source']:<10} {row['path']}{held}")
-        if show_details:
+        if row.get("error"):
+            click.echo(f"      {row['error']}")
+        elif show_details:
             d = row["details"]
             lines = [
                 ("name", d["name"]),

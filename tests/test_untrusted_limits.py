@@ -335,3 +335,21 @@ def test_cache_salt_and_user_are_bounded_strings():
     for bad in ("", "x" * 300, 5):
         with pytest.raises(ApiError):
             parse_generation({**base, "cache_salt": bad}, "chat")
+
+
+def test_magnitude_list_shows_a_bad_file_with_its_error_and_lists_the_rest(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from magnitude_jupyter.cli import main
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "huge.gguf").write_bytes(gguf_bytes([key("a.b") + struct.pack("<IIQ", 9, 4, 1 << 60)]))
+    (tmp_path / "config.yaml").write_text(f"models_dir: {folder}\n")
+    monkeypatch.setenv("MAGNITUDE_CONFIG", str(tmp_path / "config.yaml"))
+    monkeypatch.setenv("MAGNITUDE_RUNTIME_DIR", str(tmp_path / "runtime"))
+    monkeypatch.setenv("MAGNITUDE_CACHE_DIR", str(tmp_path / "cache"))
+    result = CliRunner().invoke(main, ["list", "--show-details"])
+    assert result.exit_code == 0, result.output
+    assert "cannot read huge" in result.output and "more than the" in result.output
+    assert "smollm2-135m" in result.output and "Traceback" not in result.output
