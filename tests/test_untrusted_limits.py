@@ -353,3 +353,12 @@ def test_magnitude_list_shows_a_bad_file_with_its_error_and_lists_the_rest(tmp_p
     assert result.exit_code == 0, result.output
     assert "cannot read huge" in result.output and "more than the" in result.output
     assert "smollm2-135m" in result.output and "Traceback" not in result.output
+
+
+def test_enum_values_with_quotes_and_backslashes_become_well_formed_literals():
+    """llama-cpp-python's converter did not escape backslashes: a value holding a quote ended its
+    GBNF literal early. Each value's JSON text is now one literal, whatever it holds."""
+    grammar = json_grammar({"enum": ['a "quoted" one', "back\\slash", "tab\there", "plain"]})
+    measure_grammar(grammar)  # no unterminated literal, no stray character
+    assert '"a \\\\\\"quoted\\\\\\" one\\""' in grammar
+    assert '"back\\\\\\\\slash\\""' in grammar

@@ -12,6 +12,7 @@ import copy
 import itertools
 import json
 import math
+import re
 import time
 from typing import Any
 
@@ -45,6 +46,8 @@ UNENFORCED = (
 )
 
 
+LITERAL_ESCAPE = re.compile(r'[\\"\r\n\t]')
+LITERAL_ESCAPES = {"\\": "\\\\", '"': '\\"', "\r": "\\r", "\n": "\\n", "\t": "\\t"}
 COMPILE_SECONDS = 2.0  # a schema's conversion stops with an error past this
 
 
@@ -194,6 +197,11 @@ class BoundedSchemaConverter(SchemaConverter):
         super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
         self.deadline = time.monotonic() + seconds
         self._branches = 0  # rules made by _trie
+
+    def _format_literal(self, literal: str) -> str:
+        """A GBNF string literal of `literal`. The converter escapes quotes and line breaks but not
+        backslashes, so the JSON text of a value holding a quote (`\\"`) ended its literal early."""
+        return '"' + LITERAL_ESCAPE.sub(lambda m: LITERAL_ESCAPES[m.group(0)], literal) + '"'
 
     def visit(self, schema: Any, name: str) -> str:
         if time.monotonic() > self.deadline:
