@@ -167,7 +167,7 @@ def test_arrays_with_bounds_keep_their_separators():
         ('root ::= "a"{0,10000000}', "repeats an element"),
         ("root ::= " + "(" * (MAX_NESTING + 1) + '"a"' + ")" * (MAX_NESTING + 1), "nests groups"),
         ("root ::= " + " | ".join(f'"{i}"' for i in range(5000)), "alternatives"),
-        ("\n".join(f'r{i} ::= "x"{{{MAX_REPETITION}}}' for i in range(200)) + "\nroot ::= r0", "expands to"),
+        ("\n".join(f'r{i} ::= "x"{{{MAX_REPETITION}}}' for i in range(300)) + "\nroot ::= r0", "expands to"),
         ('root ::= "a', "unterminated"),
     ],
     ids=["repetition", "nesting", "choices", "expansion", "unterminated"],

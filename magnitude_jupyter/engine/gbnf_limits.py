@@ -21,8 +21,8 @@ from .schema_limits import GrammarError
 MAX_GRAMMAR_BYTES = 512 << 10
 MAX_NESTING = 128  # groups inside groups: the parser recurses once per level
 MAX_REPETITION = 4096  # m and n of x{m,n}
-MAX_RULES = 8192  # rules written in the grammar, groups included
-MAX_EXPANDED = 300_000  # symbols and rules once repetitions are written out
+MAX_RULES = 65_536  # rules once repetitions are written out, groups included
+MAX_EXPANDED = 1_000_000  # symbols and rules once repetitions are written out
 MAX_CHOICES = 1024  # alternatives of one rule or group
 # The deepest recursion the caps allow is about one frame per expanded rule; a few hundred bytes a
 # frame, with room to spare.

@@ -277,7 +277,7 @@ class Scheduler:
         tokens, cached = found
         if len(tokens) + request.max_tokens > self.max_request_tokens:
             return match, limit
-        request.prompt_tokens = [request.prompt_tokens[0], *tokens[1:]]  # the first is its scope's key
+        request.prompt_tokens = [request.prompt_tokens[0], *tokens[1:]]  # the tree holds its scope key first
         self.cache.respelled_tokens += cached - match.length
         limit = len(tokens) - 1
         return self.cache.match(request.cache_tokens, limit), limit
