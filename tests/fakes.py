@@ -30,6 +30,7 @@ class FakeRunner:
         self.step_seconds = step_seconds  # a little time per decode, like a model (lets tests cancel mid-way)
         self.n_ctx = n_ctx
         self.n_ctx_train = n_ctx_train
+        self.kv_buffer_bytes: int | None = None
         self.bos_token = ""
         self.eos_token = ""
         self.calls: list[list[DecodeItem]] = []

@@ -97,6 +97,7 @@ class Runner(Protocol):
     n_ctx_train: int
     bos_token: str
     eos_token: str
+    kv_buffer_bytes: int | None  # what llama.cpp reports its KV buffer holds (None: not reported)
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
     def token_to_piece(self, token: int) -> bytes: ...
@@ -144,31 +145,35 @@ class Engine:
 
     def __init__(
         self,
-        model: str | None = None,
+        model: str | ModelEntry | None = None,
         *,
         settings: Settings | None = None,
         runner_factory: Callable[[EngineSettings], Runner] | None = None,
         chat_template: str | None = None,
         verbose: bool = False,
+        context_sizing: ContextSizing | None = None,
         **engine_overrides: Any,
     ) -> None:
+        """`model`: an alias, a path, or a registry entry (the pool's, under its alias); `context_sizing`:
+        how a caller that sized `ctx_size` from memory did it (shown in /status)."""
         self.settings = settings or load_settings()
         self.engine_settings = replace(self.settings.engine, **engine_overrides)
         self.model_entry: ModelEntry | None = None
         self.model_info: ModelInfo | None = None
-        self.context_sizing: ContextSizing | None = None
+        self.context_sizing: ContextSizing | None = context_sizing
         if runner_factory is None:
-            self.model_entry = resolve_model(model, self.settings)
+            self.model_entry = model if isinstance(model, ModelEntry) else resolve_model(model, self.settings)
             self.model_info = read_model_info(self.model_entry.path)
             runner_factory = self._llama_runner_factory
-            self.engine_settings, self.context_sizing = resolve_settings(
+            self.engine_settings, sizing = resolve_settings(
                 self.model_info, self.engine_settings, self.settings.memory_reserve_mib << 20
             )
+            self.context_sizing = sizing or context_sizing
             if self.context_sizing is not None:
                 log.info("%s: %s", self.model_entry.alias, self.context_sizing.reason)
         self._runner_factory = runner_factory
         self._chat_template = chat_template or (self.model_info.chat_template if self.model_info else None)
-        self.model_id = self.model_entry.alias if self.model_entry else (model or "fake")
+        self.model_id = self.model_entry.alias if self.model_entry else (str(model) if model else "fake")
         self._verbose = verbose
 
         self.state = "created"  # created → loading → ready → stopping → stopped, or failed
@@ -458,7 +463,7 @@ class Engine:
             kv_cache_type=es.kv_type_label,
             flash_attention=es.uses_flash_attention,
             context_sizing=self.context_sizing.reason if self.context_sizing else None,
-            kv_buffer_bytes_reported=getattr(self.runner, "kv_buffer_bytes", None),
+            kv_buffer_bytes_reported=self.runner.kv_buffer_bytes if self.runner is not None else None,
             rss_bytes=rss_bytes(),
             recent_tokens_per_s=round(self.metrics.recent_tokens_per_s(), 2),
             generated_tokens_total=self.metrics.generation_tokens_total,
@@ -476,7 +481,7 @@ class Engine:
     def _run(self) -> None:
         try:
             self.runner = self._runner_factory(self.engine_settings)
-            trained = getattr(self.runner, "n_ctx_train", 0) or None
+            trained = (self.runner.n_ctx_train if self.runner is not None else 0) or None
             if self.engine_settings.repack is None and hasattr(self.runner, "repack"):
                 # What it runs with, as ctx_size auto is shown resolved (/v1/models).
                 self.engine_settings = replace(self.engine_settings, repack=self.runner.repack)

@@ -285,19 +285,17 @@ class ModelPool:
         sized = {"ctx_size": sizing.cells, "memory_budget": None} if sizing is not None else {}
         try:
             engine = Engine(
-                str(entry.path),
+                entry,
                 settings=self.settings,
                 chat_template=self.settings.model_settings(entry.alias).chat_template,
                 verbose=self._verbose,
+                context_sizing=sizing,
                 **{**self.engine_settings_overrides(entry), **sized},
             )
         except Exception as exc:
             for victim in evicted:
                 self._resident[victim.entry.alias] = victim
             raise self._cannot_load(entry, exc) from exc
-        engine.model_id = entry.alias
-        engine.model_entry = entry
-        engine.context_sizing = sizing
         now = time.monotonic()
         # The default model, reloaded after it made room, stays again until room is needed.
         keep_alive = -1.0 if entry.alias == self.default_model else self.settings.keep_alive
@@ -390,8 +388,7 @@ class ModelPool:
     def unloaded_stats(self, name: str | None = None) -> EngineStats:
         """A model's figures when it is not resident: its settings, nothing running."""
         entry = self.resolve(name)
-        engine = Engine(str(entry.path), settings=self.settings, **self.engine_settings_overrides(entry))
-        engine.model_id = entry.alias
+        engine = Engine(entry, settings=self.settings, **self.engine_settings_overrides(entry))
         return replace(engine.stats(), state="unloaded")
 
     def failure(self, alias: str) -> str | None:
