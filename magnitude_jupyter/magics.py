@@ -75,17 +75,21 @@ SHARED_WITH_BATCH = frozenset({"model", "system", "temperature", "max_tokens"})
 
 def cell_parser() -> _Parser:
     p = _Parser(prog="%%magnitude", add_help=False)
-    p.add_argument("--model", "-m", default=None)
-    p.add_argument("--system", "-s", default=None)
-    p.add_argument("--temperature", "-t", type=float, default=None)
-    p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument(
+        "--model", "-m", default=None, help="the model to ask (default: %%magnitude use's, else the server's)"
+    )
+    p.add_argument("--system", "-s", default=None, help="system message")
+    p.add_argument("--temperature", "-t", type=float, default=None, help="0 (default) is greedy")
+    p.add_argument("--max-tokens", type=int, default=None, help="most tokens in the answer")
     p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", nargs="+", default=None)
-    p.add_argument("--format", "-f", choices=FORMATS, default="text")
-    p.add_argument("-o", "--output", default=None)
-    p.add_argument("--no-stream", action="store_true")
-    p.add_argument("--no-reproducible", action="store_true")
+    p.add_argument("--seed", type=int, default=None, help="with a temperature: the same answer again")
+    p.add_argument("--stop", nargs="+", default=None, help="strings that end the answer")
+    p.add_argument("--format", "-f", choices=FORMATS, default="text", help="json parses the answer; code adds a cell")
+    p.add_argument("-o", "--output", default=None, help="variable for the answer (always also _magnitude)")
+    p.add_argument("--no-stream", action="store_true", help="show the answer once it is complete")
+    p.add_argument(
+        "--no-reproducible", action="store_true", help="faster, but the answer may depend on what runs beside it"
+    )
     p.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens (for measuring)")
     p.add_argument("--chat", nargs="?", const=DEFAULT_CHAT, default=None, help="continue a named conversation")
     p.add_argument("--trim", action="store_true", help="with --chat: drop the oldest turns when the history overflows")
@@ -98,31 +102,56 @@ def cell_parser() -> _Parser:
     return p
 
 
+LINE_COMMANDS = {
+    "help": "every option of %%magnitude and every %magnitude command",
+    "status": "the server's engine figures",
+    "list": "the models the server can serve, and which are in memory",
+    "use": "make MODEL the one cells ask for, loading it now",
+    "connect": "talk to another OpenAI-compatible server",
+    "disconnect": "go back to finding the server automatically",
+    "chats": "the conversations of this notebook and their turns",
+    "history": "one conversation as a DataFrame",
+    "reset": "forget a conversation",
+    "calibrate": "measure this server: tokens/s, latency percentiles, the knee (a live widget)",
+    "batch": "score a DataFrame with a template over its columns",
+}
+
+
 def line_parser() -> _Parser:
     p = _Parser(prog="%magnitude", add_help=False)
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
-    sub.add_parser("status")
-    sub.add_parser("list")
-    use = sub.add_parser("use")
-    use.add_argument("model")
-    connect = sub.add_parser("connect")
-    connect.add_argument("url")
-    connect.add_argument("--token", default=None)
-    sub.add_parser("disconnect")
-    sub.add_parser("chats")
-    history = sub.add_parser("history")
-    history.add_argument("name", nargs="?", default=DEFAULT_CHAT)
-    reset = sub.add_parser("reset")
-    reset.add_argument("name", nargs="?", default=DEFAULT_CHAT)
-    calibrate = sub.add_parser("calibrate")
-    add_calibrate_arguments(calibrate)
-    calibrate.add_argument("--start", action="store_true", help="start the sweep at once")
-    batch = sub.add_parser("batch")
+    parsers = {name: sub.add_parser(name, help=text, add_help=False) for name, text in LINE_COMMANDS.items()}
+    parsers["use"].add_argument("model")
+    parsers["connect"].add_argument("url")
+    parsers["connect"].add_argument("--token", default=None)
+    parsers["history"].add_argument("name", nargs="?", default=DEFAULT_CHAT)
+    parsers["reset"].add_argument("name", nargs="?", default=DEFAULT_CHAT)
+    add_calibrate_arguments(parsers["calibrate"])
+    parsers["calibrate"].add_argument("--start", action="store_true", help="start the sweep at once")
+    batch = parsers["batch"]
     batch.add_argument("df")
     batch.add_argument("--template", required=True)
     batch.add_argument("-o", "--output", default=None, help="variable for the result")
     add_batch_arguments(batch)
     return p
+
+
+def help_text() -> str:
+    """`%magnitude help`: the cell magic's options, then every line command with its own."""
+    lines = [
+        "%%magnitude [options], then the prompt on the lines below ({name} fills in a notebook variable)",
+        cell_parser().format_help().split("\n", 1)[1].split("options:", 1)[1].rstrip().join(["Options:", ""]),
+        "",
+        "Line commands:",
+    ]
+    line = line_parser()
+    for action in line._subparsers._group_actions if line._subparsers else []:
+        for name, parser in getattr(action, "choices", {}).items():
+            lines.append(f"  %magnitude {name:<11} {LINE_COMMANDS[name]}")
+            usage = parser.format_usage().strip().removeprefix("usage: ")
+            if parser._actions:
+                lines.append("      " + usage)
+    return "\n".join(lines)
 
 
 @magics_class
@@ -177,13 +206,16 @@ class MagnitudeMagics(Magics):
 
     @line_cell_magic
     def magnitude(self, line: str, cell: str | None = None) -> Any:
-        """%%magnitude [options]: send the cell as a prompt.  %magnitude status|list|use|connect|disconnect|batch."""
+        """%%magnitude [options]: send the cell as a prompt.  %magnitude help: every option and command."""
         try:
             argv = shlex.split(line)
         except ValueError as exc:
             raise MagnitudeError(f"cannot parse the options: {exc}") from None
         if cell is None:
             return self._line(argv)
+        if "--help" in argv or "-h" in argv:
+            print(help_text())
+            return None
         args = cell_parser().parse_args(argv)
         if args.compare is not None and (args.chat is not None or args.model):
             raise MagnitudeError("--compare names the models itself; it does not combine with --chat or -m")
@@ -202,10 +234,10 @@ class MagnitudeMagics(Magics):
 
     def _line(self, argv: list[str]) -> Any:
         if not argv:
-            raise MagnitudeError(
-                "say what to do: status, list, use MODEL, connect URL, disconnect, chats, history [NAME], "
-                "reset [NAME], batch DF --template T"
-            )
+            raise MagnitudeError(f"say what to do: {', '.join(LINE_COMMANDS)} (%magnitude help says more)")
+        if argv[0] in ("help", "--help", "-h"):
+            print(help_text())
+            return None
         args = line_parser().parse_args(argv)
         if args.command == "status":
             status = self._call(self.client.status)

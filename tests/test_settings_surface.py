@@ -72,3 +72,38 @@ def test_the_threads_help_says_what_zero_means_everywhere():
 
     output = CliRunner().invoke(main, ["serve", "--help"]).output
     assert "other processes leave free" in " ".join(output.split())
+
+
+def test_magnitude_help_lists_every_command_with_its_options(capsys):
+    from magnitude_jupyter.calibrate.options import CALIBRATE_OPTIONS
+    from magnitude_jupyter.magics import LINE_COMMANDS, MagnitudeMagics, cell_parser, help_text
+
+    text = help_text()
+    for command in LINE_COMMANDS:
+        assert f"%magnitude {command}" in text
+    for action in cell_parser()._actions:
+        assert action.option_strings[0] in text
+    for option in CALIBRATE_OPTIONS:
+        assert option.flag in text
+    magics = MagnitudeMagics(None)
+    for line, cell in (("help", None), ("--help", "ignored")):  # %magnitude help, %%magnitude --help
+        magics.magnitude(line, cell)
+        assert capsys.readouterr().out.strip() == text
+
+
+def test_calibration_defaults_are_one_everywhere():
+    from magnitude_jupyter.calibrate import options
+    from magnitude_jupyter.calibrate.sweep import SweepConfig
+    from magnitude_jupyter.magics import line_parser
+
+    config = SweepConfig()
+    args = line_parser().parse_args(["calibrate"])
+    assert config.latency_target_ms == args.latency_target_ms == options.DEFAULT_LATENCY_TARGET_MS
+    assert config.requests_per_level == args.requests and config.max_tokens == args.max_tokens
+    assert config.warmup_requests == args.warmup and ",".join(map(str, config.concurrency)) == args.concurrency
+    from click.testing import CliRunner
+
+    from magnitude_jupyter.cli import main
+
+    shown = " ".join(CliRunner().invoke(main, ["calibrate", "--help"]).output.split())
+    assert f"[default: {options.DEFAULT_LATENCY_TARGET_MS}]" in shown
