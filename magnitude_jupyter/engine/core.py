@@ -305,12 +305,15 @@ class Engine:
         tools: ToolRequest | None = None,
         cache_salt: str | None = None,
         user: str | None = None,
+        cap_to_context: bool = False,
     ) -> Request:
         """Queue one generation; returns at once. Raises ValueError (bad input), PromptTooLongError,
         OverloadedError or EngineError; never blocks on the model. `arrival_time` (monotonic) and
         `load_ms` let a request that waited for its model to load count that wait in its timings.
         `cache_salt` keeps its prefix-cache entries apart from every other salt's; with the setting
-        `prefix_cache_scope: user`, `user` does the same when no salt is given."""
+        `prefix_cache_scope: user`, `user` does the same when no salt is given. `cap_to_context`: a
+        max_tokens past the context is a cap (the answer ends with "length" where the context does),
+        not an error; a prompt that alone does not fit still is."""
         runner, scheduler = self._require_ready()
         params = replace(params or SamplingParams(), stop=list((params.stop if params else []) or []))
         params.validate()
@@ -337,6 +340,9 @@ class Engine:
             raise ValueError("the prompt is empty")
         if params.max_tokens is not None:
             max_tokens = params.max_tokens
+            room = scheduler.max_request_tokens - len(tokens)
+            if cap_to_context and room >= 1:
+                max_tokens = min(max_tokens, room)
         else:
             room = scheduler.max_request_tokens - len(tokens)
             max_tokens = max(1, min(self.engine_settings.default_max_tokens, room))
@@ -741,6 +747,7 @@ class Engine:
                 timings=request.timings().to_json(),
                 error=error,
                 logprobs=logprobs,
+                stopped_by=request.text.stopped_by if request.text is not None else None,
             )
         self.metrics.record_finished(request)
         self._recent.appendleft(FinishedRequest.of(request))

@@ -45,6 +45,7 @@ class StreamEvent:
     timings: dict[str, Any] | None = None
     error: str | None = None
     logprobs: tuple[TokenLogprob, ...] = ()  # for the tokens of this event, when the request asked
+    stopped_by: str | None = None  # the final event of an answer a stop string ended: that string
 
     @property
     def is_final(self) -> bool:

@@ -16,7 +16,8 @@ from ..config import EngineSettings, load_settings
 from ..engine.pool import ModelPool
 from ..settings_surface import engine_traits
 from ..workshop import COPY_FOLDER, workshop_notebook
-from .handlers import DEFAULT_MAX_BODY_BYTES, MAX_BODY_KEY, ApiMixin, make_routes
+from .handlers import DEFAULT_MAX_BODY_BYTES, MAX_BODY_KEY, ApiMixin, api_key_as_bearer
+from .routes import fallback_route, make_routes
 from .sse import POOL_KEY
 
 AUTH_RESOURCE = "magnitude"
@@ -28,6 +29,7 @@ class JupyterAuthHandler(ExtensionHandlerMixin, JupyterHandler):
     auth_resource = AUTH_RESOURCE
 
     async def prepare(self) -> None:  # type: ignore[override]
+        api_key_as_bearer(self)
         await super().prepare()
         if self.current_user is None:
             raise web.HTTPError(403, "authentication required: use the Jupyter server's token or login")
@@ -84,6 +86,7 @@ class MagnitudeAppBase(ExtensionApp):
     def initialize_handlers(self) -> None:
         self.handlers.extend(make_routes(JupyterAuthHandler, "/magnitude/"))
         self.handlers.append((r"/magnitude/workshop/([A-Za-z0-9_.\-]+)", WorkshopHandler))
+        self.handlers.append(fallback_route(JupyterAuthHandler, "/magnitude/"))
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         # JupyterLab starts light: the default model loads on the first request that needs it (or now,

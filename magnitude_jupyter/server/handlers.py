@@ -45,6 +45,13 @@ DRAIN_LIMIT_BYTES = 64 << 20
 EVENT_ID = re.compile(r"0|[1-9][0-9]{0,17}")
 
 
+def api_key_as_bearer(handler: RequestHandler) -> None:
+    """Anthropic's clients send their key as `x-api-key`: both hosts' auth read it as a bearer token."""
+    key = handler.request.headers.get("x-api-key")
+    if key and "Authorization" not in handler.request.headers:
+        handler.request.headers["Authorization"] = f"Bearer {key}"
+
+
 def redact_token(uri: str) -> str:
     """A request URI fit for a log: the value of any `token` query argument replaced."""
     parts = urlsplit(uri)
@@ -105,13 +112,17 @@ class ApiMixin(RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(body))
 
+    def error_body(self, err: ApiError) -> dict[str, Any]:
+        """An error in the shape of the API this route belongs to (OpenAI's unless a route says)."""
+        return err.body()
+
     def send_error_json(self, exc: Exception, prompt_param: str = "messages") -> None:
         err = api_error_from(exc, prompt_param)
         if err.status >= 500 and err.status != 503:
             self.log_exception(type(exc), exc, exc.__traceback__)
         for name, value in err.headers.items():
             self.set_header(name, value)
-        self.send_json(err.body(), err.status)
+        self.send_json(self.error_body(err), err.status)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         """Errors raised outside our handlers (auth, unknown method) in OpenAI's shape too."""
@@ -128,7 +139,7 @@ class ApiMixin(RequestHandler):
         for name, value in err.headers.items():
             self.set_header(name, value)
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(err.body()))
+        self.finish(json.dumps(self.error_body(err)))
 
     def remember_shape(self, shape: ResponseShape) -> None:
         shapes: OrderedDict[str, ResponseShape] = self.settings.setdefault(SHAPES_KEY, OrderedDict())
@@ -196,6 +207,7 @@ class GenerationHandler(ApiMixin):
             tools=req.tools,
             cache_salt=req.cache_salt,
             user=req.user,
+            cap_to_context=req.cap_to_context,
         )
 
     async def post(self) -> None:
@@ -216,6 +228,10 @@ class GenerationHandler(ApiMixin):
         except Exception as exc:
             self.send_error_json(exc, self.prompt_param)
             return
+        await self.answer(engine, request, req)
+
+    async def answer(self, engine: Engine, request: Request, req: GenerationRequest) -> None:
+        """Stream or send the answer in this route's API (OpenAI's here)."""
         shape = ResponseShape(
             request.request_id,
             self.kind,
@@ -368,25 +384,3 @@ class MetricsHandler(ApiMixin):
         body, content_type = render_metrics(registry)
         self.set_header("Content-Type", content_type)
         self.finish(body)
-
-
-ROUTES: list[tuple[str, type[ApiMixin]]] = [
-    (r"v1/chat/completions", ChatCompletionsHandler),
-    (r"v1/completions", CompletionsHandler),
-    (r"v1/models", ModelsHandler),
-    (r"v1/models/([A-Za-z0-9_.\-]+)", ModelsHandler),
-    (r"models/([A-Za-z0-9_.\-]+)/(load|unload)", ModelActionHandler),
-    (r"v1/streams/([A-Za-z0-9_\-]+)", StreamHandler),
-    (r"health", HealthHandler),
-    (r"status", StatusHandler),
-    (r"metrics", MetricsHandler),
-]
-
-
-def make_routes(base: type, prefix: str) -> list[tuple[str, type]]:
-    """Concrete handler classes on a host's authenticating base, under `prefix` (ending in '/')."""
-    routes = []
-    for pattern, mixin in ROUTES:
-        handler = type(mixin.__name__, (mixin, base), {})
-        routes.append((prefix + pattern, handler))
-    return routes

@@ -88,8 +88,16 @@ async def wait_final(handler: Reader, hub: StepHub, stream: TokenStream) -> Stre
     return stream.events_after(stream.last_id - 1)[-1]
 
 
-async def send_sse(handler: RequestHandler, hub: StepHub, stream: TokenStream, after: int, render: Render) -> None:
-    """Write every event after `after` as SSE (`id: N`), then the live rest, then `data: [DONE]`.
+async def send_sse(
+    handler: RequestHandler,
+    hub: StepHub,
+    stream: TokenStream,
+    after: int,
+    render: Render,
+    named: bool = False,
+) -> None:
+    """Write every event after `after` as SSE (`id: N`), then the live rest, then `data: [DONE]`;
+    `named`: each payload's `type` as the SSE event name and no `[DONE]` (Anthropic's streams).
 
     A client that goes away only ends this reader: the generation runs on for the grace period,
     and a new request with `Last-Event-ID` picks it up where the client stopped reading.
@@ -109,10 +117,11 @@ async def send_sse(handler: RequestHandler, hub: StepHub, stream: TokenStream, a
                 events = stream.events_after(cursor)
                 for event in events:
                     for payload in render(event):
-                        handler.write(f"id: {event.id}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n")
+                        name = f"event: {payload['type']}\n" if named else ""
+                        handler.write(f"id: {event.id}\n{name}data: {json.dumps(payload, separators=(',', ':'))}\n\n")
                     cursor = event.id
                 done = (events and events[-1].is_final) or (not events and stream.closed)
-                if done:
+                if done and not named:
                     handler.write("data: [DONE]\n\n")
                 if events or done:
                     await handler.flush()

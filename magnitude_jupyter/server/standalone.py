@@ -19,7 +19,8 @@ import tornado.web
 
 from ..engine.pool import ModelPool
 from ..runtime import write_runtime_file
-from .handlers import DEFAULT_MAX_BODY_BYTES, MAX_BODY_KEY, ApiMixin, make_routes
+from .handlers import DEFAULT_MAX_BODY_BYTES, MAX_BODY_KEY, ApiMixin, api_key_as_bearer
+from .routes import fallback_route, make_routes
 from .sse import POOL_KEY
 
 log = logging.getLogger("magnitude.serve")
@@ -50,6 +51,7 @@ class TokenAuthHandler(tornado.web.RequestHandler):
     """
 
     def prepare(self) -> None:
+        api_key_as_bearer(self)
         expected = self.settings.get(TOKEN_KEY)
         if expected is None:
             self._check_local_request()
@@ -89,6 +91,7 @@ def make_app(
     pool: ModelPool, token: str | None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, allow_remote: bool = False
 ) -> tornado.web.Application:
     routes = [(r"/", RootHandler), *make_routes(TokenAuthHandler, "/"), *make_routes(TokenAuthHandler, "/magnitude/")]
+    routes.append(fallback_route(TokenAuthHandler, "/"))
     settings: dict[str, Any] = {POOL_KEY: pool, TOKEN_KEY: token, MAX_BODY_KEY: max_body_bytes}
     settings[REMOTE_KEY] = allow_remote
     return tornado.web.Application(routes, **settings)

@@ -1,0 +1,402 @@
+"""Anthropic's Messages API (what Claude Code and the `anthropic` SDK speak), in and out.
+
+A Messages body is translated into the chat request every API shares (`openai.parse_generation`
+checks it, so the limits, grammars and tool forms are the same), and the engine's answer and
+stream events are shaped as Anthropic's: content blocks, `stop_reason`, `usage` with
+`cache_read_input_tokens`, the `message_start` ... `message_stop` event sequence, and errors as
+`{"type": "error", "error": {"type", "message"}}`. Pure functions, no tornado.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.streams import StreamEvent
+from ..engine.tools import parse_answer
+from .errors import ApiError
+from .openai import GenerationRequest, parse_generation
+
+FIELDS = {
+    "model",
+    "max_tokens",
+    "messages",
+    "system",
+    "stop_sequences",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stream",
+    "tools",
+    "tool_choice",
+    "metadata",
+    "output_config",
+}
+# Hints that change nothing here: accepted, and listed in docs/http-api.md as ignored.
+IGNORED = {
+    "service_tier",
+    "thinking",
+    "context_management",
+    "cache_control",
+    "diagnostics",
+    "inference_geo",
+    "speed",
+    "user_profile_id",
+    "workspace_id",
+}
+REFUSED = {
+    "mcp_servers": "MCP servers are not supported: give the tools themselves",
+    "container": "code-execution containers are not supported",
+}
+BLOCKS_REFUSED = {
+    "image": "image blocks are not supported: the models served here read text",
+    "document": "document blocks are not supported: send the text",
+    "search_result": "search_result blocks are not supported: send the text",
+    "server_tool_use": "server tools are not supported",
+    "web_search_tool_result": "server tools are not supported",
+}
+DEFAULT_TEMPERATURE = 1.0  # the Messages API's own default
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    410: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "cancelled": "end_turn", "error": "end_turn"}
+
+
+def error_body(err: ApiError) -> dict[str, Any]:
+    """An error in Anthropic's shape (the message names the field, as ours always do)."""
+    kind = ERROR_TYPES.get(err.status, "api_error" if err.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": err.message}}
+
+
+def _bad(message: str, param: str) -> ApiError:
+    return ApiError(400, message, param=param, code="invalid_value")
+
+
+def _text_of(content: Any, where: str) -> str:
+    """The text of a string, or of a list of text blocks (anything else is refused by name)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(f"{where} must be a string or a list of text blocks", where)
+    parts = []
+    for i, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind != "text" or not isinstance(block.get("text"), str):
+            reason = BLOCKS_REFUSED.get(str(kind), f"{where}[{i}] must be a text block")
+            raise _bad(reason, f"{where}[{i}]")
+        parts.append(block["text"])
+    return "\n\n".join(parts)
+
+
+def _messages(raw: Any) -> list[dict[str, Any]]:
+    """Messages API messages as the engine's chat messages (OpenAI's roles: tool calls and results)."""
+    if not isinstance(raw, list) or not raw:
+        raise _bad("'messages' must be a non-empty list of {role, content} objects", "messages")
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(raw):
+        where = f"messages[{i}]"
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ("user", "assistant"):
+            raise _bad(f"{where}.role must be 'user' or 'assistant'", f"{where}.role")
+        content = message.get("content")
+        if isinstance(content, str):
+            out.append({"role": role, "content": content})
+            continue
+        if not isinstance(content, list):
+            raise _bad(f"{where}.content must be a string or a list of content blocks", f"{where}.content")
+        texts: list[str] = []
+        calls: list[dict[str, Any]] = []
+        results: list[dict[str, Any]] = []
+        for j, block in enumerate(content):
+            at = f"{where}.content[{j}]"
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text" and isinstance(block.get("text"), str):
+                texts.append(block["text"])
+            elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+                continue  # earlier reasoning: the models served here do not read it back
+            elif kind == "tool_use" and role == "assistant":
+                if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+                    raise _bad(f"{at} needs an 'id' and a 'name'", at)
+                arguments = json.dumps(block.get("input") or {})
+                calls.append(
+                    {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": arguments}}
+                )
+            elif kind == "tool_result" and role == "user":
+                if not isinstance(block.get("tool_use_id"), str):
+                    raise _bad(f"{at} needs a 'tool_use_id'", at)
+                text = _text_of(block.get("content", ""), f"{at}.content")
+                if block.get("is_error"):
+                    text = f"Error: {text}"
+                results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
+            else:
+                reason = BLOCKS_REFUSED.get(
+                    str(kind), f"{at} is a {kind!r} block, which a {role} message cannot hold here"
+                )
+                raise _bad(reason, at)
+        out.extend(results)
+        if role == "assistant":
+            if texts or calls:
+                out.append(
+                    {
+                        "role": "assistant",
+                        "content": "\n\n".join(texts) or None,
+                        **({"tool_calls": calls} if calls else {}),
+                    }
+                )
+        elif texts:
+            out.append({"role": "user", "content": "\n\n".join(texts)})
+    return out
+
+
+def _tools(raw: Any) -> list[dict[str, Any]]:
+    if not isinstance(raw, list) or not raw:
+        raise _bad("'tools' must be a non-empty list of {name, description, input_schema}", "tools")
+    tools = []
+    for i, tool in enumerate(raw):
+        if not isinstance(tool, dict):
+            raise _bad(f"tools[{i}] must be an object", f"tools[{i}]")
+        if tool.get("type") not in (None, "custom"):
+            raise _bad(f"tools[{i}] is a server tool ({tool['type']!r}), which this server does not run", f"tools[{i}]")
+        function = {
+            "name": tool.get("name"),
+            "description": tool.get("description") or "",
+            "parameters": tool.get("input_schema"),
+        }
+        tools.append({"type": "function", "function": function})
+    return tools
+
+
+def _tool_choice(raw: Any) -> tuple[Any, bool | None]:
+    """(OpenAI's tool_choice, parallel_tool_calls) for Anthropic's {type: auto|any|tool|none}."""
+    if raw is None:
+        return None, None
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    parallel = (
+        None
+        if not isinstance(raw, dict) or raw.get("disable_parallel_tool_use") is None
+        else not raw["disable_parallel_tool_use"]
+    )
+    if kind == "auto":
+        return "auto", parallel
+    if kind == "any":
+        return "required", parallel
+    if kind == "none":
+        return "none", None
+    if kind == "tool" and isinstance(raw.get("name"), str):
+        return {"type": "function", "function": {"name": raw["name"]}}, parallel
+    raise _bad("tool_choice.type must be 'auto', 'any', 'tool' (with a name) or 'none'", "tool_choice")
+
+
+def _output_format(config: Any) -> dict[str, Any] | None:
+    """`output_config.format` (a JSON schema the answer follows) as a response_format; `effort` is a
+    hint for reasoning models, ignored here."""
+    if config is None:
+        return None
+    if not isinstance(config, dict):
+        raise _bad("'output_config' must be an object", "output_config")
+    unknown = set(config) - {"format", "effort"}
+    if unknown:
+        raise _bad(f"output_config.{sorted(unknown)[0]} is not supported", "output_config")
+    output_format = config.get("format")
+    if output_format is None:
+        return None
+    if not isinstance(output_format, dict) or output_format.get("type") != "json_schema":
+        raise _bad("output_config.format must be {type: 'json_schema', schema: {...}}", "output_config.format")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": output_format.get("schema")}}
+
+
+def parse_messages(data: dict[str, Any]) -> GenerationRequest:
+    """Validate a /v1/messages body into the request every API shares."""
+    for name, value in data.items():
+        if value is None or name in FIELDS or name in IGNORED:
+            continue
+        raise ApiError(400, REFUSED.get(name, f"'{name}' is not a field this server understands"), param=name)
+    max_tokens = data.get("max_tokens")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise _bad("'max_tokens' is required: a positive integer", "max_tokens")
+    messages = _messages(data.get("messages"))
+    if data.get("system") is not None:
+        messages.insert(0, {"role": "system", "content": _text_of(data["system"], "system")})
+    metadata = data.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise _bad("'metadata' must be an object", "metadata")
+    stops = data.get("stop_sequences")
+    if stops is not None and (not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops)):
+        raise _bad("'stop_sequences' must be a list of non-empty strings", "stop_sequences")
+    body: dict[str, Any] = {
+        "model": data.get("model"),
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "stream": data.get("stream"),
+        "stop": stops or None,
+        "temperature": data.get("temperature", DEFAULT_TEMPERATURE),
+        "top_p": data.get("top_p"),
+        "top_k": data.get("top_k"),
+        "user": (metadata or {}).get("user_id"),
+    }
+    body["response_format"] = _output_format(data.get("output_config"))
+    if data.get("tools") is not None:
+        body["tools"] = _tools(data["tools"])
+        body["tool_choice"], body["parallel_tool_calls"] = _tool_choice(data.get("tool_choice"))
+        if body["tool_choice"] == "none":
+            del body["tools"], body["tool_choice"], body["parallel_tool_calls"]
+    elif data.get("tool_choice") is not None and _tool_choice(data["tool_choice"])[0] != "none":
+        raise _bad("'tool_choice' needs 'tools'", "tool_choice")
+    request = parse_generation(body, "chat")
+    request.cap_to_context = True  # max_tokens is a cap here, as Anthropic means it: see docs/http-api.md
+    return request
+
+
+def count_tokens_body(data: dict[str, Any]) -> GenerationRequest:
+    """/v1/messages/count_tokens: the same body as a message, max_tokens not needed."""
+    return parse_messages({**data, "max_tokens": data.get("max_tokens") or 1, "stream": None})
+
+
+# -- responses ------------------------------------------------------------------------------------
+
+
+@dataclass
+class MessageShape:
+    """What one answer's message object and events share."""
+
+    id: str
+    model: str
+    input_tokens: int
+    tool_form: str | None = None
+    created: float = field(default_factory=time.time)
+
+    def tool_use_id(self, index: int) -> str:
+        return f"toolu_{self.id.removeprefix('msg_')}_{index}"
+
+
+def _usage(usage: dict[str, Any] | None) -> dict[str, Any]:
+    usage = usage or {}
+    prompt = int(usage.get("prompt_tokens", 0))
+    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+    return {
+        "input_tokens": prompt - cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": int(usage.get("completion_tokens", 0)),
+    }
+
+
+def _blocks(shape: MessageShape, text: str) -> tuple[list[dict[str, Any]], bool]:
+    """The answer's content blocks, and whether it called tools."""
+    answer = parse_answer(text, shape.tool_form) if shape.tool_form else None
+    if answer is None or not answer.is_call:
+        return [{"type": "text", "text": answer.content if answer is not None else text}], False
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": answer.content}] if answer.content.strip() else []
+    for i, call in enumerate(answer.calls):
+        try:
+            arguments = json.loads(call.arguments or "{}")
+        except ValueError:
+            arguments = {}
+        blocks.append({"type": "tool_use", "id": shape.tool_use_id(i), "name": call.name, "input": arguments})
+    return blocks, True
+
+
+def _stop(final: StreamEvent, called: bool) -> tuple[str, str | None]:
+    if called and final.finish_reason == "stop":
+        return "tool_use", None
+    if final.finish_reason == "stop" and final.stopped_by:
+        return "stop_sequence", final.stopped_by
+    return STOP_REASONS.get(final.finish_reason or "stop", "end_turn"), None
+
+
+def message_object(shape: MessageShape, text: str, final: StreamEvent) -> dict[str, Any]:
+    """The whole answer as a Messages API message."""
+    blocks, called = _blocks(shape, text)
+    stop_reason, stop_sequence = _stop(final, called)
+    return {
+        "id": shape.id,
+        "type": "message",
+        "role": "assistant",
+        "model": shape.model,
+        "content": blocks,
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
+        "usage": _usage(final.usage),
+    }
+
+
+class MessageEvents:
+    """The Messages API's stream for one answer, event by event of the engine's stream: text streams
+    as `text_delta`s; an answer held to a tool form is read whole, then sent as its blocks (a call's
+    input in one `input_json_delta`)."""
+
+    def __init__(self, shape: MessageShape) -> None:
+        self.shape = shape
+        self.text = ""
+        self.started = False
+        self.block_open = False
+
+    def __call__(self, event: StreamEvent) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if not self.started:
+            self.started = True
+            start: dict[str, Any] = {
+                "id": self.shape.id,
+                "type": "message",
+                "role": "assistant",
+                "model": self.shape.model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": self.shape.input_tokens, "output_tokens": 0},
+            }
+            out += [{"type": "message_start", "message": start}, {"type": "ping"}]
+        self.text += event.text
+        if self.shape.tool_form is None and event.text:
+            if not self.block_open:
+                out.append({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+                self.block_open = True
+            out.append({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": event.text}})
+        if not event.is_final:
+            return out
+        if event.finish_reason == "error":
+            message = event.error or "the generation failed"
+            return [*out, {"type": "error", "error": {"type": "api_error", "message": message}}]
+        blocks, called = _blocks(self.shape, self.text)
+        if self.shape.tool_form is None:
+            if not self.block_open:
+                out.append({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+            out.append({"type": "content_block_stop", "index": 0})
+        else:
+            for index, block in enumerate(blocks):
+                if block["type"] == "text":
+                    out.append(
+                        {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
+                    )
+                    delta = {"type": "text_delta", "text": block["text"]}
+                else:
+                    opening = {**block, "input": {}}
+                    out.append({"type": "content_block_start", "index": index, "content_block": opening})
+                    delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+                out.append({"type": "content_block_delta", "index": index, "delta": delta})
+                out.append({"type": "content_block_stop", "index": index})
+        stop_reason, stop_sequence = _stop(event, called)
+        usage = _usage(event.usage)
+        out.append(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                "usage": {
+                    "output_tokens": usage["output_tokens"],
+                    "input_tokens": usage["input_tokens"],
+                    "cache_read_input_tokens": usage["cache_read_input_tokens"],
+                },
+            }
+        )
+        out.append({"type": "message_stop"})
+        return out

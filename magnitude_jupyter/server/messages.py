@@ -1,0 +1,83 @@
+"""Anthropic's Messages API over HTTP: `POST /v1/messages` and `POST /v1/messages/count_tokens`.
+
+The same generation path as chat completions (parsing on a worker thread, the model checked out,
+the engine's one request type); only the body's translation, the answer's shape and the error shape
+are Anthropic's (api/anthropic.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..api.anthropic import MessageEvents, MessageShape, count_tokens_body, error_body, message_object, parse_messages
+from ..api.errors import ApiError
+from ..api.openai import GenerationRequest, parse_json_body
+from ..engine import Engine, Request
+from .handlers import ApiMixin, GenerationHandler
+from .sse import send_sse, step_hub, wait_final
+
+
+class AnthropicErrors(ApiMixin):
+    def error_body(self, err: ApiError) -> dict[str, Any]:
+        return error_body(err)
+
+
+class MessagesHandler(AnthropicErrors, GenerationHandler):
+    kind = "chat"
+    id_prefix = "msg"
+    prompt_param = "messages"
+
+    def _parse(self, body: bytes) -> GenerationRequest:
+        return parse_messages(parse_json_body(body))
+
+    async def answer(self, engine: Engine, request: Request, req: GenerationRequest) -> None:
+        shape = MessageShape(
+            request.request_id.replace("msg-", "msg_", 1),
+            engine.model_id,
+            len(request.prompt_tokens),
+            tool_form=request.tool_form,
+        )
+        assert request.stream is not None
+        if req.stream:
+            self.set_header("X-Completion-Id", request.request_id)
+            await send_sse(self, step_hub(self, engine), request.stream, 0, MessageEvents(shape), named=True)
+            return
+        final = await wait_final(self, step_hub(self, engine), request.stream)
+        if final is None:
+            engine.cancel(request.request_id, "the client closed its connection before the answer was ready")
+            return
+        self.send_json(message_object(shape, request.output_text, final))
+
+
+class CountTokensHandler(AnthropicErrors):
+    """The prompt's tokens as the engine computes them: the template rendered, tools described."""
+
+    async def post(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            req = await loop.run_in_executor(None, lambda: count_tokens_body(parse_json_body(self.request.body)))
+            resident, _ = await self.checkout_model(req.model, req.keep_alive)
+            try:
+                tokens = await loop.run_in_executor(
+                    None, lambda: resident.engine.prompt_tokens_for(None, req.messages, req.tools)
+                )
+            finally:
+                self.pool.checkin(resident)
+        except Exception as exc:
+            self.send_error_json(exc)
+            return
+        self.send_json({"input_tokens": len(tokens)})
+
+
+class UnknownRouteHandler(ApiMixin):
+    """Any other path under the API: a 404 in JSON, in the shape of the API the path belongs to."""
+
+    def error_body(self, err: ApiError) -> dict[str, Any]:
+        return error_body(err) if "/v1/messages" in self.request.path else err.body()
+
+    def _not_found(self, *args: Any) -> None:
+        message = f"no route {self.request.method} {self.request.path} (see docs/http-api.md)"
+        self.send_error_json(ApiError(404, message, code="not_found"))
+
+    get = post = put = delete = patch = _not_found

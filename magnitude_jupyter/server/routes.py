@@ -1,0 +1,44 @@
+"""Every route of the HTTP API, for both hosts (the Jupyter extension and `magnitude serve`)."""
+
+from __future__ import annotations
+
+from .handlers import (
+    ApiMixin,
+    ChatCompletionsHandler,
+    CompletionsHandler,
+    HealthHandler,
+    MetricsHandler,
+    ModelActionHandler,
+    ModelsHandler,
+    StatusHandler,
+    StreamHandler,
+)
+from .messages import CountTokensHandler, MessagesHandler, UnknownRouteHandler
+
+ROUTES: list[tuple[str, type[ApiMixin]]] = [
+    (r"v1/chat/completions", ChatCompletionsHandler),
+    (r"v1/completions", CompletionsHandler),
+    (r"v1/messages", MessagesHandler),
+    (r"v1/messages/count_tokens", CountTokensHandler),
+    (r"v1/models", ModelsHandler),
+    (r"v1/models/([A-Za-z0-9_.\-]+)", ModelsHandler),
+    (r"models/([A-Za-z0-9_.\-]+)/(load|unload)", ModelActionHandler),
+    (r"v1/streams/([A-Za-z0-9_\-]+)", StreamHandler),
+    (r"health", HealthHandler),
+    (r"status", StatusHandler),
+    (r"metrics", MetricsHandler),
+]
+
+
+def make_routes(base: type, prefix: str) -> list[tuple[str, type]]:
+    """Concrete handler classes on a host's authenticating base, under `prefix` (ending in '/')."""
+    routes = []
+    for pattern, mixin in ROUTES:
+        handler = type(mixin.__name__, (mixin, base), {})
+        routes.append((prefix + pattern, handler))
+    return routes
+
+
+def fallback_route(base: type, prefix: str) -> tuple[str, type]:
+    """The last route of a host: every other path under `prefix` answers a JSON 404."""
+    return (prefix + ".*", type(UnknownRouteHandler.__name__, (UnknownRouteHandler, base), {}))

@@ -1,0 +1,193 @@
+"""Anthropic's Messages API with the official `anthropic` SDK, against the real app and engine."""
+
+from __future__ import annotations
+
+import anthropic
+import httpx
+import jsonschema
+import pytest
+
+pytestmark = pytest.mark.model
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city today.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"],
+    },
+}
+
+
+@pytest.fixture
+def claude(inproc):
+    # The SDK sends its key as x-api-key: the server reads it as the bearer token.
+    return anthropic.Anthropic(base_url=inproc.url, api_key=inproc.token, max_retries=0, timeout=300)
+
+
+def test_a_message_comes_back_in_anthropics_shape(claude):
+    message = claude.messages.create(
+        model="smollm2-135m",
+        max_tokens=24,
+        extra_body={"temperature": 0},
+        system="You are brief.",
+        messages=[{"role": "user", "content": "Say hello."}],
+    )
+    assert message.type == "message" and message.role == "assistant" and message.id.startswith("msg_")
+    assert message.content[0].type == "text" and message.content[0].text
+    assert message.stop_reason in ("end_turn", "max_tokens")
+    assert message.usage.output_tokens > 0 and message.usage.input_tokens > 0
+
+
+def test_a_streamed_message_arrives_as_the_documented_event_sequence(claude):
+    with claude.messages.stream(
+        model="smollm2-135m",
+        max_tokens=24,
+        extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": "Count to five."}],
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert kinds.index("content_block_start") < kinds.index("content_block_delta") < kinds.index("content_block_stop")
+    assert kinds.index("content_block_stop") < kinds.index("message_delta") < kinds.index("message_stop")
+    assert final.content[0].text and final.stop_reason in ("end_turn", "max_tokens")
+    assert final.usage.output_tokens > 0
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_tool_use_validates_against_its_schema_and_a_tool_result_continues(claude, streamed):
+    messages = [{"role": "user", "content": "What is the weather in Oslo, in celsius?"}]
+    request = {
+        "model": "smollm2-135m",
+        "max_tokens": 64,
+        "extra_body": {"temperature": 0},
+        "tools": [WEATHER],
+        "tool_choice": {"type": "any"},
+        "messages": messages,
+    }
+    if streamed:
+        with claude.messages.stream(**request) as stream:
+            message = stream.get_final_message()
+    else:
+        message = claude.messages.create(**request)
+    assert message.stop_reason == "tool_use"
+    (call,) = [block for block in message.content if block.type == "tool_use"]
+    assert call.name == "get_weather" and call.id.startswith("toolu_")
+    jsonschema.validate(call.input, WEATHER["input_schema"])
+    follow = claude.messages.create(
+        model="smollm2-135m",
+        max_tokens=32,
+        extra_body={"temperature": 0},
+        tools=[WEATHER],
+        messages=[
+            *messages,
+            {"role": "assistant", "content": [block.model_dump() for block in message.content]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "12 degrees, rain"}],
+            },
+        ],
+    )
+    assert follow.stop_reason in ("end_turn", "max_tokens", "tool_use")
+
+
+def test_count_tokens_is_the_prompt_the_engine_computes(claude):
+    body = {"system": "You answer in one word.", "messages": [{"role": "user", "content": "Capital of France?"}]}
+    counted = claude.messages.count_tokens(model="smollm2-135m", **body)
+    message = claude.messages.create(model="smollm2-135m", max_tokens=4, extra_body={"temperature": 0}, **body)
+    assert counted.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens
+
+
+def test_max_tokens_past_the_context_is_a_cap_not_an_error(claude):
+    """Claude Code asks for 32,000 output tokens; the context here is 8,192."""
+    message = claude.messages.create(
+        model="smollm2-135m",
+        max_tokens=32_000,
+        extra_body={"temperature": 0},
+        stop_sequences=["."],
+        messages=[{"role": "user", "content": "Write one sentence about the sea."}],
+    )
+    assert message.stop_reason in ("stop_sequence", "end_turn")
+    if message.stop_reason == "stop_sequence":
+        assert message.stop_sequence == "."
+
+
+def test_errors_come_in_anthropics_shape(claude, inproc):
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(
+            model="smollm2-135m",
+            max_tokens=8,
+            messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]}],
+        )
+    assert caught.value.body["type"] == "error"
+    assert caught.value.body["error"]["type"] == "invalid_request_error"
+    assert "image" in caught.value.body["error"]["message"]
+    # max_tokens is required, as Anthropic requires it
+    r = httpx.post(
+        inproc.url + "/v1/messages",
+        json={"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-api-key": inproc.token, "anthropic-version": "2023-06-01"},
+        timeout=60,
+    )
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    assert "max_tokens" in r.json()["error"]["message"]
+    with pytest.raises(anthropic.AuthenticationError) as denied:
+        anthropic.Anthropic(base_url=inproc.url, api_key="wrong", max_retries=0).messages.create(
+            model="smollm2-135m", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+        )
+    assert denied.value.body["error"]["type"] == "authentication_error"
+
+
+def test_a_messages_turn_after_a_chat_completions_turn_shares_the_prefix_cache(claude, inproc):
+    """Clients on both APIs share the engine: the same history is the same prompt, cached once."""
+    import uuid
+
+    system = f"[{uuid.uuid4().hex}] You are a patient assistant who explains things about lighthouses. " * 3
+    question = "Why are lighthouses tall?"
+    chat = httpx.post(
+        inproc.url + "/v1/chat/completions",
+        json={
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+            "max_tokens": 4,
+            "temperature": 0,
+        },
+        headers=inproc.headers(),
+        timeout=120,
+    )
+    assert chat.status_code == 200, chat.text
+    message = claude.messages.create(
+        model="smollm2-135m",
+        max_tokens=4,
+        extra_body={"temperature": 0},
+        system=system,
+        messages=[{"role": "user", "content": question}],
+    )
+    assert message.usage.cache_read_input_tokens > 20
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "shape"),
+    [
+        ("POST", "/v1/nothing", "openai"),
+        ("GET", "/v1/embeddingz", "openai"),
+        ("POST", "/v1/messages/batches", "anthropic"),
+        ("GET", "/magnitude/v1/nothing", "openai"),
+    ],
+)
+def test_unknown_routes_answer_json_404s_in_their_apis_shape(inproc, method, path, shape):
+    r = httpx.request(method, inproc.url + path, headers=inproc.headers(), json={}, timeout=30)
+    assert r.status_code == 404 and r.headers["content-type"].startswith("application/json")
+    body = r.json()
+    if shape == "anthropic":
+        assert body["type"] == "error" and body["error"]["type"] == "not_found_error"
+    else:
+        assert body["error"]["code"] == "not_found" and path in body["error"]["message"]
+
+
+def test_a_wrong_method_is_a_json_405_in_the_routes_shape(inproc):
+    r = httpx.get(inproc.url + "/v1/messages", headers=inproc.headers(), timeout=30)
+    assert r.status_code == 405 and r.json()["type"] == "error"
+    r = httpx.get(inproc.url + "/v1/chat/completions", headers=inproc.headers(), timeout=30)
+    assert r.status_code == 405 and "error" in r.json() and "type" in r.json()["error"]
