@@ -191,3 +191,14 @@ def test_a_wrong_method_is_a_json_405_in_the_routes_shape(inproc):
     assert r.status_code == 405 and r.json()["type"] == "error"
     r = httpx.get(inproc.url + "/v1/chat/completions", headers=inproc.headers(), timeout=30)
     assert r.status_code == 405 and "error" in r.json() and "type" in r.json()["error"]
+
+
+def test_a_prompt_that_alone_does_not_fit_is_an_error_with_its_numbers(claude):
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(
+            model="smollm2-135m",
+            max_tokens=32_000,
+            messages=[{"role": "user", "content": "lighthouse " * 9000}],
+        )
+    message = caught.value.body["error"]["message"]
+    assert "the prompt is" in message and "tokens" in message and "8192" in message

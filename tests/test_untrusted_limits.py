@@ -42,17 +42,17 @@ def string_schema(**keywords):
 @pytest.mark.parametrize(
     ("schema", "keyword"),
     [
-        (string_schema(maxLength=10_000_000), "maxLength"),
+        (string_schema(minLength=10_000_000), "minLength"),
         (string_schema(minLength=5000), "minLength"),
-        ({"type": "array", "items": {"type": "integer"}, "maxItems": 1_000_000}, "maxItems"),
+        ({"type": "array", "items": {"type": "integer"}, "minItems": 1_000_000}, "minItems"),
         ({"enum": [f"v{i}" for i in range(100_000)]}, "enum"),
         ({"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(10_000)}}, "properties"),
         ({"anyOf": [{"type": "string"}] * 100}, "anyOf"),
         (string_schema(pattern="^a{1000000}$"), "pattern"),
         (string_schema(pattern="x" * 5000), "pattern"),
-        ({"type": "integer", "maximum": 10**40}, "maximum"),
+        ({"type": "integer", "maximum": 10**15 + 5}, "maximum"),
     ],
-    ids=["maxLength", "minLength", "maxItems", "enum", "properties", "anyOf", "repeat", "pattern-length", "range"],
+    ids=["minLength-huge", "minLength", "minItems", "enum", "properties", "anyOf", "repeat", "pattern-length", "range"],
 )
 def test_a_schema_over_a_cap_is_refused_naming_the_keyword_its_value_and_the_cap(schema, keyword):
     with pytest.raises(SchemaLimitError) as caught:
@@ -62,10 +62,30 @@ def test_a_schema_over_a_cap_is_refused_naming_the_keyword_its_value_and_the_cap
 
 
 def test_the_caps_hold_exactly_at_their_limit():
-    json_grammar(string_schema(maxLength=schema_limits.MAX_STRING_LENGTH))
+    json_grammar(string_schema(minLength=schema_limits.MAX_STRING_LENGTH))
     json_grammar({"enum": [f"v{i}" for i in range(schema_limits.MAX_ENUM)]})
     with pytest.raises(SchemaLimitError):
-        json_grammar(string_schema(maxLength=schema_limits.MAX_STRING_LENGTH + 1))
+        json_grammar(string_schema(minLength=schema_limits.MAX_STRING_LENGTH + 1))
+
+
+@pytest.mark.parametrize(
+    ("schema", "written"),
+    [
+        (string_schema(maxLength=10_000_000), "{0,4096}"),  # the schema that crashed the server
+        (string_schema(maxLength=524_288), "{0,4096}"),  # what Claude Code sends for a script
+        ({"type": "array", "items": {"type": "integer"}, "maxItems": 1_000_000}, "{0,1023}"),
+    ],
+)
+def test_a_maximum_over_its_cap_is_lowered_to_the_cap_so_every_answer_still_validates(schema, written):
+    grammar = json_grammar(schema)
+    assert written in grammar
+    measure_grammar(grammar)
+
+
+def test_an_integer_bound_at_javascripts_safe_limit_means_no_bound():
+    """zod's int() writes maximum 9007199254740991: clients mean any integer."""
+    grammar = json_grammar({"type": "integer", "minimum": 0, "maximum": 2**53 - 1})
+    assert "9007199254740991" not in grammar
 
 
 @pytest.mark.parametrize("pattern", ["(a+)+", "^(ab*)*$", "((x|y)+z)+", "(a{2,})+"])
@@ -320,11 +340,11 @@ def test_a_grammar_field_over_a_cap_is_refused_by_the_parser_of_requests():
     from magnitude_jupyter.api.openai import parse_generation
 
     body = {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema"}}
-    body["response_format"]["json_schema"] = {"name": "x", "schema": string_schema(maxLength=10_000_000)}
+    body["response_format"]["json_schema"] = {"name": "x", "schema": string_schema(minLength=10_000_000)}
     with pytest.raises(ApiError) as caught:
         parse_generation(body, "chat")
     assert caught.value.status == 400 and caught.value.param == "response_format"
-    assert "'maxLength' is 10000000" in caught.value.message
+    assert "'minLength' is 10000000" in caught.value.message
 
 
 def test_cache_salt_and_user_are_bounded_strings():

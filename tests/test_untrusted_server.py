@@ -46,11 +46,25 @@ def schema_format(schema):
 CRASH_SCHEMA = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 10_000_000}}, "required": ["s"]}
 
 
-def test_the_schema_that_crashed_the_server_is_a_400_and_the_server_keeps_serving(inproc):
-    r = post(inproc, {"messages": MESSAGES, "max_tokens": 4, "response_format": schema_format(CRASH_SCHEMA)})
+def test_the_schema_that_crashed_the_server_is_served_within_the_cap_and_the_server_keeps_serving(inproc):
+    """maxLength 10,000,000 once ran llama.cpp's stack out. The maximum is now written as a flat
+    repetition, lowered to the cap (a stricter schema: every answer still validates), so the request
+    is answered, as real clients need (Claude Code sends maxLength 524,288)."""
+    body = {"messages": MESSAGES, "max_tokens": 24, "temperature": 0, "response_format": schema_format(CRASH_SCHEMA)}
+    r = post(inproc, body)
+    assert r.status_code == 200, r.text
+    content = r.json()["choices"][0]["message"]["content"]
+    if r.json()["choices"][0]["finish_reason"] == "stop":
+        assert len(json.loads(content)["s"]) <= 4096
+    assert_still_serving(inproc)
+
+
+def test_a_minimum_over_its_cap_is_a_400_naming_keyword_value_and_cap(inproc):
+    schema = {"type": "object", "properties": {"s": {"type": "string", "minLength": 10_000_000}}, "required": ["s"]}
+    r = post(inproc, {"messages": MESSAGES, "max_tokens": 4, "response_format": schema_format(schema)})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
-    assert error["param"] == "response_format" and "'maxLength' is 10000000" in error["message"]
+    assert error["param"] == "response_format" and "'minLength' is 10000000" in error["message"]
     assert "4096" in error["message"]
     assert_still_serving(inproc)
 

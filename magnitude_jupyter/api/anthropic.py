@@ -9,6 +9,7 @@ stream events are shaped as Anthropic's: content blocks, `stop_reason`, `usage` 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -106,9 +107,12 @@ def _messages(raw: Any) -> list[dict[str, Any]]:
     for i, message in enumerate(raw):
         where = f"messages[{i}]"
         role = message.get("role") if isinstance(message, dict) else None
-        if role not in ("user", "assistant"):
-            raise _bad(f"{where}.role must be 'user' or 'assistant'", f"{where}.role")
+        if role not in ("user", "assistant", "system"):
+            raise _bad(f"{where}.role must be 'user', 'assistant' or 'system'", f"{where}.role")
         content = message.get("content")
+        if role == "system":  # an instruction in the middle of the conversation (Claude Code sends them)
+            out.append({"role": "system", "content": _text_of(content, f"{where}.content")})
+            continue
         if isinstance(content, str):
             out.append({"role": role, "content": content})
             continue
@@ -215,6 +219,16 @@ def _output_format(config: Any) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": output_format.get("schema")}}
 
 
+def _user_id(value: Any) -> str | None:
+    """metadata.user_id as the request's `user` (the prefix cache's scope under `prefix_cache_scope:
+    user`): clients send long opaque ids (Claude Code a JSON object), so a long one is hashed."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise _bad("metadata.user_id must be a non-empty string", "metadata.user_id")
+    return value if len(value) <= 256 else "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+
+
 def parse_messages(data: dict[str, Any]) -> GenerationRequest:
     """Validate a /v1/messages body into the request every API shares."""
     for name, value in data.items():
@@ -242,7 +256,7 @@ def parse_messages(data: dict[str, Any]) -> GenerationRequest:
         "temperature": data.get("temperature", DEFAULT_TEMPERATURE),
         "top_p": data.get("top_p"),
         "top_k": data.get("top_k"),
-        "user": (metadata or {}).get("user_id"),
+        "user": _user_id((metadata or {}).get("user_id")),
     }
     body["response_format"] = _output_format(data.get("output_config"))
     if data.get("tools") is not None:

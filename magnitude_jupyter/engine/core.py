@@ -44,7 +44,7 @@ from .prefix_cache import (
     TrimSequence,
 )
 from .request import FinishReason, Priority, Request, SamplingParams, invalid_param
-from .scheduler import DecodeItem, ScheduledChunk, Scheduler, SchedulerOutput, SchedulerStats
+from .scheduler import DecodeItem, PromptTooLongError, ScheduledChunk, Scheduler, SchedulerOutput, SchedulerStats
 from .schema_limits import GrammarError
 from .stats import EngineStats, FinishedRequest, LiveRequest, rss_bytes
 from .streams import StreamEvent, StreamRegistry, TokenLogprob
@@ -341,7 +341,13 @@ class Engine:
         if params.max_tokens is not None:
             max_tokens = params.max_tokens
             room = scheduler.max_request_tokens - len(tokens)
-            if cap_to_context and room >= 1:
+            if cap_to_context:
+                if room < 1:
+                    raise PromptTooLongError(
+                        f"the prompt is {len(tokens)} tokens, but this model's context holds "
+                        f"{scheduler.max_request_tokens}: shorten the conversation, or serve a model "
+                        "with a longer context"
+                    )
                 max_tokens = min(max_tokens, room)
         else:
             room = scheduler.max_request_tokens - len(tokens)

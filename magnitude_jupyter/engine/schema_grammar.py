@@ -20,7 +20,7 @@ from llama_cpp import llama_grammar
 from llama_cpp.llama_grammar import SchemaConverter
 
 from .gbnf_limits import measure_grammar
-from .schema_limits import GrammarError, check_schema
+from .schema_limits import GrammarError, check_schema, clamped, no_bound
 
 MAX_DIGITS = 15  # as the converter's own integer rule: [1-9] [0-9]{0,15}
 
@@ -48,6 +48,10 @@ UNENFORCED = (
 
 LITERAL_ESCAPE = re.compile(r'[\\"\r\n\t]')
 LITERAL_ESCAPES = {"\\": "\\\\", '"': '\\"', "\r": "\\r", "\n": "\\n", "\t": "\\t"}
+# Keywords that describe a value without constraining it.
+ANNOTATIONS = frozenset(
+    {"description", "title", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"}
+)
 COMPILE_SECONDS = 2.0  # a schema's conversion stops with an error past this
 
 
@@ -145,6 +149,7 @@ def integer_range(lo: int | None, hi: int | None) -> str:
 
 def _bound(schema: dict[str, Any], inclusive: str, exclusive: str, integer: bool) -> int | None:
     value, strict = schema.get(inclusive), schema.get(exclusive)
+    value, strict = (None if no_bound(v) else v for v in (value, strict))
     if isinstance(strict, bool):  # draft 4: a flag on the inclusive bound
         value, strict = (None, value) if strict else (value, None)
     for raw in (value, strict):
@@ -207,6 +212,10 @@ class BoundedSchemaConverter(SchemaConverter):
         if time.monotonic() > self.deadline:
             raise GrammarError("the JSON schema took too long to turn into a grammar; make it smaller")
         if isinstance(schema, dict):
+            schema = clamped(schema)
+            if schema and not (schema.keys() - ANNOTATIONS):  # only words about the value: any JSON value
+                rule = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
+                return str(self._add_rule(rule, self._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"])))
             where = name or "the schema"
             for keyword in UNENFORCED:
                 if keyword in schema:

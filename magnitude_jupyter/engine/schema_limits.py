@@ -22,20 +22,20 @@ MAX_ALTERNATIVES = 64  # anyOf / oneOf / allOf entries
 MAX_DEPTH = 32  # schemas nested in schemas
 MAX_NODES = 4096  # subschemas in one document
 MAX_PATTERN_LENGTH = 1000  # characters of one `pattern`
-MAX_PATTERN_REPEAT = 256  # n in a pattern's {n} / {m,n}
+MAX_PATTERN_REPEAT = 4096  # n in a pattern's {n} / {m,n}: written as a flat {m,n} repetition, as lengths are
 MAX_INTEGER_DIGITS = 15  # |minimum| / |maximum| below 10**15: ranges are built digit by digit
+JS_SAFE_INTEGER = 2**53 - 1  # a bound this large or larger means none (zod's int() writes it)
 MAX_TOOLS = 128  # functions in one request's `tools`
 
 # Values that are data, not schemas: never walked for keywords (an enum of objects may hold "maxLength").
 DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "example", "description", "title", "$comment"})
 # Keywords whose value maps names to schemas.
 SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "dependentSchemas", "patternProperties"})
-COUNTED = {
-    "minLength": MAX_STRING_LENGTH,
-    "maxLength": MAX_STRING_LENGTH,
-    "minItems": MAX_ITEMS,
-    "maxItems": MAX_ITEMS,
-}
+# Lower bounds over their cap are refused; upper bounds over it are lowered to the cap when the
+# grammar is written (`clamped`): every answer still validates, and clients' "any length" maxima
+# (Claude Code sends maxLength 524,288) are served.
+COUNTED = {"minLength": MAX_STRING_LENGTH, "minItems": MAX_ITEMS}
+CLAMPED = {"maxLength": MAX_STRING_LENGTH, "maxItems": MAX_ITEMS}
 LISTED = {"enum": MAX_ENUM, "anyOf": MAX_ALTERNATIVES, "oneOf": MAX_ALTERNATIVES, "allOf": MAX_ALTERNATIVES}
 URL_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:|^//|^\\\\")
 # A quantifier: * + {n} {m,} {m,n}.
@@ -126,9 +126,23 @@ def _repeat_after(pattern: str, at: int, path: list[str]) -> bool:
     return comma is not None and not high
 
 
+def no_bound(value: Any) -> bool:
+    """A numeric bound at JavaScript's safe-integer limit or past it: what zod writes for 'any
+    integer', read as no bound at all."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) >= JS_SAFE_INTEGER
+
+
 def _check_number(keyword: str, value: Any, path: list[str]) -> None:
+    if no_bound(value):
+        return
     if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) >= 10**MAX_INTEGER_DIGITS:
         raise _over(keyword, value, 10**MAX_INTEGER_DIGITS, path)
+
+
+def clamped(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with maxLength / maxItems over their caps lowered to them (a stricter schema)."""
+    over = {k: cap for k, cap in CLAMPED.items() if isinstance(schema.get(k), int) and schema[k] > cap}
+    return {**schema, **over} if over else schema
 
 
 def check_schema(schema: Any, where: str = "") -> None:

@@ -64,6 +64,26 @@ class Tool:
         return json.dumps({"name": self.name, "description": self.description, "parameters": self.parameters})
 
 
+def without_patterns(schema: Any) -> Any:
+    """A copy of a schema without its `pattern` keywords (walked without recursion)."""
+    copy: Any = {} if isinstance(schema, dict) else [] if isinstance(schema, list) else schema
+    stack = [(schema, copy)]
+    while stack:
+        source, target = stack.pop()
+        items = source.items() if isinstance(source, dict) else enumerate(source)
+        for key, value in items:
+            if key == "pattern" and isinstance(source, dict) and isinstance(value, str):
+                continue
+            child: Any = {} if isinstance(value, dict) else [] if isinstance(value, list) else value
+            if isinstance(target, dict):
+                target[key] = child
+            else:
+                target.append(child)
+            if isinstance(value, (dict, list)):
+                stack.append((value, child))
+    return copy
+
+
 def parse_tools(raw: Any) -> list[Tool]:
     """OpenAI's `tools` list, checked: names, descriptions, and parameter schemas that are valid JSON
     Schema and can become a grammar. Raises ToolError naming the tool."""
@@ -98,8 +118,8 @@ def parse_tools(raw: Any) -> list[Tool]:
             check_schema(parameters, f"{where}.function.parameters")
         except GrammarError as exc:
             raise ToolError(str(exc)) from None
-        try:
-            fastjsonschema.compile(parameters)
+        try:  # patterns are the grammar converter's to read: fastjsonschema rewrites `$` inside a class
+            fastjsonschema.compile(without_patterns(parameters))
         except Exception as exc:  # a definition error, or whatever its walk of a malformed schema hits
             problem = f"{where}.function.parameters of {name!r} is not a valid JSON Schema: {exc}"
             raise ToolError(problem) from None
