@@ -14,12 +14,16 @@ from .handlers import (
     StreamHandler,
 )
 from .messages import CountTokensHandler, MessagesHandler, UnknownRouteHandler
+from .responses import ResponseCancelHandler, ResponseHandler, ResponsesHandler
 
 ROUTES: list[tuple[str, type[ApiMixin]]] = [
     (r"v1/chat/completions", ChatCompletionsHandler),
     (r"v1/completions", CompletionsHandler),
     (r"v1/messages", MessagesHandler),
     (r"v1/messages/count_tokens", CountTokensHandler),
+    (r"v1/responses", ResponsesHandler),
+    (r"v1/responses/([A-Za-z0-9_\-]+)", ResponseHandler),
+    (r"v1/responses/([A-Za-z0-9_\-]+)/cancel", ResponseCancelHandler),
     (r"v1/models", ModelsHandler),
     (r"v1/models/([A-Za-z0-9_.\-]+)", ModelsHandler),
     (r"models/([A-Za-z0-9_.\-]+)/(load|unload)", ModelActionHandler),

@@ -1,0 +1,410 @@
+"""OpenAI's Responses API (what Codex CLI and the OpenAI Agents SDK speak by default), in and out.
+
+A Responses body becomes the chat request every API shares (`openai.parse_generation` checks it):
+`instructions` and `developer` items are system messages, `function_call` / `function_call_output`
+items are the assistant's tool calls and the tool results, and `previous_response_id` puts a stored
+response's conversation first. The answer is shaped as a `response` object with `output` items and
+streamed as the documented `response.*` events, each with its `sequence_number`. Pure functions.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.streams import StreamEvent
+from ..engine.tools import parse_answer
+from .errors import ApiError
+from .openai import GenerationRequest, parse_generation
+
+FIELDS = {
+    "model",
+    "input",
+    "instructions",
+    "tools",
+    "tool_choice",
+    "text",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+    "stream",
+    "store",
+    "previous_response_id",
+    "metadata",
+    "user",
+}
+# Hints that change nothing here: accepted, and listed in docs/http-api.md as ignored.
+IGNORED = {"prompt_cache_key", "service_tier", "include", "reasoning", "truncation", "safety_identifier"}
+REFUSED = {
+    "background": "background responses are not supported: stream, or wait for the answer",
+    "conversation": "server-side conversations are not supported: give previous_response_id",
+    "prompt": "stored prompt templates are not supported: send the input",
+}
+STORE_COUNT = 1000  # finished responses kept for previous_response_id and GET, oldest dropped first
+STORE_SECONDS = 3600.0
+
+
+def _bad(message: str, param: str) -> ApiError:
+    return ApiError(400, message, param=param, code="invalid_value")
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(f"{where} must be a string or a list of text parts", where)
+    parts = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
+            parts.append(part["text"])
+        elif kind == "refusal":
+            parts.append(str(part.get("refusal", "")))
+        else:
+            raise _bad(f"{where}[{i}] is a {kind!r} part: only text parts are supported", f"{where}[{i}]")
+    return "".join(parts)
+
+
+def input_messages(raw: Any) -> list[dict[str, Any]]:
+    """`input` (a string or items) as the engine's chat messages."""
+    if isinstance(raw, str):
+        return [{"role": "user", "content": raw}]
+    if not isinstance(raw, list) or not raw:
+        raise _bad("'input' must be a string or a non-empty list of items", "input")
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(raw):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise _bad(f"{where} must be an object", where)
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise _bad(f"{where}.role must be user, assistant, system or developer", f"{where}.role")
+            role = "system" if role == "developer" else role
+            out.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
+        elif kind == "function_call":
+            call = {"id": item.get("call_id"), "type": "function"}
+            call["function"] = {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}
+            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls") and not out[-1]["content"]:
+                out[-1]["tool_calls"].append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else _text(output, f"{where}.output")
+            out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
+        elif kind == "reasoning":
+            continue  # earlier reasoning: the models served here do not read it back
+        else:
+            raise _bad(f"{where} is a {kind!r} item, which this server does not take", where)
+    return out
+
+
+def _tools(raw: Any) -> list[dict[str, Any]]:
+    if not isinstance(raw, list):
+        raise _bad("'tools' must be a list", "tools")
+    tools = []
+    for i, tool in enumerate(raw):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            raise _bad(f"tools[{i}] is a {kind!r} tool: only function tools run here", f"tools[{i}]")
+        function = {"name": tool.get("name"), "description": tool.get("description") or ""}
+        function["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
+        tools.append({"type": "function", "function": function})
+    return tools
+
+
+def _tool_choice(raw: Any) -> Any:
+    if raw is None or raw in ("auto", "required", "none"):
+        return raw
+    if isinstance(raw, dict) and raw.get("type") == "function" and isinstance(raw.get("name"), str):
+        return {"type": "function", "function": {"name": raw["name"]}}
+    raise _bad("tool_choice must be 'auto', 'required', 'none' or {type: 'function', name}", "tool_choice")
+
+
+def _format(text: Any) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    form = text.get("format") if isinstance(text, dict) else None
+    if form is None:
+        return None
+    kind = form.get("type") if isinstance(form, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": form.get("name", "output"), "schema": form.get("schema")},
+        }
+    raise _bad("text.format.type must be text, json_object or json_schema", "text.format")
+
+
+def parse_responses(data: dict[str, Any], previous: list[dict[str, Any]] | None = None) -> GenerationRequest:
+    """Validate a /v1/responses body (after `previous`, a stored conversation) into the shared request."""
+    for name, value in data.items():
+        if value is None or name in FIELDS or name in IGNORED:
+            continue
+        raise ApiError(400, REFUSED.get(name, f"'{name}' is not a field this server understands"), param=name)
+    messages = [*(previous or []), *input_messages(data.get("input"))]
+    if data.get("instructions") is not None:
+        if not isinstance(data["instructions"], str):
+            raise _bad("'instructions' must be a string", "instructions")
+        messages.insert(0, {"role": "system", "content": data["instructions"]})
+    body: dict[str, Any] = {
+        "model": data.get("model"),
+        "messages": messages,
+        "max_tokens": data.get("max_output_tokens"),
+        "stream": data.get("stream"),
+        "temperature": data.get("temperature"),
+        "top_p": data.get("top_p"),
+        "user": data.get("user"),
+        "response_format": _format(data.get("text")),
+    }
+    if data.get("tools"):
+        body["tools"] = _tools(data["tools"])
+        body["tool_choice"] = _tool_choice(data.get("tool_choice"))
+        body["parallel_tool_calls"] = data.get("parallel_tool_calls")
+        if body["tool_choice"] == "none":
+            del body["tools"], body["tool_choice"], body["parallel_tool_calls"]
+    request = parse_generation(body, "chat")
+    request.cap_to_context = True  # max_output_tokens is a cap: see docs/http-api.md
+    return request
+
+
+# -- responses ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ResponseMeta:
+    """What a response echoes of its request, and what it needs to shape its output."""
+
+    id: str
+    model: str
+    body: dict[str, Any]
+    tool_form: str | None = None
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+    def item_id(self, kind: str, index: int) -> str:
+        return f"{kind}_{self.id.removeprefix('resp_')}_{index}"
+
+
+def _usage(usage: dict[str, Any] | None) -> dict[str, Any]:
+    usage = usage or {}
+    prompt, output = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens": output,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + output,
+    }
+
+
+def output_items(meta: ResponseMeta, text: str, status: str = "completed") -> list[dict[str, Any]]:
+    """The answer as output items: a message, or function calls (after any text)."""
+    answer = parse_answer(text, meta.tool_form) if meta.tool_form else None
+    content = answer.content if answer is not None else text
+    items: list[dict[str, Any]] = []
+    if answer is None or not answer.is_call or content.strip():
+        part = {"type": "output_text", "text": content, "annotations": []}
+        items.append(
+            {"type": "message", "id": meta.item_id("msg", 0), "status": status, "role": "assistant", "content": [part]}
+        )
+    if answer is not None and answer.is_call:
+        for i, call in enumerate(answer.calls):
+            items.append(
+                {
+                    "type": "function_call",
+                    "id": meta.item_id("fc", i),
+                    "call_id": f"call_{meta.id.removeprefix('resp_')}_{i}",
+                    "name": call.name,
+                    "arguments": call.arguments or "{}",
+                    "status": "completed",
+                }
+            )
+    return items
+
+
+STATUS = {"stop": "completed", "length": "incomplete", "cancelled": "cancelled", "error": "failed"}
+
+
+def response_object(
+    meta: ResponseMeta, text: str | None, final: StreamEvent | None, output: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """A response object: in progress (no final event yet), or finished."""
+    body = meta.body
+    status = "in_progress" if final is None else STATUS.get(final.finish_reason or "stop", "completed")
+    items = output if output is not None else ([] if final is None else output_items(meta, text or ""))
+    return {
+        "id": meta.id,
+        "object": "response",
+        "created_at": meta.created_at,
+        "status": status,
+        "error": {"code": "server_error", "message": final.error or "failed"} if status == "failed" and final else None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "model": meta.model,
+        "output": items,
+        "parallel_tool_calls": bool(body.get("parallel_tool_calls")),
+        "previous_response_id": body.get("previous_response_id"),
+        "store": body.get("store", True) is not False,
+        "temperature": body.get("temperature"),
+        "text": body.get("text") or {"format": {"type": "text"}},
+        "tool_choice": body.get("tool_choice") or "auto",
+        "tools": body.get("tools") or [],
+        "top_p": body.get("top_p"),
+        "metadata": body.get("metadata") or {},
+        "usage": _usage(final.usage) if final is not None else None,
+    }
+
+
+class ResponseEvents:
+    """The Responses API's stream for one answer: text streams as `response.output_text.delta`s; an
+    answer held to a tool form is read whole, then sent as its items. Every event has its number."""
+
+    def __init__(self, meta: ResponseMeta) -> None:
+        self.meta = meta
+        self.text = ""
+        self.sequence = 0
+        self.started = False
+        self.message_open = False
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return event
+
+    def _open_message(self, out: list[dict[str, Any]], index: int) -> None:
+        item = {
+            "type": "message",
+            "id": self.meta.item_id("msg", 0),
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [],
+        }
+        out.append(self._event("response.output_item.added", output_index=index, item=item))
+        part = {"type": "output_text", "text": "", "annotations": []}
+        out.append(
+            self._event(
+                "response.content_part.added", item_id=item["id"], output_index=index, content_index=0, part=part
+            )
+        )
+
+    def __call__(self, event: StreamEvent) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if not self.started:
+            self.started = True
+            snapshot = response_object(self.meta, None, None)
+            out.append(self._event("response.created", response=snapshot))
+            out.append(self._event("response.in_progress", response=snapshot))
+        self.text += event.text
+        item_id = self.meta.item_id("msg", 0)
+        if self.meta.tool_form is None and event.text:
+            if not self.message_open:
+                self._open_message(out, 0)
+                self.message_open = True
+            out.append(
+                self._event(
+                    "response.output_text.delta",
+                    item_id=item_id,
+                    output_index=0,
+                    content_index=0,
+                    delta=event.text,
+                    logprobs=[],
+                )
+            )
+        if not event.is_final:
+            return out
+        final = response_object(self.meta, self.text, event)
+        if final["status"] == "failed":
+            return [*out, self._event("response.failed", response=final)]
+        for index, item in enumerate(final["output"]):
+            if item["type"] == "message":
+                text = item["content"][0]["text"]
+                if not self.message_open:
+                    self._open_message(out, index)
+                    if text:
+                        delta = {"item_id": item["id"], "output_index": index, "content_index": 0, "delta": text}
+                        out.append(self._event("response.output_text.delta", **delta, logprobs=[]))
+                done = {"item_id": item["id"], "output_index": index, "content_index": 0}
+                out.append(self._event("response.output_text.done", **done, text=text, logprobs=[]))
+                out.append(self._event("response.content_part.done", **done, part=item["content"][0]))
+            else:
+                opening = {**item, "arguments": "", "status": "in_progress"}
+                out.append(self._event("response.output_item.added", output_index=index, item=opening))
+                args = {"item_id": item["id"], "output_index": index}
+                out.append(self._event("response.function_call_arguments.delta", **args, delta=item["arguments"]))
+                out.append(self._event("response.function_call_arguments.done", **args, arguments=item["arguments"]))
+            out.append(self._event("response.output_item.done", output_index=index, item=item))
+        # An answer cut at max_output_tokens ends with response.completed too, its status "incomplete":
+        # the openai SDK's stream helper (and Codex CLI) wait for that event to end a turn.
+        out.append(self._event("response.completed", response=final))
+        return out
+
+
+class ResponseStore:
+    """Finished responses by id, for `previous_response_id` and GET: the conversation each ends (its
+    messages, its output as messages) and its response object; bounded by count and age, oldest out."""
+
+    def __init__(self, count: int = STORE_COUNT, seconds: float = STORE_SECONDS) -> None:
+        self.count, self.seconds = count, seconds
+        self._items: OrderedDict[str, tuple[float, list[dict[str, Any]], dict[str, Any]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, response: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+        conversation = [*messages, *_as_messages(response["output"])]
+        with self._lock:
+            self._items[response["id"]] = (time.monotonic(), conversation, response)
+            self._expire()
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._items and (
+            len(self._items) > self.count or now - next(iter(self._items.values()))[0] > self.seconds
+        ):
+            self._items.popitem(last=False)
+
+    def get(self, response_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        with self._lock:
+            self._expire()
+            found = self._items.get(response_id)
+        if found is None:
+            raise ApiError(
+                404, f"no stored response {response_id!r} (never stored, deleted, or expired)", code="not_found"
+            )
+        return found[1], found[2]
+
+    def delete(self, response_id: str) -> bool:
+        with self._lock:
+            return self._items.pop(response_id, None) is not None
+
+
+def _as_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    calls = [
+        {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
+        for item in items
+        if item["type"] == "function_call"
+    ]
+    text = "".join(part["text"] for item in items if item["type"] == "message" for part in item["content"])
+    if calls:
+        return [{"role": "assistant", "content": text or None, "tool_calls": calls}]
+    return [{"role": "assistant", "content": text}]
+
+
+def stored_input(data: dict[str, Any], store: ResponseStore) -> list[dict[str, Any]] | None:
+    """The conversation a request continues (previous_response_id), or None."""
+    previous = data.get("previous_response_id")
+    if previous is None:
+        return None
+    if not isinstance(previous, str):
+        raise _bad("'previous_response_id' must be a string", "previous_response_id")
+    return store.get(previous)[0]

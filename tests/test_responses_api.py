@@ -1,0 +1,138 @@
+"""OpenAI's Responses API with the official `openai` SDK, against the real app and engine."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+pytestmark = pytest.mark.model
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city today.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"],
+    },
+}
+
+
+@pytest.fixture
+def client(inproc):
+    return openai.OpenAI(base_url=inproc.url + "/v1", api_key=inproc.token, max_retries=0, timeout=300)
+
+
+def test_a_response_comes_back_with_its_output_text_and_usage(client):
+    response = client.responses.create(
+        model="smollm2-135m", instructions="You are brief.", input="Say hello.", max_output_tokens=24, temperature=0
+    )
+    assert response.id.startswith("resp_") and response.object == "response"
+    assert response.status in ("completed", "incomplete")
+    if response.status == "incomplete":
+        assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.output_text and response.output[0].type == "message"
+    assert response.usage.output_tokens > 0 and response.usage.input_tokens > 0
+
+
+def test_a_streamed_response_sends_the_documented_events_in_order(client):
+    kinds, numbers, deltas = [], [], []
+    with client.responses.stream(
+        model="smollm2-135m", input="Count to five.", max_output_tokens=24, temperature=0
+    ) as s:
+        for event in s:
+            kinds.append(event.type)
+            numbers.append(event.sequence_number)
+            if event.type == "response.output_text.delta":
+                deltas.append(event.delta)
+        final = s.get_final_response()
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"
+    for earlier, later in [
+        ("response.output_item.added", "response.content_part.added"),
+        ("response.content_part.added", "response.output_text.delta"),
+        ("response.output_text.delta", "response.output_text.done"),
+        ("response.output_text.done", "response.output_item.done"),
+    ]:
+        assert kinds.index(earlier) < kinds.index(later)
+    assert numbers == list(range(len(numbers)))
+    assert "".join(deltas) == final.output_text
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_function_call_validates_and_its_output_continues_the_conversation(client, streamed):
+    request = {
+        "model": "smollm2-135m",
+        "input": "What is the weather in Oslo, in celsius?",
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "max_output_tokens": 64,
+        "temperature": 0,
+    }
+    if streamed:
+        with client.responses.stream(**request) as stream:
+            response = stream.get_final_response()
+    else:
+        response = client.responses.create(**request)
+    (call,) = [item for item in response.output if item.type == "function_call"]
+    assert call.name == "get_weather" and call.call_id
+    jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
+    follow = client.responses.create(
+        model="smollm2-135m",
+        previous_response_id=response.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "12 degrees, rain"}],
+        tools=[WEATHER],
+        max_output_tokens=32,
+        temperature=0,
+    )
+    assert follow.status in ("completed", "incomplete")
+    assert follow.usage.input_tokens_details.cached_tokens > 0  # the stored conversation is in the cache
+
+
+def test_text_format_json_schema_holds_every_answer(client):
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    response = client.responses.create(
+        model="smollm2-135m",
+        input="Capital of France, as JSON.",
+        text={"format": {"type": "json_schema", "name": "capital", "schema": schema}},
+        max_output_tokens=48,
+        temperature=0,
+    )
+    if response.status == "completed":
+        jsonschema.validate(json.loads(response.output_text), schema)
+
+
+def test_stored_responses_are_retrieved_continued_and_deleted(client):
+    first = client.responses.create(model="smollm2-135m", input="My name is Ada.", max_output_tokens=8, temperature=0)
+    assert client.responses.retrieve(first.id).id == first.id
+    second = client.responses.create(
+        model="smollm2-135m",
+        previous_response_id=first.id,
+        input="What is my name?",
+        max_output_tokens=8,
+        temperature=0,
+    )
+    assert second.previous_response_id == first.id
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(
+            model="smollm2-135m", previous_response_id=first.id, input="Again?", max_output_tokens=4
+        )
+    unstored = client.responses.create(model="smollm2-135m", input="Hi", store=False, max_output_tokens=4)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+def test_fields_that_would_change_the_answer_are_refused_by_name(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="smollm2-135m", input="Hi", tools=[{"type": "web_search"}])
+    assert "web_search" in str(caught.value)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="smollm2-135m", input="Hi", background=True)
+    assert "background" in str(caught.value)
