@@ -22,9 +22,11 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
+
+import numpy as np
 
 from ..config import EngineSettings, Settings, load_settings
 from ..kvmath import kv_bytes_per_token
@@ -115,6 +117,7 @@ class Runner(Protocol):
     def token_logprobs(self, row: int, token: int, top_n: int) -> TokenLogprob: ...
     def set_threads(self, n_threads: int) -> None: ...
     def close(self) -> None: ...
+    def embed(self, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]: ...
 
 
 @dataclass(frozen=True)
@@ -430,6 +433,13 @@ class Engine:
     def stream(self, request_id: str, after: int = 0, timeout: float | None = None) -> Iterator[StreamEvent]:
         """Every event of a request after event id `after`, then the live rest (blocking iterator)."""
         return self.streams.get(request_id).read(after, timeout)
+
+    def embed(self, inputs: Sequence[str] | Sequence[Sequence[int]]) -> tuple[list[np.ndarray], int]:
+        """Unit vectors for texts or token lists, in order, and the tokens they took; on the caller's
+        thread, beside generation (embeddings.py). Raises EmbeddingError naming a bad input."""
+        runner, _ = self._require_ready()
+        token_lists = [runner.tokenize(x, add_special=True) if isinstance(x, str) else list(x) for x in inputs]
+        return runner.embed(token_lists), sum(map(len, token_lists))
 
     def generate(self, prompt: str | None = None, *, timeout: float | None = None, **kwargs: Any) -> GenerationResult:
         """Submit and wait for the whole answer (woken once at the end, not on every token)."""

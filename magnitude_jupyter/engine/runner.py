@@ -12,6 +12,7 @@ import ctypes
 import logging
 import random
 import re
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import llama_cpp
 import numpy as np
 
 from ..config import KV_CACHE_TYPES
+from .embeddings import Embedder
 from .memory import KV_PADDING
 from .prefix_cache import SavedState
 from .request import SamplingParams
@@ -197,6 +199,8 @@ class LlamaRunner:
         self._token_ids = np.arange(self.n_vocab, dtype=np.int32)
         self._one = np.zeros(1, dtype=TOKEN_DATA)
         self._shortlist = np.zeros(GRAMMAR_SHORTLIST, dtype=TOKEN_DATA)
+        self._embedder: Embedder | None = None
+        self._embedder_lock = threading.Lock()
         self._shortlist_need: dict[int, int] = {}  # see _shortlist_pick
         self._piece_buf = ctypes.create_string_buffer(256)
         self._lanes: dict[int, Lane] = {}
@@ -549,9 +553,19 @@ class LlamaRunner:
             self._free_sampler(seq_id)
         for seq_id in list(self._lanes):
             self._close_lane(seq_id)
+        if self._embedder is not None:
+            self._embedder.close()
         llama_cpp.llama_batch_free(self._batch)
         llama_cpp.llama_free(self.ctx)
         llama_cpp.llama_model_free(self.model)
+
+    def embed(self, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Pooled, normalized embeddings of token lists, in a context of their own (made on first use);
+        callable from any thread but the engine's, beside generation."""
+        with self._embedder_lock:
+            if self._embedder is None:
+                self._embedder = Embedder(self.model, self._n_threads, self.n_ctx_train)
+        return self._embedder.embed(inputs)
 
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data

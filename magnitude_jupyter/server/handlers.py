@@ -112,6 +112,14 @@ class ApiMixin(RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(body))
 
+    def json_body(self) -> dict[str, Any]:
+        """The request body as JSON, within the body limit (handlers that read the whole body at once)."""
+        limit = self.settings.get(MAX_BODY_KEY, DEFAULT_MAX_BODY_BYTES)
+        if len(self.request.body) > limit:
+            size = len(self.request.body)
+            raise ApiError(413, f"the request body is {size} bytes; the limit is {limit}", code="request_too_large")
+        return parse_json_body(self.request.body)
+
     def error_body(self, err: ApiError) -> dict[str, Any]:
         """An error in the shape of the API this route belongs to (OpenAI's unless a route says)."""
         return err.body()

@@ -56,7 +56,7 @@ class CountTokensHandler(AnthropicErrors):
     async def post(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            req = await loop.run_in_executor(None, lambda: count_tokens_body(parse_json_body(self.request.body)))
+            req = await loop.run_in_executor(None, lambda: count_tokens_body(self.json_body()))
             resident, _ = await self.checkout_model(req.model, req.keep_alive)
             try:
                 tokens = await loop.run_in_executor(

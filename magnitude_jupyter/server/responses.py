@@ -1,4 +1,4 @@
-"""OpenAI's Responses API over HTTP: create (streamed or not), retrieve, delete, cancel.
+"""OpenAI's Responses API over HTTP (create, streamed or not; retrieve, delete, cancel), and embeddings.
 
 The same generation path as chat completions; the body's translation, the answer's shape and the
 store of finished responses (for `previous_response_id`) are api/responses.py's.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+from ..api.embeddings import embeddings_response, parse_embeddings
 from ..api.errors import ApiError
 from ..api.openai import GenerationRequest, parse_json_body
 from ..api.responses import ResponseEvents, ResponseMeta, ResponseStore, parse_responses, response_object, stored_input
@@ -94,3 +95,22 @@ class ResponseCancelHandler(ApiMixin):
         engine, request_id = found
         await asyncio.get_running_loop().run_in_executor(None, engine.cancel, request_id, "cancelled by the client")
         self.send_json({"id": response_id, "object": "response", "status": "cancelled"})
+
+
+class EmbeddingsHandler(ApiMixin):
+    """POST /v1/embeddings: vectors computed on a worker thread, beside generation."""
+
+    async def post(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            req = parse_embeddings(self.json_body())
+            resident, _ = await self.checkout_model(req.model, None)
+            try:
+                engine = resident.engine
+                vectors, tokens = await loop.run_in_executor(None, engine.embed, req.inputs)
+            finally:
+                self.pool.checkin(resident)
+        except Exception as exc:
+            self.send_error_json(exc, "input")
+            return
+        self.send_json(embeddings_response(engine.model_id, vectors, tokens, req.encoding_format))

@@ -14,7 +14,7 @@ from .handlers import (
     StreamHandler,
 )
 from .messages import CountTokensHandler, MessagesHandler, UnknownRouteHandler
-from .responses import ResponseCancelHandler, ResponseHandler, ResponsesHandler
+from .responses import EmbeddingsHandler, ResponseCancelHandler, ResponseHandler, ResponsesHandler
 
 ROUTES: list[tuple[str, type[ApiMixin]]] = [
     (r"v1/chat/completions", ChatCompletionsHandler),
@@ -22,6 +22,7 @@ ROUTES: list[tuple[str, type[ApiMixin]]] = [
     (r"v1/messages", MessagesHandler),
     (r"v1/messages/count_tokens", CountTokensHandler),
     (r"v1/responses", ResponsesHandler),
+    (r"v1/embeddings", EmbeddingsHandler),
     (r"v1/responses/([A-Za-z0-9_\-]+)", ResponseHandler),
     (r"v1/responses/([A-Za-z0-9_\-]+)/cancel", ResponseCancelHandler),
     (r"v1/models", ModelsHandler),

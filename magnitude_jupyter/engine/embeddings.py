@@ -1,0 +1,103 @@
+"""Embeddings: a llama.cpp context of their own on the loaded weights, pooled and normalized.
+
+The context is made on first use, with embeddings on and the GGUF's pooling type (mean where the
+file names none: a causal chat model has no pooling of its own). Inputs are packed into as few
+`llama_decode` calls as fit its batch, one sequence each. It runs on the calling thread, never the
+engine's: generation goes on beside it (the two share the CPU, not a step).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+EMBED_CTX = 2048  # tokens of one input at most (and of one decode call)
+EMBED_SEQUENCES = 64  # inputs decoded together at most
+
+
+class EmbeddingError(ValueError):
+    """An input the embedding context cannot take; the message names its index."""
+
+
+class Embedder:
+    def __init__(self, model: Any, n_threads: int, trained_context: int) -> None:
+        self.model = model
+        self.n_ctx = min(EMBED_CTX, trained_context or EMBED_CTX)
+        self.n_embd = int(llama_cpp.llama_model_n_embd(model))
+        self._lock = threading.Lock()
+        self.ctx = self._context(n_threads, llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED)
+        if llama_cpp.llama_pooling_type(self.ctx) == llama_cpp.LLAMA_POOLING_TYPE_NONE:
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = self._context(n_threads, llama_cpp.LLAMA_POOLING_TYPE_MEAN)
+        self.pooling = int(llama_cpp.llama_pooling_type(self.ctx))
+        self.batch = llama_cpp.llama_batch_init(self.n_ctx, 0, EMBED_SEQUENCES)
+
+    def _context(self, n_threads: int, pooling: int) -> Any:
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = self.n_ctx
+        params.n_batch = params.n_ubatch = self.n_ctx
+        params.n_seq_max = EMBED_SEQUENCES
+        params.n_threads = params.n_threads_batch = n_threads
+        params.embeddings = True
+        params.pooling_type = pooling
+        params.kv_unified = True
+        params.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(self.model, params)
+        if not ctx:
+            raise RuntimeError("llama.cpp could not create an embedding context")
+        return ctx
+
+    def embed(self, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """One unit vector per token list, in order."""
+        for i, tokens in enumerate(inputs):
+            if not tokens:
+                raise EmbeddingError(f"input {i} is empty")
+            if len(tokens) > self.n_ctx:
+                raise EmbeddingError(f"input {i} is {len(tokens)} tokens; one input holds at most {self.n_ctx}")
+        out: list[np.ndarray] = []
+        with self._lock:
+            group: list[Sequence[int]] = []
+            for tokens in inputs:
+                if group and (len(group) == EMBED_SEQUENCES or sum(map(len, group)) + len(tokens) > self.n_ctx):
+                    out += self._decode(group)
+                    group = []
+                group.append(tokens)
+            if group:
+                out += self._decode(group)
+        return out
+
+    def _decode(self, group: list[Sequence[int]]) -> list[np.ndarray]:
+        batch = self.batch
+        n = 0
+        for seq, tokens in enumerate(group):
+            for pos, token in enumerate(tokens):
+                batch.token[n] = int(token)
+                batch.pos[n] = pos
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = seq
+                batch.logits[n] = True  # pooling reads every token's output
+                n += 1
+        batch.n_tokens = n
+        memory = llama_cpp.llama_get_memory(self.ctx)
+        llama_cpp.llama_memory_clear(memory, True)
+        status = llama_cpp.llama_decode(self.ctx, batch)
+        if status != 0:
+            raise RuntimeError(f"llama_decode failed with status {status} for embeddings")
+        vectors = []
+        for seq in range(len(group)):
+            pointer = llama_cpp.llama_get_embeddings_seq(self.ctx, seq)
+            if not pointer:
+                raise RuntimeError("llama.cpp returned no pooled embedding")
+            vector = np.ctypeslib.as_array(pointer, shape=(self.n_embd,)).astype(np.float32)
+            norm = float(np.linalg.norm(vector))
+            vectors.append(vector / norm if norm > 0 else vector)
+        llama_cpp.llama_memory_clear(memory, True)
+        return vectors
+
+    def close(self) -> None:
+        llama_cpp.llama_batch_free(self.batch)
+        llama_cpp.llama_free(self.ctx)
