@@ -284,7 +284,9 @@ def test_a_level_keeps_sending_until_its_minimum_time(server):
     # Without the minimum, one request per client ends the level in well under a second; how many more
     # fit in 1.5 s depends on the machine, so only the time is asserted.
     assert level.seconds >= 1.5 and level.requests >= 2 and level.errors == 0
-    assert level.output_tokens_per_s_ci95 is not None and level.output_tokens_per_s_ci95 >= 0
+    # The interval needs 3 requests; how many fit depends on the machine.
+    if level.requests >= 3:
+        assert level.output_tokens_per_s_ci95 is not None and level.output_tokens_per_s_ci95 >= 0
 
 
 @pytest.mark.parametrize("mode", ["closed", "open"])

@@ -131,8 +131,18 @@ def test_stored_responses_are_retrieved_continued_and_deleted(client):
 
 def test_fields_that_would_change_the_answer_are_refused_by_name(client):
     with pytest.raises(openai.BadRequestError) as caught:
-        client.responses.create(model="smollm2-135m", input="Hi", tools=[{"type": "web_search"}])
-    assert "web_search" in str(caught.value)
-    with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(model="smollm2-135m", input="Hi", background=True)
     assert "background" in str(caught.value)
+
+
+def test_hosted_tools_are_not_offered_and_the_function_tools_still_are(client):
+    """Codex CLI sends web_search and a namespace of tools on every turn: this server runs neither."""
+    response = client.responses.create(
+        model="smollm2-135m",
+        input="What is the weather in Oslo, in celsius?",
+        tools=[{"type": "web_search"}, WEATHER],
+        tool_choice="required",
+        max_output_tokens=64,
+        temperature=0,
+    )
+    assert [item.name for item in response.output if item.type == "function_call"] == ["get_weather"]

@@ -67,6 +67,11 @@ try {
 
   // Both resident models are listed with their memory; picking the second shows its engine.
   const second = process.env.SECOND_MODEL;
+  const loaded = await fetch(`${labUrl}magnitude/models/${second}/load`, {
+    method: 'POST',
+    headers: { Authorization: `token ${token}` }
+  });
+  assert.equal(loaded.status, 200, await loaded.text());
   await page.waitForFunction(() => document.querySelectorAll('#magnitude-panel .mg-resident').length === 2);
   const residents = await panel.locator('.mg-resident').allTextContents();
   assert.ok(residents.some(line => line.startsWith(second) && /MiB/.test(line)), residents.join(' | '));

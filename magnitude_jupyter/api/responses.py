@@ -38,7 +38,15 @@ FIELDS = {
     "user",
 }
 # Hints that change nothing here: accepted, and listed in docs/http-api.md as ignored.
-IGNORED = {"prompt_cache_key", "service_tier", "include", "reasoning", "truncation", "safety_identifier"}
+IGNORED = {
+    "prompt_cache_key",
+    "service_tier",
+    "include",
+    "reasoning",
+    "truncation",
+    "safety_identifier",
+    "client_metadata",
+}
 REFUSED = {
     "background": "background responses are not supported: stream, or wait for the answer",
     "conversation": "server-side conversations are not supported: give previous_response_id",
@@ -106,13 +114,17 @@ def input_messages(raw: Any) -> list[dict[str, Any]]:
 
 
 def _tools(raw: Any) -> list[dict[str, Any]]:
+    """The function tools. Hosted tools (web search, file search, …) and namespaces are not offered
+    to the model: this server runs none of them, and clients such as Codex CLI send them on every
+    turn (docs/http-api.md lists them as ignored)."""
     if not isinstance(raw, list):
         raise _bad("'tools' must be a list", "tools")
     tools = []
     for i, tool in enumerate(raw):
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            raise _bad(f"tools[{i}] is a {kind!r} tool: only function tools run here", f"tools[{i}]")
+        if not isinstance(tool, dict):
+            raise _bad(f"tools[{i}] must be an object", f"tools[{i}]")
+        if tool.get("type") != "function":
+            continue
         function = {"name": tool.get("name"), "description": tool.get("description") or ""}
         function["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
         tools.append({"type": "function", "function": function})
@@ -167,7 +179,7 @@ def parse_responses(data: dict[str, Any], previous: list[dict[str, Any]] | None 
         "user": data.get("user"),
         "response_format": _format(data.get("text")),
     }
-    if data.get("tools"):
+    if data.get("tools") and _tools(data["tools"]):
         body["tools"] = _tools(data["tools"])
         body["tool_choice"] = _tool_choice(data.get("tool_choice"))
         body["parallel_tool_calls"] = data.get("parallel_tool_calls")
