@@ -18,7 +18,8 @@ from typing import Any
 from ..engine.streams import StreamEvent
 from ..engine.tools import parse_answer
 from .errors import ApiError
-from .openai import GenerationRequest, parse_generation
+from .openai import GenerationRequest, bad_param, parse_generation
+from .usage import token_counts
 
 FIELDS = {
     "model",
@@ -80,7 +81,7 @@ def error_body(err: ApiError) -> dict[str, Any]:
 
 
 def _bad(message: str, param: str) -> ApiError:
-    return ApiError(400, message, param=param, code="invalid_value")
+    return bad_param(param, message)
 
 
 def _text_of(content: Any, where: str) -> str:
@@ -294,14 +295,12 @@ class MessageShape:
 
 
 def _usage(usage: dict[str, Any] | None) -> dict[str, Any]:
-    usage = usage or {}
-    prompt = int(usage.get("prompt_tokens", 0))
-    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+    counts = token_counts(usage)
     return {
-        "input_tokens": prompt - cached,
+        "input_tokens": counts.prompt - counts.cached,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached,
-        "output_tokens": int(usage.get("completion_tokens", 0)),
+        "cache_read_input_tokens": counts.cached,
+        "output_tokens": counts.output,
     }
 
 

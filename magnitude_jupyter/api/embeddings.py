@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ApiError
+from .openai import bad_param
 
 FIELDS = {"model", "input", "encoding_format", "user"}
 MAX_INPUTS = 2048  # as OpenAI's API allows
@@ -23,7 +24,7 @@ class EmbeddingRequest:
 
 
 def _bad(message: str, param: str = "input") -> ApiError:
-    return ApiError(400, message, param=param, code="invalid_value")
+    return bad_param(param, message)
 
 
 def parse_embeddings(data: dict[str, Any]) -> EmbeddingRequest:

@@ -18,7 +18,8 @@ from typing import Any
 from ..engine.streams import StreamEvent
 from ..engine.tools import parse_answer
 from .errors import ApiError
-from .openai import GenerationRequest, parse_generation
+from .openai import GenerationRequest, bad_param, parse_generation
+from .usage import token_counts
 
 FIELDS = {
     "model",
@@ -57,7 +58,7 @@ STORE_SECONDS = 3600.0
 
 
 def _bad(message: str, param: str) -> ApiError:
-    return ApiError(400, message, param=param, code="invalid_value")
+    return bad_param(param, message)
 
 
 def _text(content: Any, where: str) -> str:
@@ -208,15 +209,13 @@ class ResponseMeta:
 
 
 def _usage(usage: dict[str, Any] | None) -> dict[str, Any]:
-    usage = usage or {}
-    prompt, output = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
-    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+    counts = token_counts(usage)
     return {
-        "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached},
-        "output_tokens": output,
+        "input_tokens": counts.prompt,
+        "input_tokens_details": {"cached_tokens": counts.cached},
+        "output_tokens": counts.output,
         "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": prompt + output,
+        "total_tokens": counts.prompt + counts.output,
     }
 
 
