@@ -17,12 +17,19 @@ def test_there_are_eight_workshop_notebooks():
     assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05", "06", "07", "08"]
 
 
+# A cell's limit is a hang guard, not a speed claim: 04's cache-type comparison loads three engines and
+# took over 300 s beside CI's CPU hog on 2 cores.
+CELL_SECONDS = 1200
+
+
+@pytest.mark.timeout(3600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_top_to_bottom(path, server, monkeypatch, tmp_path):
     monkeypatch.setenv("MAGNITUDE_URL", server.url)
     monkeypatch.setenv("MAGNITUDE_TOKEN", server.token)
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    resources = {"metadata": {"path": str(tmp_path)}}
+    NotebookClient(nb, timeout=CELL_SECONDS, kernel_name="python3", resources=resources).execute()
     errors = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs if o.output_type == "error"]
     assert not errors
     if path.stem.startswith("02"):  # the labels lesson: every answer a label, measured against a baseline
