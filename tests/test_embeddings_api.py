@@ -48,3 +48,6 @@ def test_what_cannot_be_honoured_is_refused_by_name(client):
     with pytest.raises(openai.BadRequestError) as caught:
         client.embeddings.create(model="smollm2-135m", input="word " * 5000)
     assert "input 0" in str(caught.value)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.embeddings.create(model="smollm2-135m", input=[[1, 2, 10**9]])
+    assert "vocabulary" in str(caught.value)

@@ -180,8 +180,9 @@ def parse_responses(data: dict[str, Any], previous: list[dict[str, Any]] | None 
         "user": data.get("user"),
         "response_format": _format(data.get("text")),
     }
-    if data.get("tools") and _tools(data["tools"]):
-        body["tools"] = _tools(data["tools"])
+    tools = _tools(data["tools"]) if data.get("tools") else []
+    if tools:
+        body["tools"] = tools
         body["tool_choice"] = _tool_choice(data.get("tool_choice"))
         body["parallel_tool_calls"] = data.get("parallel_tool_calls")
         if body["tool_choice"] == "none":

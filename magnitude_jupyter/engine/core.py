@@ -341,9 +341,9 @@ class Engine:
         tokens = list(prompt_tokens) if prompt_tokens is not None else self.prompt_tokens_for(prompt, messages, tools)
         if not tokens:
             raise ValueError("the prompt is empty")
+        room = scheduler.max_request_tokens - len(tokens)
         if params.max_tokens is not None:
             max_tokens = params.max_tokens
-            room = scheduler.max_request_tokens - len(tokens)
             if cap_to_context:
                 if room < 1:
                     raise PromptTooLongError(
@@ -353,7 +353,6 @@ class Engine:
                     )
                 max_tokens = min(max_tokens, room)
         else:
-            room = scheduler.max_request_tokens - len(tokens)
             max_tokens = max(1, min(self.engine_settings.default_max_tokens, room))
         scheduler.check_fits(len(tokens), max_tokens)
         request = Request(

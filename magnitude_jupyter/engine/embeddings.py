@@ -28,6 +28,7 @@ class Embedder:
         self.model = model
         self.n_ctx = min(EMBED_CTX, trained_context or EMBED_CTX)
         self.n_embd = int(llama_cpp.llama_model_n_embd(model))
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model)))
         self._lock = threading.Lock()
         self.ctx = self._context(n_threads, llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED)
         if llama_cpp.llama_pooling_type(self.ctx) == llama_cpp.LLAMA_POOLING_TYPE_NONE:
@@ -58,6 +59,10 @@ class Embedder:
                 raise EmbeddingError(f"input {i} is empty")
             if len(tokens) > self.n_ctx:
                 raise EmbeddingError(f"input {i} is {len(tokens)} tokens; one input holds at most {self.n_ctx}")
+            if min(tokens) < 0 or max(tokens) >= self.n_vocab:
+                raise EmbeddingError(
+                    f"input {i} holds a token id outside this model's vocabulary (0 to {self.n_vocab - 1})"
+                )
         out: list[np.ndarray] = []
         with self._lock:
             group: list[Sequence[int]] = []

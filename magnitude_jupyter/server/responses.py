@@ -35,9 +35,7 @@ class ResponsesHandler(GenerationHandler):
     def _parse(self, body: bytes) -> GenerationRequest:
         data = parse_json_body(body)
         self._data = data
-        request = parse_responses(data, stored_input(data, response_store(self)))
-        self._messages = request.messages or []
-        return request
+        return parse_responses(data, stored_input(data, response_store(self)))
 
     async def answer(self, engine: Engine, request: Request, req: GenerationRequest) -> None:
         meta = ResponseMeta(
@@ -60,7 +58,7 @@ class ResponsesHandler(GenerationHandler):
                 return
             response = response_object(meta, request.output_text, final)
             if self._data.get("store") is not False:
-                response_store(self).put(response, self._messages)
+                response_store(self).put(response, req.messages or [])
             if not req.stream:
                 self.send_json(response)
         finally:
