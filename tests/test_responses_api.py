@@ -63,6 +63,38 @@ def test_a_streamed_response_sends_the_documented_events_in_order(client):
     assert "".join(deltas) == final.output_text
 
 
+def test_a_cut_stream_resumes_after_its_last_sequence_number_with_the_same_text(client):
+    stream = client.responses.create(
+        model="smollm2-135m", input="Name three rivers.", max_output_tokens=32, temperature=0, stream=True
+    )
+    seen = []
+    for event in stream:
+        seen.append(event)
+        if event.type == "response.output_text.delta":
+            break
+    stream.close()  # the client goes away mid-answer; the answer is still made and kept
+    response_id = seen[0].response.id
+    rest = list(client.responses.retrieve(response_id, stream=True, starting_after=seen[-1].sequence_number))
+    events = seen + rest
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].type == "response.completed"
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == events[-1].response.output_text
+    assert client.responses.retrieve(response_id).output_text == text
+    again = list(client.responses.retrieve(response_id, stream=True))  # from the first event
+    assert [e.type for e in again] == [e.type for e in events]
+
+
+def test_a_response_cannot_be_cancelled_once_finished_nor_streamed_if_unknown(client):
+    done = client.responses.create(model="smollm2-135m", input="Hi", max_output_tokens=4)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.cancel(done.id)
+    with pytest.raises(openai.NotFoundError):
+        list(client.responses.retrieve("resp_unknown", stream=True))
+    with pytest.raises(openai.BadRequestError):
+        list(client.responses.retrieve(done.id, stream=True, starting_after=-2))
+
+
 @pytest.mark.parametrize("streamed", [False, True])
 def test_a_function_call_validates_and_its_output_continues_the_conversation(client, streamed):
     request = {

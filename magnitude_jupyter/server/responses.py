@@ -7,17 +7,44 @@ store of finished responses (for `previous_response_id`) are api/responses.py's.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
 
 from ..api.embeddings import embeddings_response, parse_embeddings
 from ..api.errors import ApiError
 from ..api.openai import GenerationRequest, parse_json_body
-from ..api.responses import ResponseEvents, ResponseMeta, ResponseStore, parse_responses, response_object, stored_input
+from ..api.responses import (
+    ResponseEvents,
+    ResponseMeta,
+    ResponseStore,
+    parse_responses,
+    response_object,
+    stored_input,
+)
 from ..engine import Engine, Request
+from ..engine.streams import StreamEvent
 from .handlers import ApiMixin, GenerationHandler
-from .sse import send_sse, step_hub, wait_final
+from .sse import Render, send_sse, step_hub, wait_closed, wait_final
 
 STORE_KEY = "magnitude_response_store"
-RUNNING_KEY = "magnitude_running_responses"
+LIVE_KEY = "magnitude_live_responses"
+LIVE_COUNT = 10_000  # about as many as the engine keeps streams for
+
+
+@dataclass
+class LiveResponse:
+    """A response the engine is making, or made recently: enough to stream it again, cancel it, or
+    keep it once finished (even when its client has gone)."""
+
+    engine: Engine
+    request: Request
+    meta: ResponseMeta
+    messages: list[dict[str, Any]]
+
+    @property
+    def store(self) -> bool:
+        return self.meta.body.get("store") is not False
 
 
 def response_store(handler: ApiMixin) -> ResponseStore:
@@ -25,6 +52,33 @@ def response_store(handler: ApiMixin) -> ResponseStore:
     if store is None:
         store = handler.settings[STORE_KEY] = ResponseStore()
     return store
+
+
+def live_responses(handler: ApiMixin) -> OrderedDict[str, LiveResponse]:
+    live: OrderedDict[str, LiveResponse] = handler.settings.setdefault(LIVE_KEY, OrderedDict())
+    return live
+
+
+def keep(handler: ApiMixin, live: LiveResponse, final: StreamEvent) -> dict[str, Any]:
+    """The finished response object, stored for previous_response_id and GET unless `store: false`."""
+    response = response_object(live.meta, live.request.output_text, final)
+    if live.store:
+        response_store(handler).put(response, live.messages)
+    return response
+
+
+def rendering(handler: ApiMixin, live: LiveResponse, starting_after: int = -1) -> Render:
+    """The response's events from its first, those numbered above `starting_after` sent; the
+    finished response is stored before its last event is written."""
+    events = ResponseEvents(live.meta)
+
+    def render(event: StreamEvent) -> list[dict[str, Any]]:
+        payloads = events(event)
+        if event.is_final:
+            keep(handler, live, event)
+        return [p for p in payloads if p["sequence_number"] > starting_after]
+
+    return render
 
 
 class ResponsesHandler(GenerationHandler):
@@ -41,40 +95,67 @@ class ResponsesHandler(GenerationHandler):
         meta = ResponseMeta(
             request.request_id.replace("resp-", "resp_", 1), engine.model_id, self._data, request.tool_form
         )
-        running: dict[str, tuple[Engine, str]] = self.settings.setdefault(RUNNING_KEY, {})
-        running[meta.id] = (engine, request.request_id)
+        live = LiveResponse(engine, request, meta, req.messages or [])
+        registry = live_responses(self)
+        registry[meta.id] = live
+        while len(registry) > LIVE_COUNT:
+            registry.popitem(last=False)
         assert request.stream is not None
-        try:
-            if req.stream:
-                self.set_header("X-Completion-Id", request.request_id)
-                await send_sse(self, step_hub(self, engine), request.stream, 0, ResponseEvents(meta), named=True)
-                final = request.stream.events_after(request.stream.last_id - 1)[-1] if request.stream.closed else None
-            else:
-                final = await wait_final(self, step_hub(self, engine), request.stream)
-                if final is None:
-                    engine.cancel(request.request_id, "the client closed its connection before the answer was ready")
-                    return
-            if final is None:
-                return
-            response = response_object(meta, request.output_text, final)
-            if self._data.get("store") is not False:
-                response_store(self).put(response, req.messages or [])
-            if not req.stream:
-                self.send_json(response)
-        finally:
-            running.pop(meta.id, None)
+        hub = step_hub(self, engine)
+        if req.stream:
+            self.set_header("X-Completion-Id", request.request_id)
+            await send_sse(self, hub, request.stream, 0, rendering(self, live), named=True)
+            if not request.stream.closed:
+                # The client left mid-stream: the answer still ends up stored, for GET and resuming.
+                keep(self, live, await wait_closed(hub, request.stream))
+            return
+        final = await wait_final(self, hub, request.stream)
+        if final is None:
+            engine.cancel(request.request_id, "the client closed its connection before the answer was ready")
+            return
+        self.send_json(keep(self, live, final))
+
+
+def parse_sequence_number(raw: str) -> int:
+    if not raw.isdigit() or not raw.isascii():
+        raise ApiError(400, f"starting_after is a sequence number (0 or more), got {raw!r}", param="starting_after")
+    return int(raw)
 
 
 class ResponseHandler(ApiMixin):
-    """GET a stored response; DELETE it; POST .../cancel a running one."""
+    """GET a response (stored, or still being made; `?stream=true` streams its events again,
+    `&starting_after=N` from the one after N); DELETE a stored one."""
 
-    def get(self, response_id: str) -> None:
+    async def get(self, response_id: str) -> None:
+        live = live_responses(self).get(response_id)
         try:
-            _, response = response_store(self).get(response_id)
-        except ApiError as exc:
+            streamed = self.get_query_argument("stream", "false").lower() in ("true", "1")
+            if streamed:
+                raw = self.get_query_argument("starting_after", None, strip=False)
+                after = -1 if raw is None else parse_sequence_number(raw)
+                if live is None:
+                    raise ApiError(
+                        404,
+                        f"response {response_id!r} cannot be streamed again: unknown, or made too long ago",
+                        code="not_found",
+                    )
+                stream = live.request.stream
+                assert stream is not None
+                stream.events_after(0)  # raises StreamGoneError (410) before any byte is sent
+            elif live is not None and not live.request.is_finished:
+                self.send_json(response_object(live.meta, None, None))
+                return
+            else:
+                _, response = response_store(self).get(response_id)
+        except Exception as exc:
             self.send_error_json(exc)
             return
-        self.send_json(response)
+        if not streamed:
+            self.send_json(response)
+            return
+        assert live is not None and live.request.stream is not None
+        hub = step_hub(self, live.engine)
+        await send_sse(self, hub, live.request.stream, 0, rendering(self, live, after), named=True)
 
     def delete(self, response_id: str) -> None:
         if not response_store(self).delete(response_id):
@@ -85,14 +166,17 @@ class ResponseHandler(ApiMixin):
 
 class ResponseCancelHandler(ApiMixin):
     async def post(self, response_id: str) -> None:
-        running: dict[str, tuple[Engine, str]] = self.settings.get(RUNNING_KEY, {})
-        found = running.get(response_id)
-        if found is None:
-            self.send_error_json(ApiError(404, f"no running response {response_id!r}", code="not_found"))
+        live = live_responses(self).get(response_id)
+        if live is None:
+            self.send_error_json(ApiError(404, f"no response {response_id!r} is being made", code="not_found"))
             return
-        engine, request_id = found
-        await asyncio.get_running_loop().run_in_executor(None, engine.cancel, request_id, "cancelled by the client")
-        self.send_json({"id": response_id, "object": "response", "status": "cancelled"})
+        if live.request.is_finished:
+            self.send_error_json(ApiError(400, f"response {response_id!r} has already finished", code="not_running"))
+            return
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, live.engine.cancel, live.request.request_id, "cancelled by the client")
+        snapshot = response_object(live.meta, None, None)
+        self.send_json({**snapshot, "status": "cancelled"})
 
 
 class EmbeddingsHandler(ApiMixin):

@@ -43,16 +43,19 @@ class StepHub:
             event.set()
 
     @contextlib.contextmanager
-    def reader(self, stream: TokenStream) -> Iterator[asyncio.Event]:
-        """An Event set after every engine step while the block runs; the block counts as a stream reader."""
+    def reader(self, stream: TokenStream, attach: bool = True) -> Iterator[asyncio.Event]:
+        """An Event set after every engine step while the block runs; with `attach`, the block
+        counts as a stream reader (a stream nobody reads is cancelled after the grace period)."""
         event = asyncio.Event()
         self.readers.add(event)
-        stream.attach()
+        if attach:
+            stream.attach()
         try:
             yield event
         finally:
             self.readers.discard(event)
-            stream.detach()
+            if attach:
+                stream.detach()
 
 
 def step_hub(handler: RequestHandler, engine: Engine) -> StepHub:
@@ -85,6 +88,18 @@ async def wait_final(handler: Reader, hub: StepHub, stream: TokenStream) -> Stre
         handler.wake_on_close(None)
     if not stream.closed:
         return None
+    return stream.events_after(stream.last_id - 1)[-1]
+
+
+async def wait_closed(hub: StepHub, stream: TokenStream) -> StreamEvent:
+    """The final event of a stream, awaited without counting as its reader: an abandoned
+    generation is still cancelled after the grace period, and this then returns its final event."""
+    with hub.reader(stream, attach=False) as wake:
+        while not stream.closed:
+            wake.clear()
+            if stream.closed:
+                break
+            await wake.wait()
     return stream.events_after(stream.last_id - 1)[-1]
 
 
