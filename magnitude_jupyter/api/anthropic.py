@@ -267,9 +267,7 @@ def parse_messages(data: dict[str, Any]) -> GenerationRequest:
             del body["tools"], body["tool_choice"], body["parallel_tool_calls"]
     elif data.get("tool_choice") is not None and _tool_choice(data["tool_choice"])[0] != "none":
         raise _bad("'tool_choice' needs 'tools'", "tool_choice")
-    request = parse_generation(body, "chat")
-    request.cap_to_context = True  # max_tokens is a cap here, as Anthropic means it: see docs/http-api.md
-    return request
+    return parse_generation(body, "chat")
 
 
 def count_tokens_body(data: dict[str, Any]) -> GenerationRequest:

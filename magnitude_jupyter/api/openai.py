@@ -39,7 +39,6 @@ class GenerationRequest:
     tools: ToolRequest | None = None
     cache_salt: str | None = None
     user: str | None = None
-    cap_to_context: bool = False  # max_tokens is a cap, not a demand (Anthropic's Messages API)
 
     @property
     def logprobs(self) -> bool:

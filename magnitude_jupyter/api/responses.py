@@ -187,9 +187,7 @@ def parse_responses(data: dict[str, Any], previous: list[dict[str, Any]] | None 
         body["parallel_tool_calls"] = data.get("parallel_tool_calls")
         if body["tool_choice"] == "none":
             del body["tools"], body["tool_choice"], body["parallel_tool_calls"]
-    request = parse_generation(body, "chat")
-    request.cap_to_context = True  # max_output_tokens is a cap: see docs/http-api.md
-    return request
+    return parse_generation(body, "chat")
 
 
 # -- responses ------------------------------------------------------------------------------------

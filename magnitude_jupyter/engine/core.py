@@ -308,15 +308,14 @@ class Engine:
         tools: ToolRequest | None = None,
         cache_salt: str | None = None,
         user: str | None = None,
-        cap_to_context: bool = False,
     ) -> Request:
         """Queue one generation; returns at once. Raises ValueError (bad input), PromptTooLongError,
         OverloadedError or EngineError; never blocks on the model. `arrival_time` (monotonic) and
         `load_ms` let a request that waited for its model to load count that wait in its timings.
         `cache_salt` keeps its prefix-cache entries apart from every other salt's; with the setting
-        `prefix_cache_scope: user`, `user` does the same when no salt is given. `cap_to_context`: a
-        max_tokens past the context is a cap (the answer ends with "length" where the context does),
-        not an error; a prompt that alone does not fit still is."""
+        `prefix_cache_scope: user`, `user` does the same when no salt is given. `max_tokens` is a
+        cap, not a demand: past the context, the answer ends with "length" where the context does;
+        a prompt that alone does not fit is a PromptTooLongError."""
         runner, scheduler = self._require_ready()
         params = replace(params or SamplingParams(), stop=list((params.stop if params else []) or []))
         params.validate()
@@ -342,19 +341,14 @@ class Engine:
         if not tokens:
             raise ValueError("the prompt is empty")
         room = scheduler.max_request_tokens - len(tokens)
-        if params.max_tokens is not None:
-            max_tokens = params.max_tokens
-            if cap_to_context:
-                if room < 1:
-                    raise PromptTooLongError(
-                        f"the prompt is {len(tokens)} tokens, but this model's context holds "
-                        f"{scheduler.max_request_tokens}: shorten the conversation, or serve a model "
-                        "with a longer context"
-                    )
-                max_tokens = min(max_tokens, room)
-        else:
-            max_tokens = max(1, min(self.engine_settings.default_max_tokens, room))
-        scheduler.check_fits(len(tokens), max_tokens)
+        if room < 1:
+            raise PromptTooLongError(
+                f"the prompt is {len(tokens)} tokens, but this model's context holds "
+                f"{scheduler.max_request_tokens}: shorten the prompt or conversation, or serve a model "
+                "with a longer context"
+            )
+        wanted = params.max_tokens if params.max_tokens is not None else self.engine_settings.default_max_tokens
+        max_tokens = min(wanted, room)  # see docs/decisions.md, "max_tokens is a cap"
         request = Request(
             request_id=request_id or f"cmpl-{uuid.uuid4().hex[:24]}",
             prompt_tokens=tokens,

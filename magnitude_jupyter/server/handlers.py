@@ -215,7 +215,6 @@ class GenerationHandler(ApiMixin):
             tools=req.tools,
             cache_salt=req.cache_salt,
             user=req.user,
-            cap_to_context=req.cap_to_context,
         )
 
     async def post(self) -> None:
