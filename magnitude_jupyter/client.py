@@ -10,6 +10,7 @@ repeated; an interrupt (KeyboardInterrupt) cancels the generation on the server.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -20,6 +21,7 @@ from typing import Any, TypeGuard
 from urllib.parse import quote
 
 import httpx
+import numpy as np
 
 from .runtime import LocalServer, ServerStartError, jupyter_servers, runtime_dir, serve_runtime_files
 
@@ -138,11 +140,15 @@ class Client:
 
     # -- plain calls ----------------------------------------------------------------------
 
-    def _call(self, method: str, path: str, timeout: float | None = CALL_TIMEOUT_S) -> httpx.Response:
+    def _call(
+        self, method: str, path: str, timeout: float | None = CALL_TIMEOUT_S, body: dict[str, Any] | None = None
+    ) -> httpx.Response:
         """One plain call, within `timeout` seconds (None: the client's own, for waits such as a load)."""
         limit = self.timeout if timeout is None else min(timeout, self.timeout)
         try:
-            response = self.http.request(method, self.api_base + path, timeout=httpx.Timeout(limit, connect=5.0))
+            response = self.http.request(
+                method, self.api_base + path, json=body, timeout=httpx.Timeout(limit, connect=5.0)
+            )
         except httpx.TimeoutException:
             raise ClientError(
                 f"the server at {self.api_base} did not answer {method} {path} within {limit:g} s"
@@ -193,6 +199,12 @@ class Client:
 
     def models(self) -> list[dict[str, Any]]:
         return self._get("/v1/models").json().get("data", [])
+
+    def embed(self, inputs: list[str], model: str | None = None) -> list[np.ndarray]:
+        """Unit vectors for texts, in order (one /v1/embeddings call; float32, sent as base64)."""
+        body = self._with_model({"input": inputs, "encoding_format": "base64", **({"model": model} if model else {})})
+        data = self._call("POST", "/v1/embeddings", None, body).json()["data"]
+        return [np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4") for item in data]
 
     def cancel(self, completion_id: str) -> None:
         with contextlib.suppress(httpx.TransportError):

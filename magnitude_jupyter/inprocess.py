@@ -12,6 +12,8 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from .api.errors import ApiError, api_error_from
 from .api.openai import parse_generation
 from .client import ClientError, StreamResult
@@ -57,6 +59,15 @@ class EngineClient:
 
     def cancel(self, completion_id: str) -> None:
         self.engine.cancel(completion_id, "the batch was interrupted")
+
+    def embed(self, inputs: list[str], model: str | None = None) -> list[np.ndarray]:
+        if model not in (None, self.engine.model_id):
+            raise ClientError(f"this engine serves {self.engine.model_id!r}, not {model!r}", status=404)
+        try:
+            vectors, _ = self.engine.embed(inputs)
+        except Exception as exc:
+            raise _client_error(exc) from None
+        return vectors
 
     def close(self) -> None:
         pass

@@ -94,6 +94,9 @@ def cell_parser() -> _Parser:
     p.add_argument("--chat", nargs="?", const=DEFAULT_CHAT, default=None, help="continue a named conversation")
     p.add_argument("--trim", action="store_true", help="with --chat: drop the oldest turns when the history overflows")
     p.add_argument("--df", default=None, help="score this DataFrame, the cell being the row template")
+    p.add_argument(
+        "--embed", action="store_true", help="unit vectors: one per line of the cell, or with --df one per row"
+    )
     p.add_argument("--compare", default=None, help="models, comma-separated: the same prompt to each, side by side")
     p.add_argument("--tools", default=None, help="functions of the notebook, comma-separated, the model may call")
     p.add_argument("--max-steps", type=int, default=5, help="with --tools: rounds of tool calls before it stops")
@@ -223,6 +226,8 @@ class MagnitudeMagics(Magics):
             raise MagnitudeError("--tools answers in text: it does not combine with --compare, -f or --df")
         if args.tools is not None and args.max_steps < 1:
             raise MagnitudeError("--max-steps must be at least 1")
+        if args.embed:
+            return self._embed(args, cell)
         if args.df:
             return self._batch(args.df, cell.strip(), args)
         batch_only = sorted(given_options(args).keys() - SHARED_WITH_BATCH)
@@ -434,6 +439,43 @@ class MagnitudeMagics(Magics):
         self.user_ns[LAST_ANSWER] = answer
         if args.output:
             self.user_ns[args.output] = conversation.messages() if conversation is not None else answer
+
+    def _embed(self, args: argparse.Namespace, cell: str) -> Any:
+        from .magics_embed import EmbedCell, EmbedCellError, cell_options, run_embed_cell
+
+        prompt_only = [
+            flag
+            for flag, given in (
+                ("--system", args.system),
+                ("--chat", args.chat),
+                ("--tools", args.tools),
+                ("--compare", args.compare),
+                ("-f", args.format != "text"),
+            )
+            if given
+        ]
+        try:
+            options = cell_options(given_options(args), prompt_only)
+            df = None
+            if args.df:
+                df = self.user_ns.get(args.df)
+                if df is None:
+                    raise EmbedCellError(f"no DataFrame named {args.df!r} in the notebook")
+            request = EmbedCell(
+                interpolate(cell.strip(), self.user_ns) if df is None else cell.strip(),
+                model=options.get("model") or self.model,
+                df=df,
+                output_column=options.get("output_column") or "embedding",
+                checkpoint=options.get("checkpoint"),
+            )
+            result = run_embed_cell(self.client, request)
+        except EmbedCellError as exc:
+            raise MagnitudeError(str(exc)) from None
+        self.user_ns[LAST_ANSWER] = result
+        if args.output:
+            self.user_ns[args.output] = result
+            return None
+        return result
 
     def _stream(
         self, client: Client, messages: list[dict[str, Any]], body: dict[str, Any], handle: Any

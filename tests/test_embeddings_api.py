@@ -51,3 +51,44 @@ def test_what_cannot_be_honoured_is_refused_by_name(client):
     with pytest.raises(openai.BadRequestError) as caught:
         client.embeddings.create(model="smollm2-135m", input=[[1, 2, 10**9]])
     assert "vocabulary" in str(caught.value)
+
+
+def test_embed_dataframe_keeps_order_fails_a_bad_row_alone_and_reuses_its_checkpoint(inproc, tmp_path):
+    import pandas as pd
+
+    from magnitude_jupyter.client import Client
+    from magnitude_jupyter.embed import embed_dataframe, most_similar
+
+    texts = [f"Note {i}: the {'river' if i % 2 else 'mountain'} was {'cold' if i % 3 else 'quiet'}." for i in range(40)]
+    texts[7] = "word " * 5000  # longer than one input may be: this row fails, the rest do not
+    df = pd.DataFrame({"note": texts}, index=[f"n{i}" for i in range(40)])
+    client = Client(inproc.url, inproc.token)
+    checkpoint = tmp_path / "vectors.jsonl"
+    out = embed_dataframe(df, "note", client, checkpoint=checkpoint, batch_rows=16, progress=False)
+    assert list(out.index) == list(df.index) and list(df.columns) == ["note"]
+    assert out.loc["n7", "embedding"] is None and "input 0" in out.loc["n7", "error"]
+    good = out.drop(index="n7")
+    assert good["error"].isna().all()
+    assert all(abs(np.linalg.norm(v) - 1.0) < 1e-4 for v in good["embedding"])
+    alone = client.embed([texts[12]])[0]
+    assert np.dot(alone, out.loc["n12", "embedding"]) > 0.999  # batch order kept: row 12's own vector
+
+    again = embed_dataframe(df, "note", client, checkpoint=checkpoint, progress=False)
+    assert again.attrs["magnitude"]["skipped_from_checkpoint"] == 39
+    assert np.allclose(np.stack(again.drop(index="n7")["embedding"]), np.stack(good["embedding"]), atol=1e-6)
+    other = embed_dataframe(df.head(3), template="{{ note }}!", client=client, checkpoint=checkpoint, progress=False)
+    assert other.attrs["magnitude"]["skipped_from_checkpoint"] == 0  # other texts: never a saved vector
+
+    ranked = most_similar(out, texts[12], client=client, top=3)
+    assert ranked.index[0] == "n12" and ranked["similarity"].is_monotonic_decreasing
+
+
+def test_embed_dataframe_runs_in_process_on_an_engine(engine):
+    import pandas as pd
+
+    from magnitude_jupyter.embed import embed_dataframe
+    from magnitude_jupyter.inprocess import EngineClient
+
+    df = pd.DataFrame({"q": ["A cat sleeps.", "Rain falls."]})
+    out = embed_dataframe(df, "q", EngineClient(engine), progress=False)
+    assert out["error"].isna().all() and len(out.loc[0, "embedding"]) == engine.model_info.embedding_length

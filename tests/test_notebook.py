@@ -225,3 +225,25 @@ def test_a_conversation_sends_its_history_and_a_rerun_replaces_its_turn(connecte
     assert len(error.traceback) == 1 and "no longer fits" in error.traceback[0] and "--trim" in error.traceback[0]
     trimmed = display_meta(nb.cells[10])
     assert trimmed["conversation"]["trimmed"] == 1 and trimmed["conversation"]["turn"] == 1
+
+
+def test_embed_cells_give_vectors_for_lines_and_for_rows(connected, tmp_path):
+    nb = run_notebook(
+        [
+            "%load_ext magnitude_jupyter",
+            "%%magnitude --embed -o vectors\nThe kettle boils.\n\nThe kettle boils.\nSnow on the hills.",
+            "import numpy as np; print(vectors.shape[0], round(float(vectors[0] @ vectors[1]), 3) >= 0.999)",
+            "import pandas as pd\ndf = pd.DataFrame({'review': ['Boils fast.', 'Broke in a week.']})",
+            "%%magnitude --df df --embed -o embedded\nReview: {{ review }}",
+            "print(list(embedded.columns), embedded['error'].isna().all())",
+            "%%magnitude --embed --system hi\nText",
+        ],
+        tmp_path,
+        allow_errors=True,
+    )
+    assert "3 texts" in text_outputs(nb.cells[1])
+    assert text_outputs(nb.cells[2]).split() == ["3", "True"]
+    assert "2 of 2 rows embedded" in text_outputs(nb.cells[4])
+    assert text_outputs(nb.cells[5]).strip() == "['review', 'embedding', 'error'] True"
+    (error,) = [o for o in nb.cells[6].outputs if o.output_type == "error"]
+    assert "--system" in error.evalue

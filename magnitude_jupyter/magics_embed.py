@@ -1,0 +1,63 @@
+"""`%%magnitude --embed`: the cell's lines as unit vectors (a numpy array, one row per line), or,
+with `--df NAME`, a vector column for every row of a DataFrame (the cell being the row template)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .batch_options import BatchError, batch_flags
+from .client import ClientError
+from .embed import EMBEDDING_COLUMN, EmbeddingClient, embed_dataframe, summary_line
+
+ALLOWED = frozenset({"model", "output_column", "checkpoint"})  # the batch options that mean something here
+
+
+class EmbedCellError(ValueError):
+    """The cell or its options cannot be embedded; the message is for the notebook's reader."""
+
+
+@dataclass
+class EmbedCell:
+    """What one `%%magnitude --embed` cell asks for."""
+
+    text: str
+    model: str | None = None
+    df: Any = None
+    output_column: str = EMBEDDING_COLUMN
+    checkpoint: str | None = None
+
+
+def cell_options(options: dict[str, Any], extra: list[str]) -> dict[str, Any]:
+    """The batch options given with --embed; any other option is refused by its flag."""
+    flags = {name: flag.name for name, flag, _ in batch_flags()}
+    refused = sorted(flags[name] for name in set(options) - ALLOWED) + extra
+    if refused:
+        raise EmbedCellError(f"--embed takes -m, --df, --output-column, --checkpoint and -o; not {', '.join(refused)}")
+    return options
+
+
+def run_embed_cell(client: EmbeddingClient, cell: EmbedCell) -> Any:
+    """The vectors: an (n, dim) float32 array for the cell's lines, or the DataFrame with its column."""
+    try:
+        if cell.df is not None:
+            result = embed_dataframe(
+                cell.df,
+                client=client,
+                template=cell.text,
+                output_column=cell.output_column,
+                model=cell.model,
+                checkpoint=cell.checkpoint,
+            )
+            print("magnitude: " + summary_line(result))
+            return result
+        lines = [line.strip() for line in cell.text.splitlines() if line.strip()]
+        if not lines:
+            raise EmbedCellError("the cell is empty: write one text per line below %%magnitude --embed")
+        vectors = np.stack(client.embed(lines, cell.model))
+    except (BatchError, ClientError) as exc:
+        raise EmbedCellError(str(exc)) from None
+    print(f"magnitude: {len(lines)} text{'s' if len(lines) > 1 else ''} → {vectors.shape[1]}-dimensional unit vectors")
+    return vectors
