@@ -35,6 +35,11 @@ def test_notebook_runs_top_to_bottom(path, server, monkeypatch, tmp_path):
     if path.stem.startswith("02"):  # the labels lesson: every answer a label, measured against a baseline
         text = "\n".join(o.get("text", "") for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs)
         assert re.search(r"model accuracy \d+%; always-the-majority baseline 50%", text), text
+        assert "8 of 8 rows embedded" in text, text
     if path.stem.startswith("07"):  # the agent: a real call of a notebook function, and what it cost
         text = "\n".join(o.get("text", "") for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs)
         assert re.search(r"→ (population|add)\(\{.*\}\)  ← ", text) and "agent workflow" in text, text
+        # one tool round through the Responses API and one through the Messages API
+        assert re.search(r'→ population\(\{"city": ?"\w+"\}\) ← \d+\n', text), text  # Responses
+        assert re.search(r'→ population\(\{"city": ?"\w+"\}\) ← \d+  \(stop_reason: tool_use\)', text), text
+        assert text.count("answer: ") >= 3, text  # each loop ends, with an answer or saying why not
