@@ -238,16 +238,25 @@ def chosen(servers: dict[str, Any], names: list[str] | None) -> dict[str, Any]:
     return {name: start for name, start in servers.items() if name in wanted}
 
 
-def session_arguments(description: str | None, rounds: int, max_tokens: int, peer: bool = True) -> argparse.Namespace:
+def session_arguments(
+    description: str | None,
+    rounds: int,
+    max_tokens: int,
+    peer: bool = True,
+    repeats: int = 2,
+    more: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.Namespace:
     """The options of the session benchmarks (conversations, agents, drafts), llama-server found if `peer`."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--max-tokens", type=int, default=max_tokens)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=repeats)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--llama-server", default=None, help="path (default: the shared build's cache)")
     parser.add_argument("--servers", nargs="+", default=None, help=SERVERS_HELP)
+    if more is not None:
+        more(parser)
     args = parser.parse_args()
     args.binary = find_llama_server(args.llama_server)
     if args.binary is None and peer:

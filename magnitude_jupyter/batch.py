@@ -24,6 +24,7 @@ import jinja2.meta
 
 from .batch_options import PROBABILITY_COLUMN, BatchError, BatchOptions
 from .client import ClientError, StreamResult, discover
+from .exchange import prompt_messages
 from .labels import label_shares, labels_grammar, probability_column
 
 
@@ -81,9 +82,7 @@ def backoff_seconds(attempt: int, retry_after: float | None = None, base: float 
 
 def request_for(prompt: str, opts: BatchOptions) -> tuple[list[dict[str, str]], dict[str, Any]]:
     """(messages, request body) for one row."""
-    messages = ([{"role": "system", "content": opts.system}] if opts.system else []) + [
-        {"role": "user", "content": prompt}
-    ]
+    messages = prompt_messages(prompt, opts.system)
     body: dict[str, Any] = {"temperature": opts.temperature, "priority": "batch"}
     if opts.max_tokens is not None:
         body["max_tokens"] = opts.max_tokens
@@ -266,17 +265,16 @@ def score_dataframe(df: pd.DataFrame, template: str, client: ChatClient | None =
 
     Options are `BatchOptions` fields. Rows go out with the engine's batch priority, so interactive
     cells stay responsive while a batch runs. A dask DataFrame is scored on the Dask workers' own
-    engines instead, lazily (see `dask.py`): the result is a dask DataFrame.
+    engines by `dask.score_dask_dataframe` (dask builds on this module, never the other way).
     """
     import pandas as pd
     from tqdm.auto import tqdm
 
     if is_dask_dataframe(df):
-        if client is not None:
-            raise BatchError("a dask DataFrame is scored by the workers' engines: give no client")
-        from .dask import score_dask_dataframe
-
-        return score_dask_dataframe(df, template, **options)
+        raise BatchError(
+            "a dask DataFrame is scored by the workers' engines: "
+            "from magnitude_jupyter.dask import score_dask_dataframe"
+        )
 
     opts = BatchOptions(template=template, **options)
     opts.validate()

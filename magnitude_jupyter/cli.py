@@ -79,8 +79,9 @@ def chat(
 
 def _one_answer(client: Any, system: str | None, prompt: str, body: dict[str, Any], fmt: str) -> None:
     from .client import ClientError, StreamResult
+    from .exchange import prompt_messages
 
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    messages = prompt_messages(prompt, system)
     result = StreamResult()
     try:
         for piece in client.stream_chat(messages, result=result, **body):

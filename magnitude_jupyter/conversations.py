@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .api.usage import token_counts
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -60,23 +62,28 @@ class Conversation:
         if self.system:
             rows.append({"role": "system", "content": self.system})
         for turn in self.turns:
-            usage, timings = turn.usage or {}, turn.timings or {}
-            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            counts, timings = token_counts(turn.usage) if turn.usage else None, turn.timings or {}
             rows.append(
-                {"role": "user", "content": turn.user, "tokens": usage.get("prompt_tokens"), "cached_tokens": cached}
+                {
+                    "role": "user",
+                    "content": turn.user,
+                    "tokens": counts.prompt if counts else None,
+                    "cached_tokens": counts.cached if counts else None,
+                }
             )
             rows += [{"role": m["role"], "content": _tool_message_text(m)} for m in turn.tool_messages]
             rows.append(
                 {
                     "role": "assistant",
                     "content": turn.assistant,
-                    "tokens": usage.get("completion_tokens"),
+                    "tokens": counts.output if counts else None,
                     "ttft_ms": timings.get("ttft_ms"),
                     "cell": turn.cell[:40],
                 }
             )
         columns = ["role", "content", "tokens", "cached_tokens", "ttft_ms", "cell"]
-        return pd.DataFrame(rows, columns=columns)
+        # Counts are whole numbers, blank where a row has none (not floats with NaN).
+        return pd.DataFrame(rows, columns=columns).astype({"tokens": "Int64", "cached_tokens": "Int64"})
 
 
 def _tool_message_text(message: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ from .batch_options import BatchError, add_batch_arguments, batch_flags, given_o
 from .calibrate.options import add_arguments as add_calibrate_arguments
 from .client import Client, ClientError, StreamResult, discover
 from .conversations import DEFAULT_CHAT, Conversations, Turn
+from .exchange import prompt_messages
 
 LAST_ANSWER = "_magnitude"
 FORMATS = ("text", "markdown", "json", "code")
@@ -342,9 +343,7 @@ class MagnitudeMagics(Magics):
             messages = conversation.messages(history, prompt)
         else:
             history = []
-            messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-                {"role": "user", "content": prompt}
-            ]
+            messages = prompt_messages(prompt, args.system)
         client = self.client
         body: dict[str, Any] = {}
         for key, value in (
@@ -539,11 +538,11 @@ class MagnitudeMagics(Magics):
             raise MagnitudeError("a dask DataFrame is scored by the model of each worker's engine: no -m/--compare")
         if args.json_schema is not None:
             options["json_schema"] = self._json_schema(args.json_schema)
-        from .dask import compute_scored
+        from .dask import compute_scored, score_dask_dataframe
         from .dask import summary_line as dask_summary
 
         try:
-            result = compute_scored(score_dataframe(ddf, template, **options))
+            result = compute_scored(score_dask_dataframe(ddf, template, **options))
         except (BatchError, ValueError, RuntimeError) as exc:
             raise MagnitudeError(str(exc)) from None
         print("magnitude: " + dask_summary(result))

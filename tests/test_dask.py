@@ -14,7 +14,7 @@ dd = pytest.importorskip("dask.dataframe")
 distributed = pytest.importorskip("distributed")
 
 from magnitude_jupyter.batch import BatchError, score_dataframe  # noqa: E402
-from magnitude_jupyter.dask import EnginePlugin, rows_by_worker  # noqa: E402
+from magnitude_jupyter.dask import EnginePlugin, rows_by_worker, score_dask_dataframe  # noqa: E402
 from magnitude_jupyter.models import ModelNotFoundError  # noqa: E402
 
 pytestmark = pytest.mark.model
@@ -39,7 +39,7 @@ def reviews(n: int) -> pd.DataFrame:
 def test_every_row_once_in_order_with_errors_confined(cluster):
     df = reviews(60)
     df.loc["r17", "review"] = "word " * 3000  # longer than a worker's context: this row alone fails
-    lazy = score_dataframe(dd.from_pandas(df, npartitions=6, sort=False), TEMPLATE, max_tokens=3)
+    lazy = score_dask_dataframe(dd.from_pandas(df, npartitions=6, sort=False), TEMPLATE, max_tokens=3)
     assert list(lazy.columns) == [
         "review", "answer", "finish_reason", "prompt_tokens", "completion_tokens", "latency_ms", "error", "worker"
     ]  # fmt: skip
@@ -53,7 +53,8 @@ def test_every_row_once_in_order_with_errors_confined(cluster):
 
 def test_a_killed_worker_loses_no_row(cluster):
     df = reviews(48)
-    future = cluster.compute(score_dataframe(dd.from_pandas(df, npartitions=8, sort=False), TEMPLATE, max_tokens=6))
+    lazy = score_dask_dataframe(dd.from_pandas(df, npartitions=8, sort=False), TEMPLATE, max_tokens=6)
+    future = cluster.compute(lazy)
     deadline = time.monotonic() + 60
     while not any(cluster.processing().values()) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -72,7 +73,7 @@ def test_reproducible_answers_equal_the_pandas_path(cluster):
     # Rows overlap on both sides: each reproducible request runs in a lane of its own (runner.Lane).
     options = {"max_tokens": 8, "reproducible": True}
     df = reviews(12)
-    out = score_dataframe(dd.from_pandas(df, npartitions=3, sort=False), TEMPLATE, **options).compute()
+    out = score_dask_dataframe(dd.from_pandas(df, npartitions=3, sort=False), TEMPLATE, **options).compute()
     with Engine(settings=Settings(), parallel=4, ctx_size=2048, threads=1) as engine:  # the workers' settings
         local = score_dataframe(df, TEMPLATE, client=EngineClient(engine), progress=False, **options)
     assert out["error"].isna().all() and out["answer"].tolist() == local["answer"].tolist()
@@ -82,21 +83,21 @@ def test_endpoints_take_partitions_by_weight(cluster, inproc):
     df = reviews(16)
     ddf = dd.from_pandas(df, npartitions=8, sort=False)
     a, b = inproc.url, inproc.open_url  # two servers in front of one engine: two URLs to spread over
-    lazy = score_dataframe(ddf, TEMPLATE, endpoints=[a, b], weights={a: 3, b: 1}, token=inproc.token, max_tokens=4)
+    lazy = score_dask_dataframe(ddf, TEMPLATE, endpoints=[a, b], weights={a: 3, b: 1}, token=inproc.token, max_tokens=4)
     out = lazy.compute()
     assert list(out.index) == list(df.index) and out["error"].isna().all()
     assert out["answer"].str.len().gt(0).all() and (out["completion_tokens"] > 0).all()
     assert rows_by_worker(out) == {a: 12, b: 4}, "6 of 8 partitions to the server weighted 3, 2 to the other"
     with pytest.raises(BatchError, match="weights for servers not in endpoints"):
-        score_dataframe(ddf, TEMPLATE, endpoints=[a], weights={b: 1.0})
+        score_dask_dataframe(ddf, TEMPLATE, endpoints=[a], weights={b: 1.0})
 
 
 def test_template_checks_and_unsupported_options_fail_before_anything_runs(cluster):
     ddf = dd.from_pandas(reviews(4), npartitions=2)
     with pytest.raises(BatchError, match=r"column 'nosuchcolumn' that the DataFrame does not have"):
-        score_dataframe(ddf, "{{ nosuchcolumn }}")
+        score_dask_dataframe(ddf, "{{ nosuchcolumn }}")
     with pytest.raises(BatchError, match="a folder every worker can reach"):
-        score_dataframe(ddf, TEMPLATE, checkpoint="/nowhere/ck")
+        score_dask_dataframe(ddf, TEMPLATE, checkpoint="/nowhere/ck")
 
 
 def generated_tokens(cluster) -> int:
@@ -111,13 +112,13 @@ def generated_tokens(cluster) -> int:
 def test_a_checkpoint_folder_skips_finished_partitions_of_the_same_job_only(cluster, tmp_path):
     df = reviews(24)
     ddf = dd.from_pandas(df, npartitions=4, sort=False)
-    first = score_dataframe(ddf, TEMPLATE, max_tokens=3, checkpoint=tmp_path).compute()
+    first = score_dask_dataframe(ddf, TEMPLATE, max_tokens=3, checkpoint=tmp_path).compute()
     assert len(list(tmp_path.glob("part-*.parquet"))) == 4
     before = generated_tokens(cluster)
-    again = score_dataframe(ddf, TEMPLATE, max_tokens=3, checkpoint=tmp_path).compute()
+    again = score_dask_dataframe(ddf, TEMPLATE, max_tokens=3, checkpoint=tmp_path).compute()
     assert generated_tokens(cluster) == before, "the same job generates nothing new"
     pd.testing.assert_frame_equal(again, first)
-    other = score_dataframe(ddf, TEMPLATE + " Be brief.", max_tokens=3, checkpoint=tmp_path).compute()
+    other = score_dask_dataframe(ddf, TEMPLATE + " Be brief.", max_tokens=3, checkpoint=tmp_path).compute()
     assert generated_tokens(cluster) > before, "another template is scored again"
     assert list(other.index) == list(df.index) and len(list(tmp_path.glob("part-*.parquet"))) == 8
 

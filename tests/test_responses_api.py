@@ -178,3 +178,18 @@ def test_hosted_tools_are_not_offered_and_the_function_tools_still_are(client):
         temperature=0,
     )
     assert [item.name for item in response.output if item.type == "function_call"] == ["get_weather"]
+
+
+def test_a_continuation_is_the_same_prompt_as_the_whole_history_and_reuses_its_cache(client):
+    """Instructions belong to one response: a continuation that gives them again does not send them twice."""
+    ask = {"model": "smollm2-135m", "instructions": "You are brief.", "max_output_tokens": 8, "temperature": 0}
+    first = client.responses.create(input="My name is Ada.", **ask)
+    second = client.responses.create(previous_response_id=first.id, input="What is my name?", **ask)
+    history = [
+        {"role": "user", "content": "My name is Ada."},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "What is my name?"},
+    ]
+    whole = client.responses.create(input=history, store=False, **ask)
+    assert second.usage.input_tokens == whole.usage.input_tokens
+    assert second.usage.input_tokens_details.cached_tokens > 0

@@ -19,6 +19,11 @@ ROUTES = [
     ("POST", "magnitude/v1/completions"),
     ("GET", "magnitude/v1/streams/cmpl-abc"),
     ("DELETE", "magnitude/v1/streams/cmpl-abc"),
+    ("POST", "magnitude/v1/messages"),
+    ("POST", "magnitude/v1/messages/count_tokens"),
+    ("POST", "magnitude/v1/responses"),
+    ("GET", "magnitude/v1/responses/resp_abc"),
+    ("POST", "magnitude/v1/embeddings"),
 ]
 
 
@@ -157,3 +162,20 @@ async def test_jupyter_starts_with_no_model_in_memory_and_the_first_request_load
     response = await jp_fetch("magnitude", "v1", "chat", "completions", method="POST", body=json.dumps(body))
     assert json.loads(response.body)["choices"][0]["finish_reason"] in ("stop", "length")
     assert [r.entry.alias for r in pool.residents()] == [pool.default_model]
+
+
+async def test_the_agent_apis_answer_under_the_extensions_prefix(jp_fetch, jp_serverapp):
+    """Messages, Responses and embeddings are served by JupyterLab too, behind Jupyter's auth."""
+    assert (await start_and_wait_ready(jp_serverapp, jp_fetch))["status"] == "ok"
+
+    async def post(*path: str, body: dict) -> dict:
+        return json.loads((await jp_fetch("magnitude", *path, method="POST", body=json.dumps(body))).body)
+
+    message = await post("v1", "messages", body={"max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+    assert message["type"] == "message" and message["stop_reason"] in ("end_turn", "max_tokens")
+    response = await post("v1", "responses", body={"input": "Hi", "max_output_tokens": 4})
+    assert response["object"] == "response" and response["status"] in ("completed", "incomplete")
+    stored = json.loads((await jp_fetch("magnitude", "v1", "responses", response["id"])).body)
+    assert stored["id"] == response["id"]
+    vectors = await post("v1", "embeddings", body={"input": ["a", "b"]})
+    assert [item["index"] for item in vectors["data"]] == [0, 1]

@@ -35,6 +35,7 @@ FIELDS = {
     "tool_choice",
     "metadata",
     "output_config",
+    "ignore_eos",  # llama.cpp's extra, as on every route: the answer runs to max_tokens
 }
 # Hints that change nothing here: accepted, and listed in docs/http-api.md as ignored.
 IGNORED = {
@@ -258,6 +259,7 @@ def parse_messages(data: dict[str, Any]) -> GenerationRequest:
         "top_p": data.get("top_p"),
         "top_k": data.get("top_k"),
         "user": _user_id((metadata or {}).get("user_id")),
+        "ignore_eos": data.get("ignore_eos"),
     }
     body["response_format"] = _output_format(data.get("output_config"))
     if data.get("tools") is not None:

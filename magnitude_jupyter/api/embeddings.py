@@ -63,7 +63,7 @@ def embeddings_response(model: str, vectors: list[np.ndarray], tokens: int, enco
     def encoded(vector: np.ndarray) -> Any:
         if encoding == "base64":
             return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
-        return [float(x) for x in vector]
+        return vector.astype(np.float32).tolist()
 
     return {
         "object": "list",

@@ -37,6 +37,7 @@ FIELDS = {
     "previous_response_id",
     "metadata",
     "user",
+    "ignore_eos",  # llama.cpp's extra, as on every route: the answer runs to max_output_tokens
 }
 # Hints that change nothing here: accepted, and listed in docs/http-api.md as ignored.
 IGNORED = {
@@ -179,6 +180,7 @@ def parse_responses(data: dict[str, Any], previous: list[dict[str, Any]] | None 
         "top_p": data.get("top_p"),
         "user": data.get("user"),
         "response_format": _format(data.get("text")),
+        "ignore_eos": data.get("ignore_eos"),
     }
     tools = _tools(data["tools"]) if data.get("tools") else []
     if tools:
@@ -408,6 +410,14 @@ def _as_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if calls:
         return [{"role": "assistant", "content": text or None, "tool_calls": calls}]
     return [{"role": "assistant", "content": text}]
+
+
+def conversation_to_store(data: dict[str, Any], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation a response continues from, as stored: without its `instructions`, which
+    apply to one response only (a continuation gives its own, as OpenAI's API has it)."""
+    if data.get("instructions") is not None and messages and messages[0].get("role") == "system":
+        return messages[1:]
+    return messages
 
 
 def stored_input(data: dict[str, Any], store: ResponseStore) -> list[dict[str, Any]] | None:

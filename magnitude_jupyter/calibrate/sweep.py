@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..client import Client, ClientError, StreamResult
+from ..client import Client, ClientError
+from ..exchange import timed_stream
 from . import options
 from .records import Level, Percentiles
 from .stats import percentiles, saturated
@@ -170,36 +171,20 @@ def one_request(client: Client, config: SweepConfig, index: int = 0) -> Sample:
         body["ignore_eos"] = True
     if config.model:
         body["model"] = config.model
-    result = StreamResult()
-    start = time.perf_counter()
-    ttft = last = None
-    itl: list[float] = []
-    pieces = 0
     try:
-        for _ in client.stream_chat(messages_for(config, index), result=result, **body):
-            now = time.perf_counter()
-            if ttft is None:
-                ttft = now - start
-            else:
-                itl.append(now - last)  # type: ignore[operator]
-            last = now
-            pieces += 1
+        timed = timed_stream(client, messages_for(config, index), **body)
     except ClientError as exc:
         return Sample(ok=False, error=str(exc))
-    e2e = time.perf_counter() - start
-    tokens = int((result.usage or {}).get("completion_tokens") or pieces)
-    queued = (result.timings or {}).get("queued_ms")
-    usage = result.usage or {}
-    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    counts = timed.counts
     return Sample(
         ok=True,
-        ttft_s=ttft,
-        e2e_s=e2e,
-        tokens=tokens,
-        itl_s=itl,
-        queued_ms=queued,
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-        cached_tokens=cached,
+        ttft_s=timed.ttft_s,
+        e2e_s=timed.e2e_s,
+        tokens=counts.output or timed.pieces,
+        itl_s=timed.gaps_s,
+        queued_ms=(timed.result.timings or {}).get("queued_ms"),
+        prompt_tokens=counts.prompt,
+        cached_tokens=counts.cached,
     )
 
 

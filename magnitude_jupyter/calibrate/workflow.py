@@ -23,6 +23,7 @@ from typing import Any
 
 from ..agent import FunctionTool, answer_call, tool_message
 from ..client import Client, ClientError, StreamResult
+from ..exchange import timed_stream
 from .agent_tools import TOOLS, agent_task
 from .options import DEFAULT_SLO_ROUND_P95_MS
 from .records import Percentiles
@@ -164,23 +165,12 @@ def session_message(session: int, round_index: int) -> str:
 
 def _timed_round(client: Client, messages: list[dict[str, Any]], k: int, **body: Any) -> tuple[_Sample, StreamResult]:
     """One streamed request, timed: its sample (round k + 1) and what it answered."""
-    result = StreamResult()
-    start = time.perf_counter()
-    ttft = None
-    for _ in client.stream_chat(messages, result=result, temperature=0, **body):
-        ttft = ttft if ttft is not None else time.perf_counter() - start
-    usage = result.usage or {}
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    timed = timed_stream(client, messages, temperature=0, **body)
+    counts = timed.counts
     sample = _Sample(
-        k + 1,
-        ttft,
-        time.perf_counter() - start,
-        int(usage.get("prompt_tokens") or 0),
-        int(cached),
-        int(usage.get("completion_tokens") or 0),
-        len(result.tool_calls),
+        k + 1, timed.ttft_s, timed.e2e_s, counts.prompt, counts.cached, counts.output, len(timed.result.tool_calls)
     )
-    return sample, result
+    return sample, timed.result
 
 
 @functools.cache

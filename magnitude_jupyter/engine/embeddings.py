@@ -17,6 +17,9 @@ import numpy as np
 
 EMBED_CTX = 2048  # tokens of one input at most (and of one decode call)
 EMBED_SEQUENCES = 64  # inputs decoded together at most
+# Short inputs are packed up to this many tokens a call: attention spans every token of a call
+# (docs/decisions.md, "Embeddings"); a longer input still goes alone.
+EMBED_PACK_TOKENS = 512
 
 
 class EmbeddingError(ValueError):
@@ -67,7 +70,8 @@ class Embedder:
         with self._lock:
             group: list[Sequence[int]] = []
             for tokens in inputs:
-                if group and (len(group) == EMBED_SEQUENCES or sum(map(len, group)) + len(tokens) > self.n_ctx):
+                full = len(group) == EMBED_SEQUENCES or sum(map(len, group)) + len(tokens) > EMBED_PACK_TOKENS
+                if group and full:
                     out += self._decode(group)
                     group = []
                 group.append(tokens)
@@ -87,8 +91,8 @@ class Embedder:
                 batch.logits[n] = True  # pooling reads every token's output
                 n += 1
         batch.n_tokens = n
-        memory = llama_cpp.llama_get_memory(self.ctx)
-        llama_cpp.llama_memory_clear(memory, True)
+        # Each call starts on empty cells; their contents need no zeroing (docs/decisions.md, "Embeddings").
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ctx), False)
         status = llama_cpp.llama_decode(self.ctx, batch)
         if status != 0:
             raise RuntimeError(f"llama_decode failed with status {status} for embeddings")
@@ -100,7 +104,6 @@ class Embedder:
             vector = np.ctypeslib.as_array(pointer, shape=(self.n_embd,)).astype(np.float32)
             norm = float(np.linalg.norm(vector))
             vectors.append(vector / norm if norm > 0 else vector)
-        llama_cpp.llama_memory_clear(memory, True)
         return vectors
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ from ..api.responses import (
     ResponseEvents,
     ResponseMeta,
     ResponseStore,
+    conversation_to_store,
     parse_responses,
     response_object,
     stored_input,
@@ -95,7 +97,7 @@ class ResponsesHandler(GenerationHandler):
         meta = ResponseMeta(
             request.request_id.replace("resp-", "resp_", 1), engine.model_id, self._data, request.tool_form
         )
-        live = LiveResponse(engine, request, meta, req.messages or [])
+        live = LiveResponse(engine, request, meta, conversation_to_store(self._data, req.messages or []))
         registry = live_responses(self)
         registry[meta.id] = live
         while len(registry) > LIVE_COUNT:
@@ -179,6 +181,18 @@ class ResponseCancelHandler(ApiMixin):
         self.send_json({**snapshot, "status": "cancelled"})
 
 
+EMBED_THREAD_KEY = "magnitude_embedding_thread"
+
+
+def embedding_thread(handler: ApiMixin) -> ThreadPoolExecutor:
+    """The one thread embeddings run on: llama.cpp's OpenMP keeps a team of threads per calling
+    thread, and teams left spinning on other threads slow every call (docs/decisions.md)."""
+    executor: ThreadPoolExecutor | None = handler.settings.get(EMBED_THREAD_KEY)
+    if executor is None:
+        executor = handler.settings[EMBED_THREAD_KEY] = ThreadPoolExecutor(1, thread_name_prefix="magnitude-embed")
+    return executor
+
+
 class EmbeddingsHandler(ApiMixin):
     """POST /v1/embeddings: vectors computed on a worker thread, beside generation."""
 
@@ -189,7 +203,7 @@ class EmbeddingsHandler(ApiMixin):
             resident, _ = await self.checkout_model(req.model, None)
             try:
                 engine = resident.engine
-                vectors, tokens = await loop.run_in_executor(None, engine.embed, req.inputs)
+                vectors, tokens = await loop.run_in_executor(embedding_thread(self), engine.embed, req.inputs)
             finally:
                 self.pool.checkin(resident)
         except Exception as exc:
