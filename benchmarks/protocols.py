@@ -8,8 +8,8 @@ through Chat Completions (`/v1/chat/completions`), the Responses API (`/v1/respo
 input items, as Codex CLI sends it; and a second time continuing with `previous_response_id`, only
 the new message sent) and Anthropic's Messages API (`/v1/messages`), each on a freshly started
 `magnitude serve` (so no run finds another's prompts cached; one short request warms it first),
-alternating (each repeat starting with another API), best of three runs each. The APIs share one engine path: their rows should be within
-a few percent of each other.
+alternating (each repeat starting with another API), best of three runs each. The APIs share one
+engine path: their rows should be within a few percent of each other.
 
 Part 2, embeddings: distinct texts (about 26 tokens each) through `/v1/embeddings`, one client,
 calls of 1 and of 64 inputs, rows/s, against llama.cpp's `llama-server --embeddings --pooling mean`
