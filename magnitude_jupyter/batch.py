@@ -373,11 +373,11 @@ def served_model(client: ChatClient) -> str | None:
     return str(models[0]["id"]) if models else None
 
 
-def summary_line(result: pd.DataFrame, checkpoint: str | Path | None = None) -> str:
-    """One line for a person: rows scored, failed, reused, and checkpoint records of another job."""
+def summary_line(result: pd.DataFrame, checkpoint: str | Path | None = None, done_as: str = "scored") -> str:
+    """One line for a person: rows scored (or `done_as`), failed, reused, and checkpoint records of another job."""
     info = result.attrs.get("magnitude", {})
     done = int(result["error"].isna().sum())
-    note = f"{done} of {len(result)} rows scored"
+    note = f"{done} of {len(result)} rows {done_as}"
     if info.get("errors"):
         note += f", {info['errors']} failed (see the 'error' column)"
     if info.get("skipped_from_checkpoint"):

@@ -161,16 +161,3 @@ def most_similar(
         )
     ranked = embedded.assign(**{SIMILARITY_COLUMN: matrix @ question}).sort_values(SIMILARITY_COLUMN, ascending=False)
     return ranked if top is None else ranked.head(top)
-
-
-def summary_line(result: pd.DataFrame) -> str:
-    info = result.attrs.get("magnitude", {})
-    done = int(result["error"].isna().sum())
-    note = f"{done} of {len(result)} rows embedded"
-    if info.get("errors"):
-        note += f", {info['errors']} failed (see the 'error' column)"
-    if info.get("skipped_from_checkpoint"):
-        note += f", {info['skipped_from_checkpoint']} reused from the checkpoint"
-    if info.get("interrupted"):
-        note += "; interrupted: the finished rows are kept"
-    return note

@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
+from .batch import summary_line
 from .batch_options import BatchError, batch_flags
 from .client import ClientError
-from .embed import EMBEDDING_COLUMN, EmbeddingClient, embed_dataframe, summary_line
+from .embed import EMBEDDING_COLUMN, EmbeddingClient, embed_dataframe
 
 ALLOWED = frozenset({"model", "output_column", "checkpoint"})  # the batch options that mean something here
 
@@ -51,7 +52,7 @@ def run_embed_cell(client: EmbeddingClient, cell: EmbedCell) -> Any:
                 model=cell.model,
                 checkpoint=cell.checkpoint,
             )
-            print("magnitude: " + summary_line(result))
+            print("magnitude: " + summary_line(result, cell.checkpoint, done_as="embedded"))
             return result
         lines = [line.strip() for line in cell.text.splitlines() if line.strip()]
         if not lines:
