@@ -120,8 +120,9 @@ def probe(
 ) -> dict[str, Any]:
     """Check the engine against the arithmetic, with real requests (all cancelled at once).
 
-    1. One request: `prompt + max_tokens` equal to the largest a request may hold is admitted; one
-       token more is refused (400, context_length_exceeded).
+    1. One request: `prompt + max_tokens` equal to the largest a request may hold is admitted; a
+       `max_tokens` one token past it is admitted too (a cap, not a demand), and a prompt longer
+       than the limit is refused (400, context_length_exceeded).
     2. `sessions` requests that split the cache evenly all run at once; one more has to wait.
     """
     status = client.status()
@@ -136,14 +137,20 @@ def probe(
         response = _open(client, prompt, limit - prompt_tokens)
         opened.append(response)
         result["largest_request_admitted"] = response.status_code == 200
-        response = _open(client, prompt, limit - prompt_tokens + 1)
-        response.read()
-        result["one_more_token_refused"] = response.status_code == 400 and (
-            response.json()["error"]["code"] == "context_length_exceeded"
-        )
         _cancel_all(client, opened)
         opened.clear()
         _wait_idle(client, timeout)
+        response = _open(client, prompt, limit - prompt_tokens + 1)
+        opened.append(response)
+        result["one_more_token_capped"] = response.status_code == 200
+        _cancel_all(client, opened)
+        opened.clear()
+        _wait_idle(client, timeout)
+        response = _open(client, "word " * limit, 1)
+        response.read()
+        result["longer_prompt_refused"] = response.status_code == 400 and (
+            response.json()["error"]["code"] == "context_length_exceeded"
+        )
 
         n = sessions or parallel
         per_session = ctx // n
@@ -164,7 +171,8 @@ def probe(
         _cancel_all(client, opened)
     result["confirmed"] = bool(
         result.get("largest_request_admitted")
-        and result.get("one_more_token_refused")
+        and result.get("one_more_token_capped")
+        and result.get("longer_prompt_refused")
         and result.get("sessions_running_at_once") == result.get("sessions_predicted")
         and result.get("one_more_session_waited")
     )

@@ -93,7 +93,8 @@ def format_profile(profile: Profile) -> str:
         if probe:
             lines.append(
                 f"probe: largest request admitted {probe.get('largest_request_admitted')}, one more token "
-                f"refused {probe.get('one_more_token_refused')}; {probe.get('sessions_running_at_once')} of "
+                f"capped {probe.get('one_more_token_capped')}, a longer prompt refused "
+                f"{probe.get('longer_prompt_refused')}; {probe.get('sessions_running_at_once')} of "
                 f"{probe.get('sessions_predicted')} predicted sessions ran at once, one more waited "
                 f"{probe.get('one_more_session_waited')}: {'confirmed' if probe.get('confirmed') else 'NOT confirmed'}"
             )
