@@ -17,7 +17,7 @@ from typing import Any
 
 from ..engine.streams import StreamEvent
 from ..engine.tools import parse_answer
-from .errors import ApiError
+from .errors import ApiError, refuse_unknown_fields
 from .openai import GenerationRequest, bad_param, parse_generation
 from .usage import token_counts
 
@@ -49,6 +49,7 @@ IGNORED = {
     "user_profile_id",
     "workspace_id",
 }
+ACCEPTED = FIELDS | IGNORED
 REFUSED = {
     "mcp_servers": "MCP servers are not supported: give the tools themselves",
     "container": "code-execution containers are not supported",
@@ -233,10 +234,7 @@ def _user_id(value: Any) -> str | None:
 
 def parse_messages(data: dict[str, Any]) -> GenerationRequest:
     """Validate a /v1/messages body into the request every API shares."""
-    for name, value in data.items():
-        if value is None or name in FIELDS or name in IGNORED:
-            continue
-        raise ApiError(400, REFUSED.get(name, f"'{name}' is not a field this server understands"), param=name)
+    refuse_unknown_fields(data, ACCEPTED, REFUSED)
     max_tokens = data.get("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise _bad("'max_tokens' is required: a positive integer", "max_tokens")

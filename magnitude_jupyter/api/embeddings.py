@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ApiError
+from .errors import ApiError, refuse_unknown_fields
 from .openai import bad_param
 
 FIELDS = {"model", "input", "encoding_format", "user"}
@@ -28,10 +28,7 @@ def _bad(message: str, param: str = "input") -> ApiError:
 
 
 def parse_embeddings(data: dict[str, Any]) -> EmbeddingRequest:
-    for name, value in data.items():
-        if value is None or name in FIELDS:
-            continue
-        raise ApiError(400, REFUSED.get(name, f"'{name}' is not a field this server understands"), param=name)
+    refuse_unknown_fields(data, FIELDS, REFUSED)
     raw = data.get("input")
     inputs: list[Any]
     if isinstance(raw, str):

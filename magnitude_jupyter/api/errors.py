@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from ..engine import EngineError, OverloadedError, PromptTooLongError, StreamGoneError, UnknownStreamError
@@ -30,6 +31,18 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def refuse_unknown_fields(
+    data: dict[str, Any], accepted: Collection[str], refused: Mapping[str, str], code: str | None = None
+) -> None:
+    """A field outside `accepted` is refused by name (with `refused`'s reason where it has one), never
+    ignored: a client must not believe a setting took effect."""
+    for name, value in data.items():
+        if value is None or name in accepted:
+            continue
+        reason = refused.get(name, f"'{name}' is not a field this server understands")
+        raise ApiError(400, reason, param=name, code=code)
 
 
 def api_error_from(exc: Exception, prompt_param: str = "messages") -> ApiError:

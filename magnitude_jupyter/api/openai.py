@@ -19,7 +19,7 @@ from ..engine import Priority, SamplingParams
 from ..engine.grammar import GrammarError, json_grammar
 from ..engine.streams import StreamEvent, TokenLogprob
 from ..engine.tools import ParsedAnswer, ToolError, ToolRequest, parse_answer
-from .errors import ApiError
+from .errors import ApiError, refuse_unknown_fields
 
 
 def bad_param(param: str, message: str) -> ApiError:
@@ -156,14 +156,6 @@ def _stop(data: dict[str, Any]) -> list[str]:
     return [stop] if isinstance(stop, str) else stop  # SamplingParams.validate checks the rest
 
 
-def _check_fields(data: dict[str, Any], known: set[str]) -> None:
-    for name, value in data.items():
-        if value is None or name in known:
-            continue
-        reason = NOT_SUPPORTED.get(name, f"'{name}' is not a field this server understands")
-        raise ApiError(400, reason, param=name, code="unsupported_parameter")
-
-
 def _logprobs(data: dict[str, Any], kind: str) -> tuple[bool, int]:
     """(report logprobs, how many alternatives): chat has a flag and `top_logprobs`, completions a count."""
     if kind == "chat":
@@ -240,7 +232,8 @@ def _is_text_format(response_format: Any) -> bool:
 
 def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
     """Validate a /v1/chat/completions or /v1/completions body."""
-    _check_fields(data, CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS)
+    known = CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS
+    refuse_unknown_fields(data, known, NOT_SUPPORTED, code="unsupported_parameter")
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_param("model", "'model' must be a string")

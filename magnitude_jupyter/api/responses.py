@@ -17,7 +17,7 @@ from typing import Any
 
 from ..engine.streams import StreamEvent
 from ..engine.tools import parse_answer
-from .errors import ApiError
+from .errors import ApiError, refuse_unknown_fields
 from .openai import GenerationRequest, bad_param, parse_generation
 from .usage import token_counts
 
@@ -49,6 +49,7 @@ IGNORED = {
     "safety_identifier",
     "client_metadata",
 }
+ACCEPTED = FIELDS | IGNORED
 REFUSED = {
     "background": "background responses are not supported: stream, or wait for the answer",
     "conversation": "server-side conversations are not supported: give previous_response_id",
@@ -162,10 +163,7 @@ def _format(text: Any) -> dict[str, Any] | None:
 
 def parse_responses(data: dict[str, Any], previous: list[dict[str, Any]] | None = None) -> GenerationRequest:
     """Validate a /v1/responses body (after `previous`, a stored conversation) into the shared request."""
-    for name, value in data.items():
-        if value is None or name in FIELDS or name in IGNORED:
-            continue
-        raise ApiError(400, REFUSED.get(name, f"'{name}' is not a field this server understands"), param=name)
+    refuse_unknown_fields(data, ACCEPTED, REFUSED)
     messages = [*(previous or []), *input_messages(data.get("input"))]
     if data.get("instructions") is not None:
         if not isinstance(data["instructions"], str):
