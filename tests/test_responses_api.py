@@ -93,6 +93,10 @@ def test_a_response_cannot_be_cancelled_once_finished_nor_streamed_if_unknown(cl
         list(client.responses.retrieve("resp_unknown", stream=True))
     with pytest.raises(openai.BadRequestError):
         list(client.responses.retrieve(done.id, stream=True, starting_after=-2))
+    client.responses.delete(done.id)
+    list(client.responses.retrieve(done.id, stream=True))  # streamed again: not stored again
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(done.id)
 
 
 @pytest.mark.parametrize("streamed", [False, True])

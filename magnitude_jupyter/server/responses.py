@@ -43,6 +43,7 @@ class LiveResponse:
     request: Request
     meta: ResponseMeta
     messages: list[dict[str, Any]]
+    finished: dict[str, Any] | None = None  # the response object, once the answer is done
 
     @property
     def store(self) -> bool:
@@ -62,11 +63,13 @@ def live_responses(handler: ApiMixin) -> OrderedDict[str, LiveResponse]:
 
 
 def keep(handler: ApiMixin, live: LiveResponse, final: StreamEvent) -> dict[str, Any]:
-    """The finished response object, stored for previous_response_id and GET unless `store: false`."""
-    response = response_object(live.meta, live.request.output_text, final)
-    if live.store:
-        response_store(handler).put(response, live.messages)
-    return response
+    """The finished response object, made and stored (for previous_response_id and GET, unless
+    `store: false`) once: a stream sent again neither stores it again nor brings back a deleted one."""
+    if live.finished is None:
+        live.finished = response_object(live.meta, live.request.output_text, final)
+        if live.store:
+            response_store(handler).put(live.finished, live.messages)
+    return live.finished
 
 
 def rendering(handler: ApiMixin, live: LiveResponse, starting_after: int = -1) -> Render:
@@ -107,9 +110,8 @@ class ResponsesHandler(GenerationHandler):
         if req.stream:
             self.set_header("X-Completion-Id", request.request_id)
             await send_sse(self, hub, request.stream, 0, rendering(self, live), named=True)
-            if not request.stream.closed:
-                # The client left mid-stream: the answer still ends up stored, for GET and resuming.
-                keep(self, live, await wait_closed(hub, request.stream))
+            # Kept at its last event; or, when the client left mid-stream, once the answer is done.
+            keep(self, live, await wait_closed(hub, request.stream))
             return
         final = await wait_final(self, hub, request.stream)
         if final is None:
