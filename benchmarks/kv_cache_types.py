@@ -3,7 +3,7 @@
 For f16, q8_0 and q4_0 (K and V alike):
 - capacity: bytes per token (what llama.cpp allocates, checked against its log) and tokens that
   fit in 1 GiB;
-- accuracy (`calibrate/kv_quality.py`): eight distinct texts teacher-forced one token at a time
+- accuracy (`probes/kv_quality.py`): eight distinct texts teacher-forced one token at a time
   through each cache, every step's logits against f16's (top-1 agreement, mean |Δlogit|), then each
   text's first half continued greedily for 64 tokens: the first token unlike f16's (median);
 - speed: 8 concurrent greedy streams of 96 tokens on an engine with that cache (parallel 8,
@@ -20,10 +20,10 @@ import time
 
 from _common import PROMPTS, table
 
-from magnitude_jupyter.calibrate.kv_quality import measure
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine, SamplingParams
 from magnitude_jupyter.models import bundled_model_path
+from magnitude_jupyter.probes.kv_quality import measure
 
 TYPES = ("f16", "q8_0", "q4_0")
 TEXTS = [

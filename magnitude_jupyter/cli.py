@@ -302,28 +302,14 @@ def serve(
 def calibrate(
     url: str | None,
     token: str | None,
-    concurrency: str,
-    requests: int,
-    max_tokens: int,
-    min_seconds: float | None,
-    warmup: int,
-    prompt: str | None,
-    workflow: bool,
-    sessions: str,
-    rounds: int,
-    agent: bool,
-    slo_round_p95_ms: float,
-    ttft_limit_ms: float | None,
-    latency_target_ms: float | None,
-    no_probe: bool,
     json_path: str | None,
     csv_path: str | None,
     html_path: str | None,
-    model: str | None,
     baseline: str | None,
     max_regression: str,
     no_archive: bool,
     cache_types: str | None,
+    **values: Any,
 ) -> None:
     """Sweep concurrency against a server and print throughput, latency and capacity.
 
@@ -335,28 +321,31 @@ def calibrate(
     run is compared with another and exits 1 when a figure is worse by more than --max-regression.
     """
     from .calibrate.archive import parse_fraction
+    from .calibrate.options import CalibrateOptions
     from .calibrate.records import Level
     from .calibrate.report import format_profile
     from .calibrate.run import calibrate as run_calibration
     from .calibrate.run import calibrate_workflow
-    from .calibrate.sweep import SweepConfig, parse_levels
     from .calibrate.workflow import format_workflow
     from .client import ClientError
 
+    options = CalibrateOptions.from_values(values)
     try:
         bound = parse_fraction(max_regression)
+        options.validate()
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
-    if agent and not workflow:
-        raise click.UsageError("--agent is a kind of --workflow sweep: give both")
-    if workflow:
+    model = options.model
+    if options.workflow:
         try:
-            levels = parse_levels(sessions)
+            levels = options.session_levels()
         except ValueError as exc:
-            raise click.ClickException(str(exc).replace("concurrency", "session")) from exc
+            raise click.ClickException(str(exc)) from exc
         client = _model_client(_client(url, token), model)
         try:
-            profile = calibrate_workflow(client, levels, rounds, max_tokens, slo_round_p95_ms, agent=agent)
+            profile = calibrate_workflow(
+                client, levels, options.rounds, options.max_tokens, options.slo_round_p95_ms, agent=options.agent
+            )
         except (ClientError, ValueError) as exc:
             raise click.ClickException(str(exc)) from exc
         assert profile.workflow is not None
@@ -368,17 +357,7 @@ def calibrate(
         return
 
     try:
-        config = SweepConfig(
-            concurrency=parse_levels(concurrency),
-            requests_per_level=requests,
-            max_tokens=max_tokens,
-            min_seconds_per_level=min_seconds,
-            warmup_requests=warmup,
-            prompt=prompt,
-            ttft_p95_limit_ms=ttft_limit_ms,
-            latency_target_ms=latency_target_ms,
-        )
-        config.validate()
+        config = options.sweep_config()
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -396,7 +375,7 @@ def calibrate(
     config.model = client.model
 
     try:
-        profile = run_calibration(client, config, run_probe=not no_probe, on_level=progress)
+        profile = run_calibration(client, config, run_probe=not options.no_probe, on_level=progress)
     except ClientError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(format_profile(profile))
@@ -409,7 +388,7 @@ def _calibrate_cache_types(
     cache_types: str, config: Any, model: str | None, url: str | None, progress: Any, html: str | None, no_archive: bool
 ) -> None:
     from .calibrate.archive import archive
-    from .calibrate.cache_types import cache_types_figure, calibrate_cache_types, format_cache_types
+    from .probes.cache_types import cache_types_figure, calibrate_cache_types, format_cache_types
 
     if url is not None:
         raise click.ClickException("--cache-types restarts the engine for each type: it runs its own, not --url's")

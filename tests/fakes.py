@@ -31,6 +31,7 @@ class FakeRunner:
         self.n_ctx = n_ctx
         self.n_ctx_train = n_ctx_train
         self.kv_buffer_bytes: int | None = None
+        self.repack: bool | None = None
         self.bos_token = ""
         self.eos_token = ""
         self.calls: list[list[DecodeItem]] = []

@@ -115,7 +115,7 @@ def test_weights_load_mapped_or_read_and_locked_or_not(model_path):
 
 
 def test_the_quality_measurement_finds_f16_exact_and_q4_0_not(model_path):
-    from magnitude_jupyter.calibrate.kv_quality import first_divergence, measure
+    from magnitude_jupyter.probes.kv_quality import first_divergence, measure
 
     text = "The history of the bicycle begins in the early nineteenth century, when a German inventor built"
     f16, q4 = measure(model_path, [text], cache_types=("f16", "q4_0"), greedy=8)

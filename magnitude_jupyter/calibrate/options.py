@@ -1,16 +1,18 @@
-"""The calibration options, declared once: `magnitude calibrate`'s click options, `%magnitude
-calibrate`'s argparse arguments, `SweepConfig`'s defaults and the widget's start values all come
-from `CALIBRATE_OPTIONS`, so a cell, the widget and the shell give the same verdict for the same run.
+"""The calibration options, declared once: `CalibrateOptions`' fields are `magnitude calibrate`'s
+click options, `%magnitude calibrate`'s arguments, `SweepConfig`'s defaults and the widget's start
+values, so a cell, the widget and the shell give the same verdict for the same run.
 
 Imports nothing heavy: every `magnitude` command imports the CLI.
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .sweep import SweepConfig
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16"
 DEFAULT_REQUESTS = 16
@@ -25,8 +27,8 @@ DEFAULT_ROUNDS = 6
 
 @dataclass(frozen=True)
 class Option:
-    """One calibration option: its flag, the keyword it becomes, its type (None: an on/off flag),
-    its default and its help."""
+    """How one calibration option is spelled: its flag, the keyword it becomes, its type (None: an
+    on/off flag), its default and its help."""
 
     flag: str
     dest: str
@@ -36,34 +38,87 @@ class Option:
     short: str | None = None
 
 
-CALIBRATE_OPTIONS = (
-    Option("--concurrency", "concurrency", str, DEFAULT_CONCURRENCY, "Concurrency levels, comma-separated."),
-    Option("--requests", "requests", int, DEFAULT_REQUESTS, "Requests per level."),
-    Option("--max-tokens", "max_tokens", int, DEFAULT_MAX_TOKENS, "New tokens per request."),
-    Option("--min-seconds", "min_seconds", float, None, "Run each level at least this long (steadier figures)."),
-    Option("--warmup", "warmup", int, DEFAULT_WARMUP, "Requests sent before the first level."),
-    Option("--prompt", "prompt", str, None, "One prompt for every request (a cache hit after the first)."),
-    Option(
+def option(flag: str, kind: type | None, default: Any, help: str, short: str | None = None) -> Any:
+    return field(default=default, metadata={"spelling": (flag, kind, help, short)})
+
+
+@dataclass(frozen=True)
+class CalibrateOptions:
+    """What one calibration asks for, as the CLI and the magic parse it."""
+
+    concurrency: str = option("--concurrency", str, DEFAULT_CONCURRENCY, "Concurrency levels, comma-separated.")
+    requests: int = option("--requests", int, DEFAULT_REQUESTS, "Requests per level.")
+    max_tokens: int = option("--max-tokens", int, DEFAULT_MAX_TOKENS, "New tokens per request.")
+    min_seconds: float | None = option(
+        "--min-seconds", float, None, "Run each level at least this long (steadier figures)."
+    )
+    warmup: int = option("--warmup", int, DEFAULT_WARMUP, "Requests sent before the first level.")
+    prompt: str | None = option("--prompt", str, None, "One prompt for every request (a cache hit after the first).")
+    latency_target_ms: float | None = option(
         "--latency-target-ms",
-        "latency_target_ms",
         float,
         DEFAULT_LATENCY_TARGET_MS,
         "The p95 end-to-end latency the recommended parallel must meet.",
-    ),
-    Option("--ttft-limit-ms", "ttft_limit_ms", float, None, "Stop when a level's p95 TTFT is over this."),
-    Option("--no-probe", "no_probe", None, False, "Skip the capacity probe."),
-    Option("--workflow", "workflow", None, False, "Sweep concurrent multi-round sessions instead (agent workflows)."),
-    Option("--sessions", "sessions", str, DEFAULT_SESSIONS, "With --workflow: concurrent sessions, per level."),
-    Option("--rounds", "rounds", int, DEFAULT_ROUNDS, "With --workflow: rounds per session."),
-    Option("--agent", "agent", None, False, "With --workflow: tool-using agent sessions (call, result, next call)."),
-    Option(
+    )
+    ttft_limit_ms: float | None = option("--ttft-limit-ms", float, None, "Stop when a level's p95 TTFT is over this.")
+    no_probe: bool = option("--no-probe", None, False, "Skip the capacity probe.")
+    workflow: bool = option(
+        "--workflow", None, False, "Sweep concurrent multi-round sessions instead (agent workflows)."
+    )
+    sessions: str = option("--sessions", str, DEFAULT_SESSIONS, "With --workflow: concurrent sessions, per level.")
+    rounds: int = option("--rounds", int, DEFAULT_ROUNDS, "With --workflow: rounds per session.")
+    agent: bool = option(
+        "--agent", None, False, "With --workflow: tool-using agent sessions (call, result, next call)."
+    )
+    slo_round_p95_ms: float = option(
         "--slo-round-p95-ms",
-        "slo_round_p95_ms",
         float,
         DEFAULT_SLO_ROUND_P95_MS,
         "With --workflow: the p95 round latency every round must meet.",
-    ),
-    Option("--model", "model", str, None, "Calibrate this model (a server with many models loads it first).", "-m"),
+    )
+    model: str | None = option(
+        "--model", str, None, "Calibrate this model (a server with many models loads it first).", "-m"
+    )
+
+    @classmethod
+    def from_values(cls, values: dict[str, Any]) -> CalibrateOptions:
+        """The options among parsed values (a click command's keywords, an argparse namespace's dict)."""
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
+
+    def validate(self) -> None:
+        if self.agent and not self.workflow:
+            raise ValueError("--agent is a kind of --workflow sweep: give both")
+
+    def session_levels(self) -> tuple[int, ...]:
+        from .sweep import parse_levels
+
+        try:
+            return parse_levels(self.sessions)
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("concurrency", "session")) from None
+
+    def sweep_config(self, model: str | None = None) -> SweepConfig:
+        """The concurrency sweep these options ask for (validated)."""
+        from .sweep import SweepConfig, parse_levels
+
+        config = SweepConfig(
+            concurrency=parse_levels(self.concurrency),
+            requests_per_level=self.requests,
+            max_tokens=self.max_tokens,
+            min_seconds_per_level=self.min_seconds,
+            warmup_requests=self.warmup,
+            prompt=self.prompt,
+            ttft_p95_limit_ms=self.ttft_limit_ms,
+            latency_target_ms=self.latency_target_ms,
+            model=model,
+        )
+        config.validate()
+        return config
+
+
+CALIBRATE_OPTIONS = tuple(
+    Option(f.metadata["spelling"][0], f.name, f.metadata["spelling"][1], f.default, *f.metadata["spelling"][2:])
+    for f in fields(CalibrateOptions)
 )
 
 
@@ -71,23 +126,25 @@ def click_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The calibration options as click options."""
     import click
 
-    for option in reversed(CALIBRATE_OPTIONS):
-        names = [option.flag, *([option.short] if option.short else [])]
-        if option.type is None:
-            command = click.option(*names, option.dest, is_flag=True, help=option.help)(command)
+    for spelled in reversed(CALIBRATE_OPTIONS):
+        names = [spelled.flag, *([spelled.short] if spelled.short else [])]
+        if spelled.type is None:
+            command = click.option(*names, spelled.dest, is_flag=True, help=spelled.help)(command)
         else:
-            show = option.default is not None
+            show = spelled.default is not None
             command = click.option(
-                *names, option.dest, type=option.type, default=option.default, show_default=show, help=option.help
+                *names, spelled.dest, type=spelled.type, default=spelled.default, show_default=show, help=spelled.help
             )(command)
     return command
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The calibration options as argparse arguments (the magics)."""
-    for option in CALIBRATE_OPTIONS:
-        names = [option.flag, *([option.short] if option.short else [])]
-        if option.type is None:
-            parser.add_argument(*names, dest=option.dest, action="store_true", help=option.help)
+def add_arguments(parser: Any) -> None:
+    """The calibration options on an argparse parser (the magics)."""
+    for spelled in CALIBRATE_OPTIONS:
+        names = [spelled.flag, *([spelled.short] if spelled.short else [])]
+        if spelled.type is None:
+            parser.add_argument(*names, dest=spelled.dest, action="store_true", help=spelled.help)
         else:
-            parser.add_argument(*names, dest=option.dest, type=option.type, default=option.default, help=option.help)
+            parser.add_argument(
+                *names, dest=spelled.dest, type=spelled.type, default=spelled.default, help=spelled.help
+            )

@@ -17,115 +17,39 @@ scheduler's queues). Cancels are queued and applied between steps, never mid-ste
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from ..config import EngineSettings, Settings, load_settings
 from ..kvmath import kv_bytes_per_token
 from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
-from .chat import render_chat
-from .gbnf_limits import measure_grammar, run_on_grammar_stack, start_with_grammar_stack
+from .gbnf_limits import start_with_grammar_stack
 from .memory import ContextSizing, cache_sequences, resolve_settings
 from .metrics import EngineMetrics
-from .prefix_cache import (
-    ClearSequence,
-    CopyCells,
-    KVOp,
-    RamTier,
-    RestoreSequence,
-    SavedState,
-    SaveSequence,
-    TrimSequence,
-)
-from .request import FinishReason, Priority, Request, SamplingParams, invalid_param
-from .scheduler import DecodeItem, PromptTooLongError, ScheduledChunk, Scheduler, SchedulerOutput, SchedulerStats
-from .schema_limits import GrammarError
+from .prefix_cache import KVOp
+from .prepare import prepare_params
+from .request import FinishReason, Priority, Request, SamplingParams
+from .runner_api import Runner, Sampled, apply_kv_ops, chat_prompt_tokens
+from .scheduler import PromptTooLongError, ScheduledChunk, Scheduler, SchedulerOutput, SchedulerStats
 from .stats import EngineStats, FinishedRequest, LiveRequest, rss_bytes
+from .step import execute_plan
 from .streams import StreamEvent, StreamRegistry, TokenLogprob
 from .text import TextAssembler
 from .threads import ThreadGovernor
-from .tools import ToolRequest, template_form, tools_grammar
+from .tools import ToolRequest
 
 log = logging.getLogger(__name__)
 
 
-def apply_kv_ops(runner: Runner, ops: list[KVOp], ram: RamTier | None) -> None:
-    """Carry out the prefix cache's decisions on the runner, in order (on the engine thread)."""
-    for op in ops:
-        if isinstance(op, CopyCells):
-            runner.copy_cells(op.src_seq, op.dst_seq, op.start, op.end)
-        elif isinstance(op, ClearSequence):
-            runner.end_sequence(op.seq_id)
-        elif isinstance(op, TrimSequence):
-            runner.drop_cells(op.seq_id, op.start, -1)
-        elif isinstance(op, SaveSequence):
-            if ram is not None:
-                ram.put(op.tokens, runner.save_sequence(op.seq_id))
-        elif isinstance(op, RestoreSequence):
-            if not runner.restore_sequence(op.seq_id, op.data):
-                raise RuntimeError(f"llama.cpp could not restore a saved sequence ({len(op.data)} bytes)")
-            if op.shared:
-                assert op.shared_from is not None
-                # The tree's own cells for the part it held already: never the same tokens twice.
-                runner.drop_cells(op.seq_id, 0, op.shared)
-                runner.copy_cells(op.shared_from, op.seq_id, 0, op.shared)
-
-
-def chat_prompt_tokens(
-    runner: Runner, messages: Any, chat_template: str | None, tools: ToolRequest | None = None
-) -> list[int]:
-    """Chat messages (and the tools they may call) rendered through the model's template, as tokens."""
-    text = render_chat(messages, chat_template, runner.bos_token, runner.eos_token, tools=tools)
-    # The template writes the BOS token itself when the model wants one.
-    return runner.tokenize(text, add_special=not (runner.bos_token and text.startswith(runner.bos_token)))
-
-
 class EngineError(RuntimeError):
     """The engine cannot take this call now (not loaded, failed to load, or shut down)."""
-
-
-class Runner(Protocol):
-    """What the engine needs from a model runner (`LlamaRunner`, or a fake in scheduler tests)."""
-
-    n_ctx: int
-    n_ctx_train: int
-    bos_token: str
-    eos_token: str
-    kv_buffer_bytes: int | None  # what llama.cpp reports its KV buffer holds (None: not reported)
-
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
-    def token_to_piece(self, token: int) -> bytes: ...
-    def is_eog(self, token: int) -> bool: ...
-    def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: list[int], cells: int) -> None: ...
-    def check_grammar(self, grammar: str) -> bool: ...
-    def end_sequence(self, seq_id: int) -> None: ...
-    def copy_cells(self, src_seq: int, dst_seq: int, start: int, end: int) -> None: ...
-    def drop_cells(self, seq_id: int, start: int, end: int) -> None: ...
-    def save_sequence(self, seq_id: int) -> SavedState: ...
-    def restore_sequence(self, seq_id: int, data: SavedState) -> bool: ...
-    def sequence_length(self, seq_id: int) -> int: ...
-    def decode(self, items: list[DecodeItem]) -> list[int | None]: ...
-    def sample(self, seq_id: int, row: int) -> int: ...
-    def token_logprobs(self, row: int, token: int, top_n: int) -> TokenLogprob: ...
-    def set_threads(self, n_threads: int) -> None: ...
-    def close(self) -> None: ...
-    def embed(self, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]: ...
-
-
-@dataclass(frozen=True)
-class Sampled:
-    """A token sampled for one sequence this step, with its log probability when the request asked."""
-
-    token: int
-    logprob: TokenLogprob | None = None
 
 
 @dataclass
@@ -317,26 +241,7 @@ class Engine:
         cap, not a demand: past the context, the answer ends with "length" where the context does;
         a prompt that alone does not fit is a PromptTooLongError."""
         runner, scheduler = self._require_ready()
-        params = replace(params or SamplingParams(), stop=list((params.stop if params else []) or []))
-        params.validate()
-        tool_form = None
-        if tools is not None:
-            if messages is None:
-                raise invalid_param("tools", "tools need chat messages")
-            if params.grammar is not None:
-                raise invalid_param("tools", "give tools or a grammar (response_format), not both")
-            tool_form = template_form(self._chat_template).name
-            params.grammar = tools_grammar(tools, tool_form)
-        if params.grammar is not None:
-            grammar = params.grammar
-            try:
-                measure_grammar(grammar)  # before llama.cpp sees it: see gbnf_limits.py
-            except GrammarError as exc:
-                raise invalid_param("tools" if tools is not None else "grammar", str(exc)) from None
-            if not run_on_grammar_stack(lambda: runner.check_grammar(grammar)):
-                raise invalid_param("grammar", "llama.cpp could not parse it (GBNF with a 'root' rule)")
-        if not params.greedy and params.seed is None:
-            params.seed = random.getrandbits(32)  # recorded, so a sampled answer can be reproduced
+        params, tool_form = prepare_params(runner, params, messages, tools, self._chat_template)
         tokens = list(prompt_tokens) if prompt_tokens is not None else self.prompt_tokens_for(prompt, messages, tools)
         if not tokens:
             raise ValueError("the prompt is empty")
@@ -497,7 +402,7 @@ class Engine:
         try:
             self.runner = self._runner_factory(self.engine_settings)
             trained = (self.runner.n_ctx_train if self.runner is not None else 0) or None
-            if self.engine_settings.repack is None and hasattr(self.runner, "repack"):
+            if self.engine_settings.repack is None and self.runner.repack is not None:
                 # What it runs with, as ctx_size auto is shown resolved (/v1/models).
                 self.engine_settings = replace(self.engine_settings, repack=self.runner.repack)
             es = self.engine_settings
@@ -623,64 +528,9 @@ class Engine:
             runner.end_sequence(seq_id)
 
     def _execute(self, runner: Runner, out: SchedulerOutput) -> list[list[Sampled]]:
-        """Decode the plan: the batched chunks in one call, each reproducible chunk in its own. Per
-        chunk, the tokens sampled after it: none for a prompt chunk that does not end its prompt, one
-        for a decode step, and with a draft, one more for each draft token the picks confirm."""
-        sampled: list[list[Sampled]] = []
-        groups = ([out.batched] if out.batched else []) + [[chunk] for chunk in out.solo]
-        for group in groups:
-            items = [chunk.item() for chunk in group]
-            n_rows = sum(len(item.tokens) for item in items)
-            prompt_rows = sum(len(chunk.tokens) for chunk in group if not chunk.request.prompt_done)
-            started = time.perf_counter()
-            if group is out.batched:
-                rows = runner.decode(items)
-                seconds = time.perf_counter() - started
-                # Only steps of decode rows teach the policy what a draft row costs: prompt rows are
-                # cheaper per token (they fill the step in one matrix product) and would hide the price.
-                drafts = self.scheduler.drafts if self.scheduler is not None else None
-                if drafts is not None and out.decodes_only:
-                    drafts.cost.observe(n_rows, seconds)
-            else:
-                rows = self._decode_solo_step(runner, items)
-                seconds = time.perf_counter() - started
-            if n_rows:
-                self.metrics.record_decode(n_rows, prompt_rows, seconds)
-            for chunk, row in zip(group, rows, strict=True):
-                picks: list[Sampled] = []
-                if row is not None:
-                    for i in range(len(chunk.draft) + 1):
-                        picks.append(self._sample(runner, chunk, row + i))
-                        if i == len(chunk.draft) or picks[-1].token != chunk.draft[i]:
-                            break
-                    if chunk.draft:
-                        # The drafts after the first mismatch were computed on a wrong guess: their cells go.
-                        end = chunk.start_pos + len(chunk.tokens)
-                        runner.drop_cells(chunk.seq_id, end - len(chunk.draft) + len(picks) - 1, end)
-                sampled.append(picks)
-        return sampled
-
-    @staticmethod
-    def _sample(runner: Runner, chunk: ScheduledChunk, row: int) -> Sampled:
-        token = runner.sample(chunk.seq_id, row)
-        params = chunk.request.params
-        # Read from this step's logits row before the next decode overwrites it.
-        logprob = runner.token_logprobs(row, token, params.top_logprobs) if params.logprobs else None
-        return Sampled(token, logprob)
-
-    def _decode_solo_step(self, runner: Runner, items: list[DecodeItem]) -> list[int | None]:
-        """A reproducible request's chunk, in its lane (runner.Lane). With flash attention its one-token
-        steps run on one thread: llama.cpp's CPU flash attention splits 512 cells or more into one piece
-        per thread and merges them, so the result would depend on the thread count, which changes with
-        load; a single piece is bit-identical to the unsplit pass over fewer cells. Its matrix products
-        compute each value on one thread, whatever the count."""
-        if len(items[0].tokens) != 1 or self._threads == 1 or not self.engine_settings.uses_flash_attention:
-            return runner.decode(items)
-        runner.set_threads(1)
-        try:
-            return runner.decode(items)
-        finally:
-            runner.set_threads(self._threads)
+        drafts = self.scheduler.drafts if self.scheduler is not None else None
+        solo_one_thread = self._threads > 1 and self.engine_settings.uses_flash_attention
+        return execute_plan(runner, out, self.metrics, drafts, self._threads if solo_one_thread else None)
 
     def _chunks(self, out: SchedulerOutput) -> list[ScheduledChunk]:
         return out.batched + out.solo

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import random
 import re
 import threading
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from .embeddings import Embedder
 from .memory import KV_PADDING
 from .prefix_cache import SavedState
 from .request import SamplingParams
+from .sampling import TokenPicker
 from .scheduler import DecodeItem
 from .streams import TokenLogprob
 
@@ -189,19 +189,9 @@ class LlamaRunner:
         self.bos_token = self._special_text(llama_cpp.llama_vocab_bos(self.vocab))
         self.eos_token = self._special_text(llama_cpp.llama_vocab_eos(self.vocab))
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
-        self._samplers: dict[int, ctypes.c_void_p | None] = {}
-        self._eog_tokens = np.array(
-            [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)], dtype=np.int64
-        )
-        self._eog_banned: set[int] = set()  # sequences that ignore_eos: llama-server's rule, EOG never sampled
-        self._grammars: dict[int, ctypes.c_void_p] = {}  # kept out of the chains: see `sample`
-        self._candidates = np.zeros(self.n_vocab, dtype=TOKEN_DATA)
-        self._token_ids = np.arange(self.n_vocab, dtype=np.int32)
-        self._one = np.zeros(1, dtype=TOKEN_DATA)
-        self._shortlist = np.zeros(GRAMMAR_SHORTLIST, dtype=TOKEN_DATA)
+        self.picker = TokenPicker(self.vocab, self.n_vocab, self.n_ctx)
         self._embedder: Embedder | None = None
         self._embedder_lock = threading.Lock()
-        self._shortlist_need: dict[int, int] = {}  # see _shortlist_pick
         self._piece_buf = ctypes.create_string_buffer(256)
         self._lanes: dict[int, Lane] = {}
         self._last_ctx = self.ctx  # where the last decode's logits are
@@ -258,53 +248,13 @@ class LlamaRunner:
     def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: Sequence[int], cells: int) -> None:
         """Build the sequence's sampler (the prompt primes the repetition penalty), and a lane of
         `cells` for a reproducible request."""
-        self._free_sampler(seq_id)
+        self.picker.free(seq_id)
         if params.reproducible:
             self._open_lane(seq_id, cells)
-        # `ignore_eos` bans end-of-generation tokens, as llama.cpp's server does, rather than sampling
-        # and skipping them: the answer is the text of its tokens, so a conversation that resends it
-        # tokenizes back to the same cells and the prefix cache keeps hitting.
-        if params.bans_eog:
-            self._eog_banned.add(seq_id)
-        if params.grammar is not None:
-            grammar = self._grammar_sampler(params.grammar)
-            if grammar is None:
-                raise RunnerError("llama.cpp could not parse the grammar")
-            self._grammars[seq_id] = grammar
-            shortlist_need = 1 if params.greedy else params.top_k
-            if not params.penalized and 0 < shortlist_need <= GRAMMAR_SHORTLIST:
-                self._shortlist_need[seq_id] = shortlist_need
-        if params.greedy and not params.penalized:
-            self._samplers[seq_id] = None  # plain argmax over the logits row: no sampler state needed
-            return
-        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        if params.bans_eog and len(self._eog_tokens):
-            biases = (llama_cpp.llama_logit_bias * len(self._eog_tokens))(
-                *(llama_cpp.llama_logit_bias(int(token), float("-inf")) for token in self._eog_tokens)
-            )
-            bias = llama_cpp.llama_sampler_init_logit_bias(self.n_vocab, len(biases), biases)
-            llama_cpp.llama_sampler_chain_add(chain, bias)
-        if params.penalized:
-            last_n = self.n_ctx if params.repeat_last_n == -1 else params.repeat_last_n
-            penalties = llama_cpp.llama_sampler_init_penalties(
-                self.n_vocab, last_n, params.repeat_penalty, params.frequency_penalty, params.presence_penalty
-            )
-            for token in prompt_tokens:  # the penalty sampler alone: a grammar must not see the prompt
-                llama_cpp.llama_sampler_accept(penalties, token)
-            llama_cpp.llama_sampler_chain_add(chain, penalties)
-        if params.greedy:
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
-        else:
-            if params.top_k > 0:
-                llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(params.top_k))
-            if params.top_p < 1.0:
-                llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
-            if params.min_p > 0.0:
-                llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(params.temperature))
-            seed = params.seed if params.seed is not None else random.getrandbits(32)
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-        self._samplers[seq_id] = chain
+        try:
+            self.picker.start(seq_id, params, prompt_tokens)
+        except ValueError as exc:
+            raise RunnerError(str(exc)) from None
 
     def _open_lane(self, seq_id: int, cells: int) -> None:
         self._close_lane(seq_id)
@@ -328,13 +278,9 @@ class LlamaRunner:
         """Lanes open: reproducible requests running."""
         return len(self._lanes)
 
-    def _grammar_sampler(self, grammar: str) -> ctypes.c_void_p | None:
-        sampler = llama_cpp.llama_sampler_init_grammar(self.vocab, grammar.encode("utf-8"), b"root")
-        return sampler or None
-
     def check_grammar(self, grammar: str) -> bool:
         """Whether llama.cpp parses this GBNF grammar (with a `root` rule)."""
-        sampler = self._grammar_sampler(grammar)
+        sampler = self.picker.grammar_sampler(grammar)
         if sampler is None:
             return False
         llama_cpp.llama_sampler_free(sampler)
@@ -346,7 +292,7 @@ class LlamaRunner:
             self._close_lane(seq_id)
         else:
             llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
-        self._free_sampler(seq_id)
+        self.picker.free(seq_id)
 
     def copy_cells(self, src_seq: int, dst_seq: int, start: int, end: int) -> None:
         """Let `dst_seq` share the cells of positions [start, end) of `src_seq` (no copy in a unified cache)."""
@@ -379,16 +325,6 @@ class LlamaRunner:
     def sequence_length(self, seq_id: int) -> int:
         """Tokens this sequence holds in the KV cache (0 when empty)."""
         return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id)) + 1
-
-    def _free_sampler(self, seq_id: int) -> None:
-        self._eog_banned.discard(seq_id)
-        self._shortlist_need.pop(seq_id, None)
-        grammar = self._grammars.pop(seq_id, None)
-        if grammar is not None:
-            llama_cpp.llama_sampler_free(grammar)
-        chain = self._samplers.pop(seq_id, None)
-        if chain is not None:
-            llama_cpp.llama_sampler_free(chain)
 
     # -- compute ---------------------------------------------------------------------------
 
@@ -434,87 +370,7 @@ class LlamaRunner:
         return rows
 
     def sample(self, seq_id: int, row: int) -> int:
-        chain = self._samplers[seq_id]
-        grammar = self._grammars.get(seq_id)
-        if grammar is None:
-            if chain is None:
-                return self._argmax(seq_id, self._logits_view(row))
-            return int(llama_cpp.llama_sampler_sample(chain, self._last_ctx, row))
-        # As llama.cpp's own sampling does: the token picked without the grammar, if the grammar
-        # allows it (it mostly does), else the pick among the tokens it allows. Checking one token is
-        # cheap; applying a grammar to every token of the vocabulary, each step, is not.
-        logits = self._logits_view(row)
-        token = self._pick(seq_id, chain, None, logits)
-        if not self._allows(grammar, token, float(logits[token])):
-            picked = self._shortlist_pick(seq_id, chain, grammar, logits)
-            token = picked if picked is not None else self._pick(seq_id, chain, grammar, logits)
-        llama_cpp.llama_sampler_accept(grammar, token)
-        if chain is not None:
-            llama_cpp.llama_sampler_accept(chain, token)
-        return token
-
-    def _argmax(self, seq_id: int, logits: np.ndarray) -> int:
-        token = int(np.argmax(logits))
-        if seq_id in self._eog_banned and self.is_eog(token):
-            logits = logits.copy()  # the row itself stays the model's, for logprobs
-            logits[self._eog_tokens] = -np.inf
-            token = int(np.argmax(logits))
-        return token
-
-    def _pick(self, seq_id: int, chain: Any, grammar: Any, logits: np.ndarray) -> int:
-        """The token the chain picks (argmax without one), over the tokens `grammar` allows if given;
-        nothing is accepted into either."""
-        if chain is None and grammar is None:
-            return self._argmax(seq_id, logits)
-        candidates = self._candidates
-        candidates["id"] = self._token_ids  # a chain sorts and cuts them in place
-        candidates["logit"] = logits
-        candidates["p"] = 0.0
-        array = _token_data_array(candidates)
-        if grammar is not None:
-            llama_cpp.llama_sampler_apply(grammar, ctypes.byref(array))
-        if chain is None:
-            return int(candidates["id"][int(np.argmax(candidates["logit"][: array.size]))])
-        llama_cpp.llama_sampler_apply(chain, ctypes.byref(array))
-        return int(candidates["id"][array.selected])
-
-    def _shortlist_pick(self, seq_id: int, chain: Any, grammar: Any, logits: np.ndarray) -> int | None:
-        """The pick under a grammar made among the GRAMMAR_SHORTLIST likeliest tokens only, where that
-        is the same pick as over the whole vocabulary; None where it may not be.
-
-        Applying a grammar costs each token it is tried on times the alternatives it has open, so a
-        wide choice (an enum) tried on the whole vocabulary stalls every request's step. Every token
-        outside the shortlist is less likely than every token in it: when the grammar allows at least
-        as many shortlisted tokens as the pick looks at (1 for greedy, top_k for a chain without
-        penalties, which only lower some logits), none outside could have been picked.
-        """
-        need = self._shortlist_need.get(seq_id)
-        if need is None:
-            return None
-        shortlist = np.argpartition(logits, -GRAMMAR_SHORTLIST)[-GRAMMAR_SHORTLIST:]
-        if seq_id in self._eog_banned:
-            shortlist = shortlist[~np.isin(shortlist, self._eog_tokens)]
-        size = len(shortlist)
-        candidates = self._shortlist[:size]
-        candidates["id"] = shortlist
-        candidates["logit"] = logits[shortlist]
-        candidates["p"] = 0.0
-        array = _token_data_array(candidates)
-        llama_cpp.llama_sampler_apply(grammar, ctypes.byref(array))
-        allowed = np.isfinite(candidates["logit"][: array.size])
-        if int(allowed.sum()) < need:
-            return None
-        if chain is None:
-            return int(candidates["id"][int(np.argmax(candidates["logit"][: array.size]))])
-        llama_cpp.llama_sampler_apply(chain, ctypes.byref(array))
-        return int(candidates["id"][array.selected])
-
-    def _allows(self, grammar: Any, token: int, logit: float) -> bool:
-        one = self._one
-        one["id"], one["logit"], one["p"] = token, logit, 0.0
-        array = _token_data_array(one)
-        llama_cpp.llama_sampler_apply(grammar, ctypes.byref(array))
-        return bool(np.isfinite(one["logit"][0]))
+        return self.picker.sample(seq_id, self._last_ctx, row, lambda: self._logits_view(row))
 
     def _logits_view(self, row: int) -> np.ndarray:
         ptr = llama_cpp.llama_get_logits_ith(self._last_ctx, row)
@@ -549,8 +405,7 @@ class LlamaRunner:
         if self._closed:
             return
         self._closed = True
-        for seq_id in list(self._samplers):
-            self._free_sampler(seq_id)
+        self.picker.close()
         for seq_id in list(self._lanes):
             self._close_lane(seq_id)
         if self._embedder is not None:
@@ -566,18 +421,6 @@ class LlamaRunner:
             if self._embedder is None:
                 self._embedder = Embedder(self.model, self._n_threads, self.n_ctx_train)
         return self._embedder.embed(inputs)
-
-
-TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
-
-
-GRAMMAR_SHORTLIST = 256  # tokens a greedy request's grammar is tried on before the whole vocabulary
-
-
-def _token_data_array(candidates: np.ndarray) -> Any:
-    """A llama_token_data_array over a numpy array of TOKEN_DATA (no copy)."""
-    data = candidates.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
-    return llama_cpp.llama_token_data_array(data=data, size=len(candidates), selected=-1, sorted=False)
 
 
 QUANTIZE_TYPES = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "f16": "LLAMA_FTYPE_MOSTLY_F16"}

@@ -8,10 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from .batch import summary_line
-from .batch_options import BatchError, batch_flags
-from .client import ClientError
-from .embed import EMBEDDING_COLUMN, EmbeddingClient, embed_dataframe
+from ..batch import summary_line
+from ..batch_options import BatchError, batch_flags
+from ..client import ClientError
+from ..embed import EMBEDDING_COLUMN, EmbeddingClient, embed_dataframe
+from .arguments import CellArgs, MagnitudeError
+from .session import NotebookSession
 
 ALLOWED = frozenset({"model", "output_column", "checkpoint"})  # the batch options that mean something here
 
@@ -62,3 +64,32 @@ def run_embed_cell(client: EmbeddingClient, cell: EmbedCell) -> Any:
         raise EmbedCellError(str(exc)) from None
     print(f"magnitude: {len(lines)} text{'s' if len(lines) > 1 else ''} → {vectors.shape[1]}-dimensional unit vectors")
     return vectors
+
+
+def embed_cell(session: NotebookSession, args: CellArgs, cell: str) -> Any:
+    prompt_only = [
+        flag
+        for flag, given in (
+            ("--system", args.system),
+            ("--chat", args.chat),
+            ("--tools", args.tools),
+            ("--compare", args.compare),
+            ("-f", args.format != "text"),
+        )
+        if given
+    ]
+    try:
+        options = cell_options(args.batch_options(), prompt_only)
+        df = session.dataframe(args.df) if args.df else None
+        request = EmbedCell(
+            session.interpolate(cell.strip()) if df is None else cell.strip(),
+            model=options.get("model") or session.model,
+            df=df,
+            output_column=options.get("output_column") or EMBEDDING_COLUMN,
+            checkpoint=options.get("checkpoint"),
+        )
+        result = run_embed_cell(session.client, request)
+    except EmbedCellError as exc:
+        raise MagnitudeError(str(exc)) from None
+    session.keep(result, args.output)
+    return None if args.output else result

@@ -3,14 +3,15 @@ its result is shown as it happens, and the whole run is kept in the output's met
 
 from __future__ import annotations
 
-import argparse
 from typing import TYPE_CHECKING, Any
 
 from IPython.display import display
 
-from .agent import AgentError, AgentStep, run_agent
-from .client import Client
-from .conversations import Conversation, Turn
+from ..agent import AgentError, AgentStep, run_agent
+from ..client import ClientError
+from ..conversations import Conversation, Turn
+from .arguments import CellArgs, MagnitudeError
+from .session import NotebookSession
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -47,19 +48,35 @@ def step_line(step: AgentStep) -> str:
 
 
 def agent_cell(
-    client: Client,
-    args: argparse.Namespace,
-    user_ns: dict[str, Any],
+    session: NotebookSession,
+    args: CellArgs,
     prompt: str,
     conversation: Conversation | None,
     history: list[Turn],
     messages: list[dict[str, Any]],
     body: dict[str, Any],
-    cell_key: str,
-) -> tuple[str, dict[str, Any]]:
-    """Run the agent loop for one cell; returns (the answer, the output's metadata). Raises
-    AgentError (bad --tools) or ClientError; the magic turns both into a clear message."""
-    functions = notebook_functions(args.tools, user_ns)
+) -> None:
+    """Run the agent loop for one cell: the answer in `_magnitude` (and -o's variable), each step
+    printed as it happens, the whole run in the output's metadata."""
+    try:
+        answer = run_cell(session, args, prompt, conversation, history, messages, body)
+    except (AgentError, ClientError) as exc:
+        raise MagnitudeError(str(exc)) from None
+    session.keep_answer(answer, args.output, conversation)
+
+
+def run_cell(
+    session: NotebookSession,
+    args: CellArgs,
+    prompt: str,
+    conversation: Conversation | None,
+    history: list[Turn],
+    messages: list[dict[str, Any]],
+    body: dict[str, Any],
+) -> str:
+    assert args.tools is not None
+    client = session.client
+    functions = notebook_functions(args.tools, session.user_ns)
     sent = len(messages)
     run = run_agent(
         client,
@@ -87,8 +104,8 @@ def agent_cell(
         if run.answer is not None:
             between = between[:-1]  # the answer itself is the turn's reply
         last = run.rounds[-1]
-        turn = Turn(prompt, answer, cell_key, last["usage"], last["timings"], tool_messages=between)
+        turn = Turn(prompt, answer, session.cell_key, last["usage"], last["timings"], tool_messages=between)
         conversation.turns = [*history, turn]
         metadata["conversation"] = {"name": conversation.name, "turn": len(conversation.turns)}
     display({"text/plain": answer}, raw=True, metadata={"magnitude": metadata})
-    return answer, metadata
+    return answer

@@ -1,0 +1,99 @@
+"""What the engine needs from a model runner (`LlamaRunner`, or a fake in unit tests), and the
+helpers that work through that protocol only: the prefix cache's KV operations carried out on it,
+chat messages rendered into its tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from .chat import render_chat
+from .prefix_cache import (
+    ClearSequence,
+    CopyCells,
+    KVOp,
+    RamTier,
+    RestoreSequence,
+    SavedState,
+    SaveSequence,
+    TrimSequence,
+)
+from .request import SamplingParams
+from .scheduler import DecodeItem
+from .streams import TokenLogprob
+from .tools import ToolRequest
+
+
+class Runner(Protocol):
+    """What the engine needs from a model runner (`LlamaRunner`, or a fake in scheduler tests)."""
+
+    n_ctx: int
+    n_ctx_train: int
+    bos_token: str
+    eos_token: str
+    kv_buffer_bytes: int | None  # what llama.cpp reports its KV buffer holds (None: not reported)
+
+    @property
+    def repack(self) -> bool | None:
+        """Whether the weights were repacked at load (None: the runner has no such choice)."""
+        ...
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
+    def token_to_piece(self, token: int) -> bytes: ...
+    def is_eog(self, token: int) -> bool: ...
+    def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: list[int], cells: int) -> None: ...
+    def check_grammar(self, grammar: str) -> bool: ...
+    def end_sequence(self, seq_id: int) -> None: ...
+    def copy_cells(self, src_seq: int, dst_seq: int, start: int, end: int) -> None: ...
+    def drop_cells(self, seq_id: int, start: int, end: int) -> None: ...
+    def save_sequence(self, seq_id: int) -> SavedState: ...
+    def restore_sequence(self, seq_id: int, data: SavedState) -> bool: ...
+    def sequence_length(self, seq_id: int) -> int: ...
+    def decode(self, items: list[DecodeItem]) -> list[int | None]: ...
+    def sample(self, seq_id: int, row: int) -> int: ...
+    def token_logprobs(self, row: int, token: int, top_n: int) -> TokenLogprob: ...
+    def set_threads(self, n_threads: int) -> None: ...
+    def close(self) -> None: ...
+    def embed(self, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """A token sampled for one sequence this step, with its log probability when the request asked."""
+
+    token: int
+    logprob: TokenLogprob | None = None
+
+
+def apply_kv_ops(runner: Runner, ops: list[KVOp], ram: RamTier | None) -> None:
+    """Carry out the prefix cache's decisions on the runner, in order (on the engine thread)."""
+    for op in ops:
+        if isinstance(op, CopyCells):
+            runner.copy_cells(op.src_seq, op.dst_seq, op.start, op.end)
+        elif isinstance(op, ClearSequence):
+            runner.end_sequence(op.seq_id)
+        elif isinstance(op, TrimSequence):
+            runner.drop_cells(op.seq_id, op.start, -1)
+        elif isinstance(op, SaveSequence):
+            if ram is not None:
+                ram.put(op.tokens, runner.save_sequence(op.seq_id))
+        elif isinstance(op, RestoreSequence):
+            if not runner.restore_sequence(op.seq_id, op.data):
+                raise RuntimeError(f"llama.cpp could not restore a saved sequence ({len(op.data)} bytes)")
+            if op.shared:
+                assert op.shared_from is not None
+                # The tree's own cells for the part it held already: never the same tokens twice.
+                runner.drop_cells(op.seq_id, 0, op.shared)
+                runner.copy_cells(op.shared_from, op.seq_id, 0, op.shared)
+
+
+def chat_prompt_tokens(
+    runner: Runner, messages: Any, chat_template: str | None, tools: ToolRequest | None = None
+) -> list[int]:
+    """Chat messages (and the tools they may call) rendered through the model's template, as tokens."""
+    text = render_chat(messages, chat_template, runner.bos_token, runner.eos_token, tools=tools)
+    # The template writes the BOS token itself when the model wants one.
+    return runner.tokenize(text, add_special=not (runner.bos_token and text.startswith(runner.bos_token)))

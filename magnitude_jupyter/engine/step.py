@@ -1,0 +1,80 @@
+"""One step's plan carried out on the runner: the decodes, then each chunk's picks (drafts confirmed
+or cut). Engine thread only; what the picks mean for each request is the engine's `_update`."""
+
+from __future__ import annotations
+
+import time
+
+from .draft_policy import DraftPolicy
+from .metrics import EngineMetrics
+from .runner_api import Runner, Sampled
+from .scheduler import DecodeItem, ScheduledChunk, SchedulerOutput
+
+
+def execute_plan(
+    runner: Runner,
+    out: SchedulerOutput,
+    metrics: EngineMetrics,
+    drafts: DraftPolicy | None,
+    solo_threads: int | None,
+) -> list[list[Sampled]]:
+    """Decode the plan: the batched chunks in one call, each reproducible chunk in its own. Per
+    chunk, the tokens sampled after it: none for a prompt chunk that does not end its prompt, one
+    for a decode step, and with a draft, one more for each draft token the picks confirm.
+    `solo_threads`: the thread count to restore after a reproducible one-token step run on one
+    thread (None: such steps run on the usual threads, see `decode_solo`)."""
+    sampled: list[list[Sampled]] = []
+    groups = ([out.batched] if out.batched else []) + [[chunk] for chunk in out.solo]
+    for group in groups:
+        items = [chunk.item() for chunk in group]
+        n_rows = sum(len(item.tokens) for item in items)
+        prompt_rows = sum(len(chunk.tokens) for chunk in group if not chunk.request.prompt_done)
+        started = time.perf_counter()
+        if group is out.batched:
+            rows = runner.decode(items)
+            seconds = time.perf_counter() - started
+            # Only steps of decode rows teach the policy what a draft row costs: prompt rows are
+            # cheaper per token (they fill the step in one matrix product) and would hide the price.
+            if drafts is not None and out.decodes_only:
+                drafts.cost.observe(n_rows, seconds)
+        else:
+            rows = decode_solo(runner, items, solo_threads)
+            seconds = time.perf_counter() - started
+        if n_rows:
+            metrics.record_decode(n_rows, prompt_rows, seconds)
+        for chunk, row in zip(group, rows, strict=True):
+            picks: list[Sampled] = []
+            if row is not None:
+                for i in range(len(chunk.draft) + 1):
+                    picks.append(sample(runner, chunk, row + i))
+                    if i == len(chunk.draft) or picks[-1].token != chunk.draft[i]:
+                        break
+                if chunk.draft:
+                    # The drafts after the first mismatch were computed on a wrong guess: their cells go.
+                    end = chunk.start_pos + len(chunk.tokens)
+                    runner.drop_cells(chunk.seq_id, end - len(chunk.draft) + len(picks) - 1, end)
+            sampled.append(picks)
+    return sampled
+
+
+def sample(runner: Runner, chunk: ScheduledChunk, row: int) -> Sampled:
+    token = runner.sample(chunk.seq_id, row)
+    params = chunk.request.params
+    # Read from this step's logits row before the next decode overwrites it.
+    logprob = runner.token_logprobs(row, token, params.top_logprobs) if params.logprobs else None
+    return Sampled(token, logprob)
+
+
+def decode_solo(runner: Runner, items: list[DecodeItem], restore_threads: int | None) -> list[int | None]:
+    """A reproducible request's chunk, in its lane (runner.Lane). With flash attention its one-token
+    steps run on one thread: llama.cpp's CPU flash attention splits 512 cells or more into one piece
+    per thread and merges them, so the result would depend on the thread count, which changes with
+    load; a single piece is bit-identical to the unsplit pass over fewer cells. Its matrix products
+    compute each value on one thread, whatever the count."""
+    if len(items[0].tokens) != 1 or restore_threads is None:
+        return runner.decode(items)
+    runner.set_threads(1)
+    try:
+        return runner.decode(items)
+    finally:
+        runner.set_threads(restore_threads)

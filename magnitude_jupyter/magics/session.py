@@ -1,0 +1,105 @@
+"""What the magics remember between cells of one notebook: the server, the model chosen with
+`%magnitude use`, the conversations, the cell running now."""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..client import Client, ClientError, discover
+from ..conversations import Conversation, Conversations
+from .arguments import MagnitudeError
+
+LAST_ANSWER = "_magnitude"
+T = TypeVar("T")
+
+
+class NotebookSession:
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+        self._client: Client | None = None
+        self._facts: tuple[Client, bool, list[dict[str, Any]]] | None = None
+        self.model: str | None = None
+        self.chats = Conversations()
+        self.cell_key = ""  # the cell running now: its id from JupyterLab, else its text (pre_run_cell)
+
+    @property
+    def user_ns(self) -> dict[str, Any]:
+        assert self.shell is not None, "the magics are registered with a shell"
+        return self.shell.user_ns
+
+    # -- the server ---------------------------------------------------------------------------
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            try:
+                self._client = discover()
+            except ClientError as exc:
+                raise MagnitudeError(str(exc)) from None
+        return self._client
+
+    def connect(self, client: Client | None) -> None:
+        """Talk to this server from now on (None: find one again on the next call)."""
+        if self._client is not None and client is None:
+            self._client.close()
+        self._client = client
+        self._facts = None
+
+    def server_facts(self, client: Client) -> tuple[bool, list[dict[str, Any]]]:
+        """(is it our engine, its models), asked once per server rather than on every cell."""
+        if self._facts is not None and self._facts[0] is client:
+            return self._facts[1], self._facts[2]
+        try:
+            ours = client.is_magnitude()
+        except ClientError:
+            ours = False
+        try:
+            models = client.models()
+        except ClientError:
+            return ours, []  # not remembered: the next cell asks again
+        self._facts = (client, ours, models)
+        return ours, models
+
+    def forget_facts(self) -> None:
+        """The server's listing changed (a model was loaded)."""
+        self._facts = None
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """A client call whose failure is one line under the cell."""
+        try:
+            return fn()
+        except ClientError as exc:
+            raise MagnitudeError(str(exc)) from None
+
+    # -- results ------------------------------------------------------------------------------
+
+    def keep(self, value: Any, output: str | None) -> None:
+        """The result in `_magnitude`, and in the variable -o names."""
+        self.user_ns[LAST_ANSWER] = value
+        if output:
+            self.user_ns[output] = value
+
+    def keep_answer(self, answer: Any, output: str | None, conversation: Conversation | None) -> None:
+        """A prompt's answer in `_magnitude`; -o's variable gets the whole conversation in a turn."""
+        self.user_ns[LAST_ANSWER] = answer
+        if output:
+            self.user_ns[output] = conversation.messages() if conversation is not None else answer
+
+    def interpolate(self, text: str) -> str:
+        """`{name}`, `{In[3]}`, `{Out[2]}`, `{x:.2f}` from the notebook's namespace; `{{` and `}}` escape."""
+        try:
+            return string.Formatter().vformat(text, (), self.user_ns)
+        except KeyError as exc:
+            raise MagnitudeError(
+                f"{{{exc.args[0]}}} is not defined in the notebook (write {{{{ to mean a brace)"
+            ) from None
+        except (IndexError, AttributeError, ValueError, TypeError) as exc:
+            raise MagnitudeError(f"cannot fill in the prompt: {exc}") from None
+
+    def dataframe(self, name: str) -> Any:
+        df = self.user_ns.get(name)
+        if df is None:
+            raise MagnitudeError(f"no DataFrame named {name!r} in the notebook")
+        return df
