@@ -66,6 +66,16 @@ class EngineSettings:
         ),
     )
     max_waiting: int = field(default=256, metadata=about("Waiting requests before new ones get 429.", "int"))
+    admission: str = field(
+        default="reserve",
+        metadata=about(
+            "How a request is charged KV cells: 'reserve' holds its prompt + max_tokens from the start; "
+            "'estimate' holds its prompt + the answer's likely length and grows, preempting a running "
+            "request to the RAM tier when the cells run out (engine/scheduler.py).",
+            "str",
+            choices=("reserve", "estimate"),
+        ),
+    )
     default_max_tokens: int = field(default=512, metadata=about("max_tokens of a request that gives none.", "int"))
     grace_seconds: float = field(
         default=60.0,

@@ -43,6 +43,10 @@ class FakeRunner:
         self.saved = 0
         self.restored = 0
         self.closed = False
+        self.started: list[int] = []  # start_sequence's seq ids, in order
+        self.resumed: list[int] = []  # resume_sequence's
+        self.lanes: set[int] = set()  # reproducible requests' sequences (llama.cpp's runner: lanes)
+        self.parked: set[str] = set()  # preempted requests' kept samplers, by request id
 
     # -- the cache, as llama.cpp keeps it ---------------------------------------------------------
 
@@ -95,13 +99,34 @@ class FakeRunner:
         return token == EOG
 
     def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: list[int], cells: int) -> None:
-        pass
+        self.started.append(seq_id)
+        if params.reproducible:
+            self.lanes.add(seq_id)
+
+    def suspend_sequence(self, seq_id: int, key: str) -> bytes | None:
+        """As llama.cpp's runner: a lane's cells saved and returned, a main sequence's given back."""
+        self.parked.add(key)
+        state = self.save_sequence(seq_id) if seq_id in self.lanes else None
+        self.lanes.discard(seq_id)
+        self.end_sequence(seq_id)
+        return state
+
+    def resume_sequence(self, seq_id: int, key: str, state: bytes | None, cells: int) -> None:
+        self.parked.remove(key)
+        self.resumed.append(seq_id)
+        if state is not None:
+            self.lanes.add(seq_id)
+            assert self.restore_sequence(seq_id, state)
+
+    def forget_suspended(self, key: str) -> None:
+        self.parked.discard(key)
 
     def check_grammar(self, grammar: str) -> bool:
         return "root" in grammar
 
     def end_sequence(self, seq_id: int) -> None:
         self.seqs.pop(seq_id, None)
+        self.lanes.discard(seq_id)
 
     def sequence_length(self, seq_id: int) -> int:
         return len(self.seqs.get(seq_id, {}))

@@ -42,6 +42,12 @@ def status_json(stats: EngineStats, pool: ModelPool | None = None) -> dict[str, 
         "prompt_tokens_restored": sched.prompt_tokens_restored,
         "prompt_tokens_respelled": sched.prompt_tokens_respelled,
         "prefix_cache_spilled": sched.prefix_cache_spilled,
+        "admission": sched.admission,
+        "preemptions": sched.preemptions,
+        "preempted_waiting": sched.preempted_waiting,
+        "preempted_cells": sched.preempted_cells,
+        "preempted_seconds": sched.preempted_seconds,
+        "preempted_state_bytes": sched.preempted_state_bytes,
         "prefix_cache_hit_rate": (
             round(sched.prompt_tokens_cached / sched.prompt_tokens_looked_up, 4)
             if sched.prompt_tokens_looked_up

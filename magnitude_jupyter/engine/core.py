@@ -264,6 +264,7 @@ class Engine:
             load_ms=load_ms,
             tool_form=tool_form,
             cache_scope=self._cache_scope(cache_salt, user),
+            client=user,
         )
         if arrival_time is not None:
             request.arrival_time = arrival_time
@@ -423,6 +424,7 @@ class Engine:
                 spell=self.runner.token_to_piece,
                 draft_tokens=es.draft_tokens,
                 draft_max_sequences=es.draft_max_sequences,
+                admission=es.admission,
             )
         except Exception as exc:  # reported through state/load_error, and to wait_ready()
             log.exception("model load failed")
@@ -503,7 +505,11 @@ class Engine:
         for request in out.admitted:
             assert request.seq_id is not None
             try:
-                runner.start_sequence(request.seq_id, request.params, request.prompt_tokens, request.kv_cells)
+                if request.preemptions:  # resumed: its sampler (and a lane's cells) as they were
+                    state, request.suspended_state = request.suspended_state, None
+                    runner.resume_sequence(request.seq_id, request.request_id, state, request.kv_cells)
+                else:
+                    runner.start_sequence(request.seq_id, request.params, request.prompt_tokens, request.kv_cells)
             except Exception as exc:
                 log.exception("could not start request %s", request.request_id)
                 refused.append((request, f"could not start the request: {exc}"))

@@ -72,12 +72,29 @@ class RestoreSequence:
     shared_from: int | None = None
 
 
+@dataclass
+class SuspendSequence:
+    """A preempted request's sequence comes off (scheduler.py, "Preemption"): its sampler is kept
+    under `key`; `keep` receives the saved state of a lane (None otherwise)."""
+
+    seq_id: int
+    key: str
+    keep: Callable[[SavedState | None], None]
+
+
+@dataclass
+class ForgetSuspended:
+    """A preempted request ended before it resumed: what the runner kept for it goes."""
+
+    key: str
+
+
 RESPELL_WINDOW = 512  # prompt tokens after a match that a cached entry may spell differently
 # An entry nobody has used while this many rows went through llama_decode moves to the RAM tier:
 # idle cells cost every row, a save and a restore cost once (docs/decisions.md, "Idle entries move").
 SPILL_AFTER_ROWS = 64
 
-KVOp = CopyCells | ClearSequence | TrimSequence | SaveSequence | RestoreSequence
+KVOp = CopyCells | ClearSequence | TrimSequence | SaveSequence | RestoreSequence | SuspendSequence | ForgetSuspended
 Pins = Sequence[tuple[Sequence[int], int]]  # (prompt tokens, cells copied from the tree) of running requests
 
 

@@ -172,6 +172,7 @@ class Timings:
     decode_ms: float | None = None
     decode_tokens_per_s: float | None = None
     total_ms: float | None = None
+    preempted_ms: float | None = None  # waiting to resume after a preemption (decode_ms includes it)
 
     def to_json(self) -> dict[str, Any]:
         return {k: (round(v, 3) if v is not None else None) for k, v in asdict(self).items()}
@@ -204,7 +205,8 @@ class Request:
     output_tokens: list[int] = field(default_factory=list)
     output_text: str = ""
     num_computed_tokens: int = 0  # tokens already in this request's KV cells
-    cached_tokens: int = 0  # prompt tokens copied from another sequence's cells instead of computed
+    cached_tokens: int = 0  # prompt tokens copied from another sequence's cells instead of computed (usage)
+    copied_tokens: int = 0  # cells copied from another sequence at its (latest) admission
     cache_shared: int = 0  # ... of them from a prefix-cache entry (counted by the cache, pinned while it runs)
     seq_id: int | None = None
     tool_form: str | None = None  # the call form its answer is held to (see tools.py), when tools were given
@@ -218,6 +220,12 @@ class Request:
     text: TextAssembler | None = None
     ngrams: NgramIndex | None = None  # its tokens' n-gram positions, once it has been drafted for
     cache_scope: str | None = None  # prefix-cache entries are shared only with requests of the same scope
+    client: str | None = None  # who asked (`user`), for the answer-length estimate (output_lengths.py)
+    admission_number: int = 0  # its latest admission's place in the engine's admissions
+    preemptions: int = 0  # times its cells were taken back mid-answer (scheduler.py, "Preemption")
+    preempted_time: float | None = None  # when the latest preemption began, while it waits to resume
+    preempted_seconds: float = 0.0  # time spent preempted, all preemptions together
+    suspended_state: Any = None  # a preempted lane's saved KV state (runner.Lane), until it resumes
 
     @property
     def cache_tokens(self) -> list[int]:
@@ -226,11 +234,25 @@ class Request:
 
     @property
     def kv_cells(self) -> int:
+        """The most cells it can ever hold: its prompt and every token it may generate."""
         return len(self.prompt_tokens) + self.max_tokens
 
     @property
+    def context_tokens(self) -> list[int]:
+        """The tokens whose cells must be in the cache before its next step: the prompt, then every
+        generated token but the last, which the next decode feeds. Running, all but a preempted
+        request's are; after a preemption they are computed again (or copied, or restored)."""
+        return self.prompt_tokens + self.output_tokens[:-1] if self.output_tokens else self.prompt_tokens
+
+    @property
+    def cache_context_tokens(self) -> list[int]:
+        """`context_tokens` as the prefix cache knows them: see `scoped_tokens`."""
+        return scoped_tokens(self.context_tokens, self.cache_scope)
+
+    @property
     def prompt_done(self) -> bool:
-        return self.num_computed_tokens >= len(self.prompt_tokens)
+        """Its context is in the cache: the next step decodes (for a new request, its prompt is computed)."""
+        return self.num_computed_tokens >= len(self.prompt_tokens) + max(0, len(self.output_tokens) - 1)
 
     @property
     def is_finished(self) -> bool:
@@ -247,6 +269,8 @@ class Request:
 
     def timings(self) -> Timings:
         t = Timings(load_ms=self.load_ms)
+        if self.preemptions:
+            t.preempted_ms = self.preempted_seconds * 1000
         if self.admitted_time is not None:
             t.queued_ms = (self.admitted_time - self.arrival_time) * 1000
         if self.first_token_time is not None:

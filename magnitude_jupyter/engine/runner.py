@@ -309,18 +309,39 @@ class LlamaRunner:
     def save_sequence(self, seq_id: int) -> bytearray:
         """The KV state of one sequence (for the prefix cache's RAM tier). llama.cpp writes it straight
         into the bytearray kept: no copy out of a ctypes array (docs/decisions.md)."""
-        size = llama_cpp.llama_state_seq_get_size(self.ctx, seq_id)
-        state = bytearray(size)
-        written = llama_cpp.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * size).from_buffer(state), size, seq_id)
-        del state[written:]
-        return state
+        return _save_state(self.ctx, seq_id)
 
     def restore_sequence(self, seq_id: int, data: SavedState) -> bool:
         """Load a saved state into an empty sequence; False if llama.cpp could not place it. llama.cpp
         reads a saved bytearray in place (docs/decisions.md)."""
-        array = ctypes.c_uint8 * len(data)
-        buf = array.from_buffer(data) if isinstance(data, bytearray) else array.from_buffer_copy(data)
-        return bool(llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id))
+        return _restore_state(self.ctx, seq_id, data)
+
+    def suspend_sequence(self, seq_id: int, key: str) -> SavedState | None:
+        """Take a preempted request's sequence off: its sampler is kept under `key`; a lane's KV state
+        is saved and returned, and the lane closed; in the main context its cells are given back (the
+        prefix cache has kept what it wants of them first)."""
+        self.picker.park(seq_id, key)
+        lane = self._lanes.get(seq_id)
+        if lane is None:
+            llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+            return None
+        state = _save_state(lane.ctx, 0)
+        self._close_lane(seq_id)
+        return state
+
+    def resume_sequence(self, seq_id: int, key: str, state: SavedState | None, cells: int) -> None:
+        """Give a preempted request's sampler back to `seq_id`, and a lane of `cells` holding `state`
+        to one that had a lane; the main context's cells come back through the prefix cache."""
+        self.picker.unpark(key, seq_id)
+        if state is None:
+            return
+        self._open_lane(seq_id, cells)
+        if not _restore_state(self._lanes[seq_id].ctx, 0, state):
+            raise RunnerError(f"llama.cpp could not restore a preempted lane ({len(state)} bytes)")
+
+    def forget_suspended(self, key: str) -> None:
+        """A preempted request ended without resuming: its kept sampler goes."""
+        self.picker.forget(key)
 
     def sequence_length(self, seq_id: int) -> int:
         """Tokens this sequence holds in the KV cache (0 when empty)."""
@@ -421,6 +442,20 @@ class LlamaRunner:
             if self._embedder is None:
                 self._embedder = Embedder(self.model, self._n_threads, self.n_ctx_train)
         return self._embedder.embed(inputs)
+
+
+def _save_state(ctx: Any, seq_id: int) -> bytearray:
+    size = llama_cpp.llama_state_seq_get_size(ctx, seq_id)
+    state = bytearray(size)
+    written = llama_cpp.llama_state_seq_get_data(ctx, (ctypes.c_uint8 * size).from_buffer(state), size, seq_id)
+    del state[written:]
+    return state
+
+
+def _restore_state(ctx: Any, seq_id: int, data: SavedState) -> bool:
+    array = ctypes.c_uint8 * len(data)
+    buf = array.from_buffer(data) if isinstance(data, bytearray) else array.from_buffer_copy(data)
+    return bool(llama_cpp.llama_state_seq_set_data(ctx, buf, len(data), seq_id))
 
 
 QUANTIZE_TYPES = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "f16": "LLAMA_FTYPE_MOSTLY_F16"}

@@ -14,11 +14,13 @@ from .chat import render_chat
 from .prefix_cache import (
     ClearSequence,
     CopyCells,
+    ForgetSuspended,
     KVOp,
     RamTier,
     RestoreSequence,
     SavedState,
     SaveSequence,
+    SuspendSequence,
     TrimSequence,
 )
 from .request import SamplingParams
@@ -51,6 +53,9 @@ class Runner(Protocol):
     def drop_cells(self, seq_id: int, start: int, end: int) -> None: ...
     def save_sequence(self, seq_id: int) -> SavedState: ...
     def restore_sequence(self, seq_id: int, data: SavedState) -> bool: ...
+    def suspend_sequence(self, seq_id: int, key: str) -> SavedState | None: ...
+    def resume_sequence(self, seq_id: int, key: str, state: SavedState | None, cells: int) -> None: ...
+    def forget_suspended(self, key: str) -> None: ...
     def sequence_length(self, seq_id: int) -> int: ...
     def decode(self, items: list[DecodeItem]) -> list[int | None]: ...
     def sample(self, seq_id: int, row: int) -> int: ...
@@ -80,6 +85,10 @@ def apply_kv_ops(runner: Runner, ops: list[KVOp], ram: RamTier | None) -> None:
         elif isinstance(op, SaveSequence):
             if ram is not None:
                 ram.put(op.tokens, runner.save_sequence(op.seq_id))
+        elif isinstance(op, SuspendSequence):
+            op.keep(runner.suspend_sequence(op.seq_id, op.key))
+        elif isinstance(op, ForgetSuspended):
+            runner.forget_suspended(op.key)
         elif isinstance(op, RestoreSequence):
             if not runner.restore_sequence(op.seq_id, op.data):
                 raise RuntimeError(f"llama.cpp could not restore a saved sequence ({len(op.data)} bytes)")

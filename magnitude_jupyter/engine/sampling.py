@@ -37,6 +37,8 @@ class TokenPicker:
         self._eog_banned: set[int] = set()  # sequences that ignore_eos: llama-server's rule, EOG never sampled
         self._grammars: dict[int, ctypes.c_void_p] = {}  # kept out of the chains: see `sample`
         self._shortlist_need: dict[int, int] = {}  # see _shortlist_pick
+        # preempted requests' states, by request id: (chain, grammar, shortlist need, EOG banned)
+        self._parked: dict[str, tuple[Any, Any, int | None, bool]] = {}
         self._candidates = np.zeros(n_vocab, dtype=TOKEN_DATA)
         self._token_ids = np.arange(n_vocab, dtype=np.int32)
         self._one = np.zeros(1, dtype=TOKEN_DATA)
@@ -94,20 +96,35 @@ class TokenPicker:
             llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         self._samplers[seq_id] = chain
 
-    def move(self, seq_id: int, to_seq: int) -> None:
-        """The sequence's sampling state, as it is mid-answer, now belongs to `to_seq`."""
-        if seq_id == to_seq:
-            return
-        self.free(to_seq)
-        if seq_id in self._samplers:
-            self._samplers[to_seq] = self._samplers.pop(seq_id)
-        if seq_id in self._grammars:
-            self._grammars[to_seq] = self._grammars.pop(seq_id)
-        if seq_id in self._shortlist_need:
-            self._shortlist_need[to_seq] = self._shortlist_need.pop(seq_id)
-        if seq_id in self._eog_banned:
-            self._eog_banned.discard(seq_id)
-            self._eog_banned.add(to_seq)
+    def park(self, seq_id: int, key: str) -> None:
+        """Keep the sequence's sampling state, as it is mid-answer, under `key` (a preempted request's
+        id) while its sequence id serves others; `unpark` gives it back to a sequence."""
+        self._parked[key] = (
+            self._samplers.pop(seq_id, None),
+            self._grammars.pop(seq_id, None),
+            self._shortlist_need.pop(seq_id, None),
+            seq_id in self._eog_banned,
+        )
+        self._eog_banned.discard(seq_id)
+
+    def unpark(self, key: str, seq_id: int) -> None:
+        self.free(seq_id)
+        chain, grammar, shortlist_need, banned = self._parked.pop(key)
+        self._samplers[seq_id] = chain
+        if grammar is not None:
+            self._grammars[seq_id] = grammar
+        if shortlist_need is not None:
+            self._shortlist_need[seq_id] = shortlist_need
+        if banned:
+            self._eog_banned.add(seq_id)
+
+    def forget(self, key: str) -> None:
+        """A parked state whose request ended without resuming."""
+        parked = self._parked.pop(key, None)
+        if parked is not None:
+            for sampler in parked[:2]:
+                if sampler is not None:
+                    llama_cpp.llama_sampler_free(sampler)
 
     def free(self, seq_id: int) -> None:
         self._eog_banned.discard(seq_id)
@@ -122,6 +139,8 @@ class TokenPicker:
     def close(self) -> None:
         for seq_id in list(self._samplers):
             self.free(seq_id)
+        for key in list(self._parked):
+            self.forget(key)
 
     def sample(self, seq_id: int, ctx: Any, row: int, logits: Callable[[], np.ndarray]) -> int:
         """The next token of `seq_id` from batch row `row` of `ctx`'s last decode (`logits` reads it)."""

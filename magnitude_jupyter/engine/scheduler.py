@@ -5,11 +5,15 @@ reports back through `advance()` and `finish()`. Every method runs on the engine
 except `add_request`, which the core calls under its lock so that submitters get
 `PromptTooLongError` / `OverloadedError` synchronously.
 
-A request reserves `prompt_tokens + max_tokens` cells when admitted, less what it copies from the
-prefix cache (those cells are counted once, by the cache, and pinned there while it runs), so a
-running request can always finish: there is no preemption, and no request is ever cut short for
-lack of cache. Cache entries nobody runs on are given back, least recently used first, whenever
-a waiting request needs their cells.
+Each running request is charged cells in the budget, less what it copies from the prefix cache
+(those cells are counted once, by the cache, and pinned there while it runs). With `admission:
+reserve` the charge is `prompt_tokens + max_tokens` for its whole life, so a running request always
+finishes without preemption. With `admission: estimate` the charge is the prompt and the answer's
+likely length (`output_lengths.py`); a request that runs past it grows its charge as it goes, and
+when the cells run out, a running request is preempted (see "Preemption" below) and resumes later,
+producing the same tokens it would have. Either way no request is cut short for lack of cache.
+Cache entries nobody runs on are given back, least recently used first, whenever a request needs
+their cells.
 """
 
 from __future__ import annotations
@@ -21,7 +25,19 @@ from dataclasses import dataclass, field
 
 from .budget import KVBudget
 from .draft_policy import DraftPolicy
-from .prefix_cache import SPILL_AFTER_ROWS, CopyCells, KVOp, Match, Pins, PrefixCache, common_prefix_len
+from .output_lengths import OutputLengths
+from .prefix_cache import (
+    SPILL_AFTER_ROWS,
+    CopyCells,
+    ForgetSuspended,
+    KVOp,
+    Match,
+    Pins,
+    PrefixCache,
+    SavedState,
+    SuspendSequence,
+    common_prefix_len,
+)
 from .request import FinishReason, Priority, Request, RequestStatus
 from .speculate import AnswerMemory, Guess, NgramIndex
 
@@ -37,6 +53,12 @@ BRING_BACK_AFTER_IDLE_SECONDS = 1.0
 # one size whatever else runs: the chunking is part of the result. Below 64 tokens llama.cpp's CPU
 # flash attention visits cells one by one, in order.
 REPRODUCIBLE_CHUNK = 63
+
+ADMISSION_MODES = ("reserve", "estimate")
+# Past its estimate, a request's charge grows by this many cells at a time: one budget check per
+# this many tokens, not one per token.
+GROW_CELLS = 16
+PRIORITY_RANK = {priority: rank for rank, priority in enumerate(Priority)}  # interactive 0, then lower
 
 
 class PromptTooLongError(ValueError):
@@ -118,6 +140,12 @@ class SchedulerStats:
     prompt_tokens_restored: int  # ... of which the RAM tier brought back
     prompt_tokens_respelled: int = 0  # ... of which where the prompt spelled a cached answer's text otherwise
     prefix_cache_spilled: int = 0  # entries moved to the RAM tier for being idle (prefix_cache.SPILL_AFTER_ROWS)
+    admission: str = "reserve"
+    preemptions: int = 0  # running requests whose cells were taken back, since the engine started
+    preempted_waiting: int = 0  # ... of them waiting to resume now
+    preempted_cells: int = 0  # cells they gave back, all preemptions together
+    preempted_seconds: float = 0.0  # time they spent waiting to resume, all together
+    preempted_state_bytes: int = 0  # preempted lanes' KV states held in memory now
 
 
 class Scheduler:
@@ -136,8 +164,17 @@ class Scheduler:
         spell: Callable[[int], bytes] | None = None,
         draft_tokens: int = 0,
         draft_max_sequences: int = 0,
+        admission: str = "reserve",
     ) -> None:
+        if admission not in ADMISSION_MODES:
+            raise ValueError(f"admission must be one of {', '.join(ADMISSION_MODES)}, got {admission!r}")
         self.ctx_size = ctx_size
+        self.admission = admission
+        self.lengths = OutputLengths()  # finished answers' lengths: what `estimate` charges for
+        self._admissions = 0  # admissions so far: orders running requests for preemption
+        self.preemptions = 0
+        self.preempted_cells = 0
+        self.preempted_seconds = 0.0
         # Prompt-lookup drafts (speculate.py), up to `draft_tokens` per decode step; 0: none.
         self.drafts = DraftPolicy(draft_tokens) if draft_tokens > 0 else None
         self.draft_max_sequences = draft_max_sequences  # ... made while at most this many sequences decode
@@ -199,8 +236,8 @@ class Scheduler:
             while queue and self.free_seq_ids:
                 head = queue[0]
                 source, shared, from_cache = self._prefix_source(head, out)
-                need = head.kv_cells - (shared if from_cache else 0)
-                if not self._make_room(need, out, (head.cache_tokens, shared if from_cache else 0)):
+                need = self.charge(head, shared if from_cache else 0)
+                if not self._make_room(need, out, (head.cache_context_tokens, shared if from_cache else 0)):
                     # Strict FIFO: a large request at the head is not overtaken forever by small ones,
                     # and batch rows do not jump ahead of a waiting interactive request.
                     return
@@ -208,12 +245,24 @@ class Scheduler:
                 self.budget.reserve(head.request_id, need)
                 head.seq_id = self.free_seq_ids.pop(0)
                 head.status = RequestStatus.RUNNING
-                head.admitted_time = now
+                self._admissions += 1
+                head.admission_number = self._admissions
+                resumed = head.preempted_time is not None
+                if resumed:
+                    assert head.preempted_time is not None
+                    head.preempted_seconds += now - head.preempted_time
+                    self.preempted_seconds += now - head.preempted_time
+                    head.preempted_time = None
+                else:
+                    head.admitted_time = now
+                head.copied_tokens = head.cache_shared = 0
                 if source is not None and shared:
                     out.kv_ops.append(CopyCells(source, head.seq_id, 0, shared))
-                    head.num_computed_tokens = head.cached_tokens = shared
+                    head.num_computed_tokens = head.copied_tokens = shared
                     head.cache_shared = shared if from_cache else 0
-                if self.cache is not None and not head.params.reproducible:
+                    if not resumed:
+                        head.cached_tokens = shared
+                if self.cache is not None and not head.params.reproducible and not resumed:
                     self.cache.lookup_tokens += len(head.prompt_tokens)
                     self.cache.hit_tokens += shared
                 self.running.append(head)
@@ -221,9 +270,22 @@ class Scheduler:
             if queue:
                 return
 
+    def charge(self, request: Request, shared: int = 0) -> int:
+        """Cells the budget holds for `request` from its admission, less the `shared` ones the cache
+        holds: its prompt and its whole `max_tokens` under `reserve` (and always for a reproducible
+        request, whose lane is made at that size), else its prompt and its answer's likely length,
+        and at least room for the tokens it has already and the next ones (a resumed request)."""
+        if self.admission == "reserve" or request.params.reproducible:
+            return request.kv_cells - shared
+        expected = self.lengths.estimate(request.priority, request.client, request.max_tokens)
+        if request.output_tokens:  # resumed: what it has, and room to go on
+            expected = max(expected, min(request.max_tokens, len(request.output_tokens) + GROW_CELLS))
+        answer = expected
+        return len(request.prompt_tokens) + answer - shared
+
     def _pins(self, extra: tuple[list[int], int] | None = None) -> Pins:
         """What running requests (and the one being admitted) share of the cache: not to be evicted."""
-        pins = [(r.cache_tokens, r.cache_shared) for r in self.running if r.cache_shared]
+        pins = [(_shared_tokens(r), r.cache_shared) for r in self.running if r.cache_shared]
         return [*pins, extra] if extra and extra[1] else pins
 
     def _make_room(self, cells: int, out: SchedulerOutput, admitting: tuple[list[int], int]) -> bool:
@@ -247,13 +309,17 @@ class Scheduler:
         computed prompt of a running request (rows of a batch that start together)."""
         if request.params.reproducible:
             return None, 0, False  # computed its own way, always: see Request.reproducible
-        limit = len(request.prompt_tokens) - 1  # the last prompt token is always computed: it gives the logits
+        context = request.context_tokens
+        # The last prompt token is always computed: it gives the logits. A resumed request's next
+        # decode gives them: its whole context may come from the cache.
+        limit = len(context) - (0 if request.output_tokens else 1)
         best: tuple[int | None, int, bool] = (None, 0, False)
         if self.cache is not None:
-            match = self.cache.match(request.cache_tokens, limit)
+            match = self.cache.match(request.cache_context_tokens, limit)
             if self.cache.ram is not None:
                 match = self._restore_from_ram(request, match.length, limit, out) or match
-            if match.seq_id is not None and match.length >= self.min_prefix_tokens and self.spell is not None:
+            resumed = bool(request.output_tokens)
+            if match.seq_id is not None and match.length >= self.min_prefix_tokens and self.spell and not resumed:
                 match, limit = self._respell(request, match, limit)
             if match.seq_id is not None:
                 best = (match.seq_id, match.length, True)
@@ -261,7 +327,7 @@ class Scheduler:
         for other in self.running:
             if other.params.reproducible or other.seq_id is None or other.cache_scope != request.cache_scope:
                 continue
-            n = common_prefix_len(other.prompt_tokens, request.prompt_tokens, min(limit, other.num_computed_tokens))
+            n = common_prefix_len(other.context_tokens, context, min(limit, other.num_computed_tokens))
             if n > best[1]:
                 best = (other.seq_id, n, False)
         return best if best[1] >= self.min_prefix_tokens else (None, 0, False)
@@ -285,13 +351,13 @@ class Scheduler:
     def _restore_from_ram(self, request: Request, have: int, limit: int, out: SchedulerOutput) -> Match | None:
         """Bring back a saved entry that covers more of the prompt than the tree does; the new match."""
         assert self.cache is not None and self.cache.ram is not None
-        tokens, n = self.cache.ram.best(request.cache_tokens, limit)
+        tokens, n = self.cache.ram.best(request.cache_context_tokens, limit)
         if n < have + RAM_RESTORE_GAIN:
             return None
         # llama.cpp loads the whole saved sequence before the shared part is swapped for the tree's,
         # and the request then adds its own cells beyond it.
-        need = len(tokens) + max(0, request.kv_cells - n)
-        if not self._make_room(need, out, (request.cache_tokens, have)):
+        need = len(tokens) + max(0, self.charge(request) - n)
+        if not self._make_room(need, out, (request.cache_context_tokens, have)):
             return None
         data = self.cache.ram.pop(tokens)
         assert data is not None
@@ -299,7 +365,7 @@ class Scheduler:
             self.cache.ram.put(tokens, data)
             return None
         self._sync_cache_budget()
-        return self.cache.match(request.cache_tokens, limit)
+        return self.cache.match(request.cache_context_tokens, limit)
 
     def _bring_back_idle(self, out: SchedulerOutput) -> None:
         """With nothing to run (BRING_BACK_AFTER_IDLE_SECONDS), move saved entries back into the KV
@@ -321,7 +387,7 @@ class Scheduler:
     def kv_cells_held(self) -> int:
         """KV cells holding tokens, a prefix shared through `llama_memory_seq_cp` counted once: each
         running request's own cells, and the cache's."""
-        own = sum(r.num_computed_tokens - r.cached_tokens for r in self.running)
+        own = sum(r.num_computed_tokens - r.copied_tokens for r in self.running)
         return own + (self.cache.cells if self.cache is not None else 0)
 
     def make_stats(self) -> SchedulerStats:
@@ -341,6 +407,14 @@ class Scheduler:
             prompt_tokens_restored=cache.restored_tokens if cache else 0,
             prompt_tokens_respelled=cache.respelled_tokens if cache else 0,
             prefix_cache_spilled=cache.spilled_entries if cache else 0,
+            admission=self.admission,
+            preemptions=self.preemptions,
+            preempted_waiting=sum(1 for q in self.waiting.values() for r in q if r.preempted_time is not None),
+            preempted_cells=self.preempted_cells,
+            preempted_seconds=round(self.preempted_seconds, 3),
+            preempted_state_bytes=sum(
+                len(r.suspended_state) for q in self.waiting.values() for r in q if r.suspended_state is not None
+            ),
         )
 
     def take_pending_kv_ops(self) -> list[KVOp]:
@@ -368,6 +442,8 @@ class Scheduler:
                 self._bring_back_idle(out)
             return out
         self._idle_since = None
+        if self.admission == "estimate":
+            self._grow_or_preempt(now, out)
         token_budget = self.n_batch
 
         # Decode first: one token of every sequence whose prompt is in the cache.
@@ -385,7 +461,8 @@ class Scheduler:
         for req in self.running:
             if req.prompt_done:
                 continue
-            remaining = len(req.prompt_tokens) - req.num_computed_tokens
+            context = req.context_tokens
+            remaining = len(context) - req.num_computed_tokens
             if req.params.reproducible:
                 # A fixed chunk size, whatever else runs: the same request is computed the same way.
                 size = min(remaining, self.n_batch, REPRODUCIBLE_CHUNK)
@@ -397,8 +474,9 @@ class Scheduler:
                 token_budget -= size
                 target = out.batched
             start = req.num_computed_tokens
-            tokens = req.prompt_tokens[start : start + size]
-            target.append(ScheduledChunk(req, tokens, start, sample=(size == remaining)))
+            tokens = context[start : start + size]
+            # A resumed request computing its context again samples nothing: its next token is known.
+            target.append(ScheduledChunk(req, tokens, start, sample=(size == remaining and not req.output_tokens)))
 
         # Last, with what the step has left: drafts, where they are expected to pay (draft_policy.py).
         # Not in a step that carries a prompt: a request waiting for its first token would wait for
@@ -422,12 +500,85 @@ class Scheduler:
         self._rows_scheduled = sum(len(c.tokens) for c in (*out.batched, *out.solo))
         return out
 
+    # -- preemption -----------------------------------------------------------------------
+    #
+    # Under `estimate`, before each step every running request must hold the cells the step writes.
+    # One that has run past its charge grows it by GROW_CELLS, taking free cells or evicting idle
+    # cache entries; when that fails, a running request is preempted, lowest priority first (batch
+    # before interactive), then the most recently admitted, until the growth fits (the growing
+    # request may be the one preempted). A preempted request's computed tokens become a prefix-cache
+    # entry, whose cells go only when they are needed, to the RAM tier when there is one (eviction
+    # saves them); it goes back to the head of its queue and, admitted again, copies or restores them
+    # and computes only what the cache lost (all of it without a prefix cache). A reproducible
+    # request's lane is saved whole and restored into a new lane. Its sampler is kept meanwhile, so
+    # it goes on producing the tokens it would have. The oldest running request is preempted last:
+    # it always progresses, so every request ends.
+
+    def _grow_or_preempt(self, now: float, out: SchedulerOutput) -> None:
+        for request in list(self.running):  # oldest admission first: they keep their cells
+            while request in self.running:
+                reserved = self.budget.reserved[request.request_id]
+                short = self._own_cells_after_step(request) - reserved
+                if short <= 0:
+                    break
+                cap = self.charge_limit(request) - reserved
+                grow = min(max(short, GROW_CELLS), cap) if cap > short else short
+                if self._make_room(grow, out, ([], 0)):
+                    self.budget.reserved[request.request_id] = reserved + grow
+                    break
+                self._preempt(self._victim(), now, out)
+
+    def charge_limit(self, request: Request) -> int:
+        """The most a running request is ever charged: its prompt and max_tokens, less what it shares."""
+        return request.kv_cells - request.cache_shared
+
+    def _own_cells_after_step(self, request: Request) -> int:
+        own = request.num_computed_tokens - request.cache_shared
+        if request.prompt_done:
+            return own + 1
+        return own + min(len(request.context_tokens) - request.num_computed_tokens, self.n_batch)
+
+    def _victim(self) -> Request:
+        """Lowest priority first, then the most recently admitted."""
+        return max(self.running, key=lambda r: (PRIORITY_RANK[r.priority], r.admission_number))
+
+    def _preempt(self, request: Request, now: float, out: SchedulerOutput) -> None:
+        seq_id = request.seq_id
+        assert seq_id is not None
+        self.running.remove(request)
+        self.preempted_cells += self.budget.release(request.request_id)
+        if request.params.reproducible:
+
+            def keep(state: SavedState | None, request: Request = request) -> None:
+                request.suspended_state = state
+
+            out.kv_ops.append(SuspendSequence(seq_id, request.request_id, keep))
+        else:
+            computed = (request.cache_tokens + request.output_tokens)[: request.num_computed_tokens]
+            if self.cache is not None and computed:
+                self.cache.insert(computed, seq_id, out.kv_ops, self._pins())
+                self._sync_cache_budget()
+            out.kv_ops.append(SuspendSequence(seq_id, request.request_id, lambda state: None))
+            request.num_computed_tokens = 0
+        request.copied_tokens = request.cache_shared = 0
+        self.free_seq_ids.append(seq_id)
+        self.free_seq_ids.sort()
+        request.seq_id = None
+        request.status = RequestStatus.WAITING
+        request.preemptions += 1
+        request.preempted_time = now
+        self.preemptions += 1
+        self.waiting[request.priority].appendleft(request)
+
     def _guess(self, req: Request, max_draft: int) -> tuple[Guess, NgramIndex] | None:
         if not req.params.draftable:
             return None
         # Never past max_tokens: the step's last token is sampled after the drafts, and every cell a
         # draft takes lies inside the request's reservation.
         k = min(max_draft, req.max_tokens - len(req.output_tokens) - 1)
+        if self.admission == "estimate":  # ... and inside its charge: drafts never grow it
+            own_after_decode = req.num_computed_tokens - req.cache_shared + 1
+            k = min(k, self.budget.reserved.get(req.request_id, 0) - own_after_decode)
         if k <= 0:
             return None
         if req.ngrams is None:
@@ -463,6 +614,11 @@ class Scheduler:
             queue = self.waiting[request.priority]
             if request in queue:
                 queue.remove(request)
+            if request.preempted_time is not None:  # it ends before it resumed
+                self.preempted_seconds += time.monotonic() - request.preempted_time
+                request.preempted_time = None
+                request.suspended_state = None
+                self.pending_kv_ops.append(ForgetSuspended(request.request_id))
         elif request in self.running:
             self.running.remove(request)
             self.budget.release(request.request_id)
@@ -480,6 +636,8 @@ class Scheduler:
         request.finish_reason = reason
         request.error = error
         request.finished_time = time.monotonic()
+        if reason in (FinishReason.STOP, FinishReason.LENGTH):
+            self.lengths.record(request.priority, request.client, len(request.output_tokens))
         # Another scope's answers are no guesses: a faster answer would tell what it was asked.
         shared = request.cache_scope is None
         if self.drafts is not None and request.params.draftable and reason != FinishReason.ERROR and shared:
@@ -487,3 +645,10 @@ class Scheduler:
         request.ngrams = None  # a finished request's record stays a while (for its stream): not its index
         request.seq_id = None
         return seq_id
+
+
+def _shared_tokens(request: Request) -> list[int]:
+    """The tokens whose first `cache_shared` cells a running request shares with the cache."""
+    if request.cache_shared <= len(request.prompt_tokens):
+        return request.cache_tokens
+    return request.cache_context_tokens

@@ -27,7 +27,7 @@ class LiveRequest:
     def of(cls, request: Request, now: float) -> LiveRequest:
         return cls(
             id=request.request_id,
-            status=request.status.name.lower(),
+            status="preempted" if request.preempted_time is not None else request.status.name.lower(),
             priority=request.priority.name.lower(),
             prompt_tokens=len(request.prompt_tokens),
             completion_tokens=len(request.output_tokens),

@@ -94,6 +94,9 @@ class PoolCollector:
                 "Prefix-cache entries moved to the RAM tier for being idle while other rows were decoded.",
                 sched.prefix_cache_spilled,
             ),
+            ("magnitude_preemptions", "Running requests preempted for lack of KV cells.", sched.preemptions),
+            ("magnitude_preempted_cells", "KV cells preempted requests gave back.", sched.preempted_cells),
+            ("magnitude_preempted_seconds", "Seconds preempted requests waited to resume.", sched.preempted_seconds),
             (
                 "magnitude_prompt_cache_respelled_tokens",
                 "Cached answer tokens reused where the prompt's tokens spelled the same text otherwise.",
@@ -119,6 +122,12 @@ class PoolCollector:
             ("magnitude_prefix_cache_ram_bytes", "Saved prefix-cache entries in RAM.", sched.prefix_cache_ram_bytes),
             ("magnitude_requests_running", "Requests being decoded.", sched.running),
             ("magnitude_requests_waiting", "Requests queued for KV cells or a slot.", sched.waiting),
+            ("magnitude_requests_preempted", "Preempted requests waiting to resume.", sched.preempted_waiting),
+            (
+                "magnitude_preempted_state_bytes",
+                "Preempted reproducible requests' KV states held in memory.",
+                sched.preempted_state_bytes,
+            ),
             (
                 "magnitude_recent_tokens_per_second",
                 "Generated tokens/s over the last seconds.",
