@@ -165,8 +165,8 @@ class EngineSettings:
     flash_attention: bool | None = field(
         default=None,
         metadata=about(
-            "llama.cpp's flash attention; null: off on a CPU with an f16/f32 V cache, on with GPU layers or a "
-            "quantized V (docs/decisions.md, 'Attention kernel').",
+            "llama.cpp's flash attention; null: on with GPU layers or a quantized V, else measured at load on "
+            "this machine, the faster kind kept (docs/decisions.md, 'Attention kernel').",
             "bool|null",
         ),
     )
@@ -235,6 +235,16 @@ class EngineSettings:
     def kv_types(self) -> tuple[str, str]:
         """(K's type, V's type) of the KV cache."""
         return self.cache_type, self.cache_type_v or self.cache_type
+
+    @property
+    def flash_attention_choice(self) -> bool | None:
+        """What the runner is told: the setting, on with GPU layers or a quantized V (which needs it),
+        else None: measured at load on this machine (engine/attention_probe.py)."""
+        if self.flash_attention is not None:
+            return self.flash_attention
+        if self.gpu_layers > 0 or self.kv_types[1] not in UNQUANTIZED_CACHE_TYPES:
+            return True
+        return None
 
     @property
     def uses_flash_attention(self) -> bool:

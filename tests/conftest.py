@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import os
 import socket
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,12 +16,31 @@ from magnitude_jupyter.runtime import LocalServer
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 
+def pytest_configure(config):
+    """The attention probe's results (engine/attention_probe.py) in a file of this run's own, never in
+    ~/.magnitude; set before any engine or server starts, so servers in child processes share it."""
+    folder = Path(tempfile.mkdtemp(prefix="magnitude-attention-"))
+    os.environ.setdefault("MAGNITUDE_ATTENTION_FILE", str(folder / "attention.json"))
+
+
 @pytest.fixture(autouse=True)
 def profile_archive(tmp_path_factory, monkeypatch):
     """Calibrations archive their profiles in a folder of the test's own, never in ~/.magnitude."""
     folder = tmp_path_factory.mktemp("profiles")
     monkeypatch.setenv("MAGNITUDE_PROFILES_DIR", str(folder))
     return folder
+
+
+@pytest.fixture(autouse=True)
+def fast_tier_loads_no_model(request, monkeypatch):
+    """A test not marked `model` (the fast tier) must not load llama.cpp's model: it fails saying so."""
+    if request.node.get_closest_marker("model") is not None:
+        return
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("this test loads the real model: mark it @pytest.mark.model")
+
+    monkeypatch.setattr("magnitude_jupyter.engine.runner.LlamaRunner.__init__", refuse)
 
 
 @pytest.fixture(scope="session")
@@ -166,7 +188,9 @@ def wait_for(condition, timeout: float = 30.0, interval: float = 0.05, what: str
 
 # Fixtures that load the bundled model (or start a server or kernel that does): a test using one is a
 # `model` test whether or not its module says so, so `pytest -m "not model"` stays the fast tier.
-MODEL_FIXTURES = {"engine", "serve", "server", "connected", "inproc", "models_dir", "jp_serverapp", "jp_fetch"}
+MODEL_FIXTURES = {
+    *("engine", "serve", "server", "connected", "inproc", "models_dir", "model_path", "jp_serverapp", "jp_fetch"),
+}
 
 
 def pytest_collection_modifyitems(items):

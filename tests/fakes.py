@@ -32,6 +32,8 @@ class FakeRunner:
         self.n_ctx_train = n_ctx_train
         self.kv_buffer_bytes: int | None = None
         self.repack: bool | None = None
+        self.flash_attention: bool | None = None
+        self.flash_attention_reason: str | None = None
         self.bos_token = ""
         self.eos_token = ""
         self.calls: list[list[DecodeItem]] = []

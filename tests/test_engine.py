@@ -370,3 +370,46 @@ def test_step_counts_account_for_every_row_llama_decode_computed(engine):
     decode_s = after.steps.decode_seconds - before.steps.decode_seconds
     step_s = after.steps.step_seconds - before.steps.step_seconds
     assert 0 < decode_s <= step_s
+
+
+def test_a_reproducible_answer_is_the_same_across_a_preemption():
+    """Under `admission: estimate` an interactive answer that runs long takes the cells of a batch
+    request's lane: the lane is saved, restored later, and its answer is the one it gives alone."""
+    lane_params = greedy(150, ignore_eos=True, reproducible=True)
+    lane_prompt = "Describe the water cycle in detail, step by step."
+    with Engine(settings=Settings(), parallel=2, ctx_size=256, admission="estimate") as small:
+        assert small.scheduler is not None
+        for priority in Priority:  # answers so far were short: new ones are charged for 16 tokens
+            for _ in range(8):
+                small.scheduler.lengths.record(priority, None, 15)
+        lane = small.submit(lane_prompt, params=lane_params, priority=Priority.BATCH)
+        grower = small.submit(
+            "Write a long story about a lighthouse keeper.",
+            params=SamplingParams(max_tokens=200, temperature=0.8, seed=7, ignore_eos=True),
+        )
+        for request in (lane, grower):
+            assert request.stream is not None
+            final = request.stream.wait_final(300)
+            assert final.finish_reason == "length" and final.error is None
+        assert lane.preemptions == 1 and grower.preemptions == 0
+        assert small.stats().scheduler.preemptions == 1
+        preempted = list(lane.output_tokens)
+        alone = small.generate(lane_prompt, params=lane_params)
+    assert len(preempted) == 150
+    assert preempted == alone.token_ids
+
+
+def test_the_attention_kernel_is_measured_at_load_and_remembered(tmp_path, monkeypatch):
+    monkeypatch.setenv("MAGNITUDE_ATTENTION_FILE", str(tmp_path / "attention.json"))
+    with Engine(settings=Settings(), parallel=2, ctx_size=1024) as first:
+        stats = first.stats()
+        assert stats.flash_attention_reason is not None
+        assert stats.flash_attention_reason.startswith(f"flash attention {'on' if stats.flash_attention else 'off'}")
+        assert "measured at load" in stats.flash_attention_reason
+        assert first.generate("The capital of France is", params=greedy(4)).finish_reason in ("length", "stop")
+    assert (tmp_path / "attention.json").exists()
+    with Engine(settings=Settings(), parallel=2, ctx_size=1024) as second:
+        assert "measured at an earlier load" in (second.stats().flash_attention_reason or "")
+        assert second.stats().flash_attention == stats.flash_attention
+    with Engine(settings=Settings(), parallel=2, ctx_size=1024, flash_attention=False) as fixed:
+        assert fixed.stats().flash_attention_reason == "flash attention off: set"

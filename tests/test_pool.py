@@ -103,6 +103,7 @@ def test_keep_alive_zero_unloads_once_idle_and_unload_waits_for_idle(models_dir)
         pool.shutdown()
 
 
+@pytest.mark.model  # the other model answers
 def test_a_broken_file_fails_only_its_own_requests(tmp_path):
     (tmp_path / "broken.gguf").write_bytes(b"GGUF" + b"\0" * 64)
     pool = ModelPool(small_settings(tmp_path)).start()

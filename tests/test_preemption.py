@@ -241,3 +241,18 @@ def test_cancelling_a_preempted_request_forgets_what_was_kept_for_it():
         assert list(engine.stream(grower.request_id, timeout=30))[-1].finish_reason == "length"
         assert not engine.fake.parked
         assert engine.stats().scheduler.preempted_waiting == 0
+
+
+def test_calibration_says_where_preemptions_began_to_cost():
+    from magnitude_jupyter.calibrate.records import Level
+    from magnitude_jupyter.calibrate.report import preemption_text
+
+    def level(c: int, tok_s: float, preempted: int | None) -> Level:
+        return Level(16, 0, 1.0, 1.0, 100, tok_s, concurrency=c, preemptions=preempted)
+
+    assert preemption_text([level(1, 10, 0), level(2, 19, None)]) is None
+    grew = preemption_text([level(1, 10, 0), level(2, 19, 3)])
+    assert grew == "preemptions (KV cells charged by estimate): 3 in 16 requests at 2; throughput still grew with them"
+    cost = preemption_text([level(1, 10, 0), level(2, 19, 3), level(4, 15, 9)])
+    assert cost is not None
+    assert cost.endswith("from 4 they cost more than the concurrency gains (lower parallel, or admission: reserve)")

@@ -356,6 +356,7 @@ NATIVE = [
 ]
 
 
+@pytest.mark.model
 @pytest.mark.parametrize(("template", "form", "start", "history_text"), NATIVE, ids=[n[1] for n in NATIVE])
 def test_a_template_that_knows_tools_renders_them_and_is_answered_in_its_own_form(template, form, start, history_text):
     engine = Engine(settings=Settings(), parallel=1, ctx_size=2048, chat_template=template)

@@ -52,6 +52,10 @@ export interface EngineStatus {
   prefix_cache_entries?: number;
   prefix_cache_hit_rate?: number | null;
   prefix_cache_ram_entries?: number;
+  admission?: string;
+  preemptions?: number;
+  preempted_waiting?: number;
+  preempted_seconds?: number;
   generated_tokens_total?: number;
   draft_tokens_total?: number;
   draft_accepted_total?: number;
@@ -81,6 +85,23 @@ export function kvShares(
   const cache = clamp((100 * (status.prefix_cache_cells ?? 0)) / total);
   const requests = clamp((100 * status.kv_cells_reserved) / total - cache);
   return { requests, cache, free: clamp(100 - requests - cache) };
+}
+
+/** The KV cells: reserved by requests, held by the cache, free; and, where cells are charged by
+ * estimate, the preemptions that took them back. */
+export function kvLine(status: EngineStatus): string {
+  const cached = status.prefix_cache_cells ?? 0;
+  const cells =
+    `${status.kv_cells_reserved - cached} reserved · ${cached} cached · ` +
+    `${status.kv_cells_total - status.kv_cells_reserved} free of ${status.kv_cells_total} cells`;
+  const preemptions = status.preemptions ?? 0;
+  if (status.admission !== 'estimate' && !preemptions) {
+    return cells;
+  }
+  const waiting = status.preempted_waiting ?? 0;
+  const paused = preemptions ? `, ${(status.preempted_seconds ?? 0).toFixed(1)} s paused` : '';
+  const now = waiting ? `, ${waiting} waiting to resume` : '';
+  return `${cells} · ${preemptions} preemption${preemptions === 1 ? '' : 's'}${now}${paused}`;
 }
 
 /** One line about the prefix cache: entries, cells, and the share of prompt tokens it served. */

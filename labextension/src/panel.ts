@@ -10,6 +10,7 @@ import {
   cacheLine,
   formatMs,
   formatRate,
+  kvLine,
   kvShares,
   residentLine,
   sparklinePoints,
@@ -145,10 +146,7 @@ export class MagnitudePanel extends Widget {
     const shares = kvShares(status);
     this.kvFill.style.width = `${shares.requests.toFixed(1)}%`;
     this.kvCache.style.width = `${shares.cache.toFixed(1)}%`;
-    const cached = status.prefix_cache_cells ?? 0;
-    this.fields.kv.textContent =
-      `${status.kv_cells_reserved - cached} reserved · ${cached} cached · ` +
-      `${status.kv_cells_total - status.kv_cells_reserved} free of ${status.kv_cells_total} cells`;
+    this.fields.kv.textContent = kvLine(status);
     this.fields.cache.textContent = cacheLine(status);
     this.spark.setAttribute('points', sparklinePoints(history, SPARK_W, SPARK_H));
     this.renderList(this.running, status.requests ?? [], true);

@@ -44,6 +44,7 @@ class Level:
     rss_bytes_max: int | None = None
     waiting_max: int | None = None
     cached_share: float | None = None  # prompt tokens the server took from its prefix cache / all prompt tokens
+    preemptions: int | None = None  # running requests our server preempted for cells during the level
     # Half-width of a 95% interval around output_tokens_per_s (closed loop: see sweep.throughput_interval).
     output_tokens_per_s_ci95: float | None = None
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from ..models import unbatched_weights
 from .profile import Profile
-from .records import Summary
+from .records import Level, Summary
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:
@@ -100,6 +101,27 @@ def format_profile(profile: Profile) -> str:
             )
     else:
         lines.append("KV cache: — (this server does not report its model's shape)")
+    preemption = preemption_text(profile.levels)
+    if preemption:
+        lines.append(preemption)
     if profile.stopped_because:
         lines.append(f"stopped early: {profile.stopped_because}")
     return "\n".join(lines)
+
+
+def preemption_text(levels: list[Level]) -> str | None:
+    """Where the server preempted requests for KV cells (admission: estimate), and from which level
+    that cost more throughput than the added concurrency gained."""
+    counted = [lv for lv in levels if lv.preemptions]
+    if not counted:
+        return None
+    text = "preemptions (KV cells charged by estimate): " + ", ".join(
+        f"{lv.preemptions} in {lv.requests} requests at {_fmt(lv.step, 'g')}" for lv in counted
+    )
+    for before, level in itertools.pairwise(levels):
+        if level.preemptions and level.output_tokens_per_s < before.output_tokens_per_s:
+            return text + (
+                f"; from {_fmt(level.step, 'g')} they cost more than the concurrency gains "
+                "(lower parallel, or admission: reserve)"
+            )
+    return text + "; throughput still grew with them"

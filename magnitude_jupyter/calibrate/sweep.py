@@ -228,6 +228,8 @@ class _StatusSampler:
             "kv_usage_mean": sum(usage) / len(usage) if usage else None,
             "rss_bytes_max": max(rss) if rss else None,
             "waiting_max": max(s.get("waiting", 0) for s in self.samples),
+            # Running requests preempted for cells during the level (admission: estimate).
+            "preemptions": self.samples[-1].get("preemptions", 0) - self.samples[0].get("preemptions", 0),
         }
 
 

@@ -119,6 +119,7 @@ class Engine:
         self._stop = False
         self._step_listeners: list[Callable[[], None]] = []
         self._sha256: str | None = None
+        self.flash_attention_reason: str | None = None  # how the attention kernel was chosen
         self._recent: deque[FinishedRequest] = deque(maxlen=20)
         self._started_at = time.monotonic()
         self.started_at_wall = time.time()
@@ -138,7 +139,7 @@ class Engine:
             mlock=es.mlock,
             mmap=es.mmap,
             repack=es.repack,
-            flash_attention=es.uses_flash_attention,
+            flash_attention=es.flash_attention_choice,
             verbose=self._verbose,
         )
 
@@ -383,6 +384,7 @@ class Engine:
             kv_bytes_per_token=kv_bytes_per_token(info, *es.kv_types) if info else None,
             kv_cache_type=es.kv_type_label,
             flash_attention=es.uses_flash_attention,
+            flash_attention_reason=self.flash_attention_reason,
             context_sizing=self.context_sizing.reason if self.context_sizing else None,
             kv_buffer_bytes_reported=self.runner.kv_buffer_bytes if self.runner is not None else None,
             rss_bytes=rss_bytes(),
@@ -406,6 +408,9 @@ class Engine:
             if self.engine_settings.repack is None and self.runner.repack is not None:
                 # What it runs with, as ctx_size auto is shown resolved (/v1/models).
                 self.engine_settings = replace(self.engine_settings, repack=self.runner.repack)
+            if self.engine_settings.flash_attention is None and self.runner.flash_attention is not None:
+                self.engine_settings = replace(self.engine_settings, flash_attention=self.runner.flash_attention)
+            self.flash_attention_reason = self.runner.flash_attention_reason
             es = self.engine_settings
             # threads: 0 (the default) follows what other processes leave free; a number is fixed.
             self.governor = ThreadGovernor(es.n_threads) if es.threads == 0 else None

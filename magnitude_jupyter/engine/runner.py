@@ -20,6 +20,7 @@ import llama_cpp
 import numpy as np
 
 from ..config import KV_CACHE_TYPES
+from . import attention_probe
 from .embeddings import Embedder
 from .memory import KV_PADDING
 from .prefix_cache import SavedState
@@ -146,9 +147,10 @@ class LlamaRunner:
         mlock: bool = False,
         mmap: bool | None = None,
         repack: bool | None = None,
-        flash_attention: bool = True,
+        flash_attention: bool | None = True,
         verbose: bool = False,
     ) -> None:
+        """`flash_attention` None: measured now, on this machine (attention_probe.py)."""
         _init_backend(verbose)
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = gpu_layers
@@ -163,8 +165,11 @@ class LlamaRunner:
         if not self.model:
             raise RunnerError(f"llama.cpp could not load the model file {model_path}")
         self.cache_types = cache_types
-        self.flash_attention = flash_attention
         self._n_threads = n_threads
+        self.flash_attention, self.flash_attention_reason = self._choose_attention(
+            model_path, flash_attention, n_ctx, n_seq_max, n_batch
+        )
+        flash_attention = self.flash_attention
         _kv_buffer_mib.clear()
         _compute_buffer_mib.clear()
         # One cache shared by all sequences: a long request may use most of it, many short ones share it.
@@ -198,6 +203,7 @@ class LlamaRunner:
         self._closed = False
 
     def _new_context(self, n_ctx: int, n_seq_max: int, n_batch: int, flash_attention: bool) -> Any:
+        """A context on the loaded weights (the main one, a lane, or the attention probe's)."""
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
@@ -211,6 +217,23 @@ class LlamaRunner:
         cparams.type_k, cparams.type_v = (GGML_TYPES[t] for t in self.cache_types)
         cparams.no_perf = True
         return llama_cpp.llama_init_from_model(self.model, cparams)
+
+    def _choose_attention(
+        self, model_path: str | Path, given: bool | None, n_ctx: int, n_seq_max: int, n_batch: int
+    ) -> tuple[bool, str]:
+        if given is not None:
+            return given, f"flash attention {'on' if given else 'off'}: set"
+        cells = min(attention_probe.PROBE_CELLS, n_ctx)
+        rows = max(1, min(attention_probe.PROBE_ROWS, n_seq_max))
+        key = f"{attention_probe.probe_key(model_path, self._n_threads, self.cache_types)}|{cells}x{rows}"
+        choice = attention_probe.remembered(key)
+        if choice is None:
+            vocab = llama_cpp.llama_model_get_vocab(self.model)
+            n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
+            choice = attention_probe.measure(self._new_context, n_vocab, cells, rows, n_batch)
+            attention_probe.remember(key, choice)
+            return choice.flash_attention, choice.reason
+        return choice.flash_attention, choice.reason.replace("measured at load", "measured at an earlier load")
 
     def _special_text(self, token: int) -> str:
         if token < 0:

@@ -3,6 +3,7 @@ import {
   chosenModel,
   formatBytes,
   formatMs,
+  kvLine,
   kvShares,
   formatRate,
   kvPercent,
@@ -44,6 +45,20 @@ describe('format', () => {
       'cache: 1 entry, 90 cells, 2 more in RAM, — of prompt tokens reused'
     );
     expect(cacheLine({ ...ready, prefix_cache_entries: 1 })).toBe('cache: 1 entry, 0 cells, — of prompt tokens reused');
+  });
+
+  it('says where the KV cells are, and the preemptions when cells are charged by estimate', () => {
+    const cells = { ...ready, kv_cells_reserved: 300, kv_cells_total: 1000, prefix_cache_cells: 100 };
+    expect(kvLine(cells)).toBe('200 reserved · 100 cached · 700 free of 1000 cells');
+    expect(kvLine({ ...cells, admission: 'estimate' })).toBe(
+      '200 reserved · 100 cached · 700 free of 1000 cells · 0 preemptions'
+    );
+    expect(
+      kvLine({ ...cells, admission: 'estimate', preemptions: 3, preempted_waiting: 1, preempted_seconds: 2.14 })
+    ).toBe('200 reserved · 100 cached · 700 free of 1000 cells · 3 preemptions, 1 waiting to resume, 2.1 s paused');
+    expect(kvLine({ ...cells, admission: 'estimate', preemptions: 1, preempted_seconds: 0.5 })).toBe(
+      '200 reserved · 100 cached · 700 free of 1000 cells · 1 preemption, 0.5 s paused'
+    );
   });
 
   it('says how many drafts were kept, and nothing about drafts where none were made', () => {

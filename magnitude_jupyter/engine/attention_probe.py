@@ -1,0 +1,155 @@
+"""Flash attention on or off, measured on the machine the engine runs on (`flash_attention: null`).
+
+Which of llama.cpp's CPU attention kernels is faster depends on the CPU and the context length:
+flash attention wins at every length measured on an AVX2 EPYC and loses at long contexts on a Xeon
+with AMX (docs/decisions.md, "Attention kernel"). So at load, before the main context is made, a
+short probe decodes the same steps both ways (`PROBE_ROWS` sequences over `PROBE_CELLS` cells, the
+kinds alternating) and the faster kind is kept. The result is remembered per model file, machine,
+thread count and cache type (`remembered_path`), so a later load reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+
+log = logging.getLogger("magnitude.runner")
+
+PROBE_CELLS = 1024  # cells each decode attends over: a conversation's worth of context
+PROBE_ROWS = 16  # sequences decoded together, one row each: a busy server's step
+PROBE_STEPS = 3  # timed steps per kind and round
+PROBE_ROUNDS = 2  # rounds, the kinds alternating; each kind's fastest step counts
+PROBE_FILL_SECONDS = 1.5  # filling the cells stops here, at what is filled (a large model on a small CPU)
+
+
+def remembered_path() -> Path:
+    """Where probe results are kept (`MAGNITUDE_ATTENTION_FILE`, else ~/.magnitude/attention.json)."""
+    return Path(os.environ.get("MAGNITUDE_ATTENTION_FILE") or Path.home() / ".magnitude" / "attention.json")
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    flash_attention: bool
+    on_ms: float  # a probe step with flash attention
+    off_ms: float  # ... without
+    cells: int
+    rows: int
+
+    @property
+    def reason(self) -> str:
+        kind = "on" if self.flash_attention else "off"
+        slower, faster = sorted((self.on_ms, self.off_ms), reverse=True)
+        return (
+            f"flash attention {kind}: measured at load, {faster:.1f} ms against {slower:.1f} ms a step of "
+            f"{self.rows} rows over {self.cells} cells"
+        )
+
+
+def probe_key(model_path: str | Path, n_threads: int, cache_types: tuple[str, str]) -> str:
+    stat = Path(model_path).stat()
+    parts = (str(Path(model_path).resolve()), str(stat.st_size), str(int(stat.st_mtime)))
+    return "|".join((*parts, platform.machine(), _cpu_name(), str(n_threads), "/".join(cache_types)))
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def remembered(key: str) -> AttentionChoice | None:
+    try:
+        entry = json.loads(remembered_path().read_text()).get(key)
+        return AttentionChoice(**entry) if entry else None
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def remember(key: str, choice: AttentionChoice) -> None:
+    path = remembered_path()
+    try:
+        known = json.loads(path.read_text()) if path.exists() else {}
+        known[key] = asdict(choice)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, indent=1))
+        tmp.replace(path)
+    except (OSError, ValueError):
+        log.debug("could not remember the attention probe's result", exc_info=True)
+
+
+def measure(make_context: Any, n_vocab: int, cells: int, rows: int, n_batch: int) -> AttentionChoice:
+    """Time decode steps of `rows` sequences over up to `cells` cells, flash attention on and off.
+    `make_context(n_ctx, n_seq_max, n_batch, flash_attention)` makes a llama.cpp context. Filling the
+    cells stops after PROBE_FILL_SECONDS (a large model on a small CPU), at the same count for both."""
+    n_ctx = cells + rows * (PROBE_ROUNDS * (PROBE_STEPS + 1)) + 256
+    contexts = {flash: make_context(n_ctx, rows, n_batch, flash) for flash in (True, False)}
+    batch = llama_cpp.llama_batch_init(max(n_batch, rows), 0, 1)
+    try:
+        if not all(contexts.values()):
+            raise RuntimeError("llama.cpp could not make the attention probe's contexts")
+        tokens = [100 + (i * 7919) % max(1, n_vocab - 200) for i in range(cells)]  # any ids: only the count matters
+        filled = _fill_cells(contexts[True], batch, tokens, n_batch, rows, PROBE_FILL_SECONDS)
+        _fill_cells(contexts[False], batch, tokens[:filled], n_batch, rows, None)
+        best = {True: float("inf"), False: float("inf")}
+        position = filled
+        for _ in range(PROBE_ROUNDS):  # the kinds alternate: drift on a busy machine hits both
+            for flash, ctx in contexts.items():
+                for step in range(PROBE_STEPS + 1):  # the first step of each round warms up
+                    _rows(batch, [(tokens[seq % filled], position + step, seq) for seq in range(rows)])
+                    started = time.perf_counter()
+                    if llama_cpp.llama_decode(ctx, batch) != 0:
+                        raise RuntimeError("the attention probe's step did not decode")
+                    if step:
+                        best[flash] = min(best[flash], (time.perf_counter() - started) * 1000)
+            position += PROBE_STEPS + 1
+        return AttentionChoice(best[True] <= best[False], round(best[True], 2), round(best[False], 2), filled, rows)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        for ctx in contexts.values():
+            if ctx:
+                llama_cpp.llama_free(ctx)
+
+
+def _fill_cells(ctx: Any, batch: Any, tokens: list[int], n_batch: int, rows: int, budget_s: float | None) -> int:
+    """Decode `tokens` into sequence 0 and share its cells with the other `rows - 1` sequences; stop
+    early once `budget_s` has passed. Returns how many cells were filled."""
+    started = time.perf_counter()
+    filled = 0
+    chunk = max(1, min(n_batch, 256))
+    while filled < len(tokens):
+        part = tokens[filled : filled + chunk]
+        _rows(batch, [(token, filled + i, 0) for i, token in enumerate(part)])
+        if llama_cpp.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("the attention probe's prompt did not decode")
+        filled += len(part)
+        if budget_s is not None and time.perf_counter() - started > budget_s:
+            break
+    memory = llama_cpp.llama_get_memory(ctx)
+    for seq in range(1, rows):
+        llama_cpp.llama_memory_seq_cp(memory, 0, seq, -1, -1)
+    return filled
+
+
+def _rows(batch: Any, rows: list[tuple[int, int, int]]) -> None:
+    for n, (token, pos, seq) in enumerate(rows):
+        batch.token[n] = token
+        batch.pos[n] = pos
+        batch.n_seq_id[n] = 1
+        batch.seq_id[n][0] = seq
+        batch.logits[n] = 0
+    batch.logits[len(rows) - 1] = 1
+    batch.n_tokens = len(rows)
