@@ -101,7 +101,7 @@ def test_without_a_prefix_cache_a_preempted_request_computes_its_context_again()
         s.add_request(r)
     s.schedule()
     preempted: list[Request] = []
-    for _ in range(200):
+    for _ in range(2000):
         out = s.schedule()
         resumed = [c for c in out.batched if c.request.preemptions and not c.request.prompt_done]
         for chunk in resumed:  # the context again: prompt and answer but its last token, no pick

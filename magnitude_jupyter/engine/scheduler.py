@@ -237,7 +237,8 @@ class Scheduler:
                 head = queue[0]
                 source, shared, from_cache = self._prefix_source(head, out)
                 need = self.charge(head, shared if from_cache else 0)
-                if not self._make_room(need, out, (head.cache_context_tokens, shared if from_cache else 0)):
+                room = need + self._headroom()
+                if not self._make_room(room, out, (head.cache_context_tokens, shared if from_cache else 0)):
                     # Strict FIFO: a large request at the head is not overtaken forever by small ones,
                     # and batch rows do not jump ahead of a waiting interactive request.
                     return
@@ -269,6 +270,13 @@ class Scheduler:
                 out.admitted.append(head)
             if queue:
                 return
+
+    def _headroom(self) -> int:
+        """Free cells a new admission leaves under `estimate`: a growth step for each running request
+        that may grow, so that admitting one does not preempt another at the next step."""
+        if self.admission != "estimate":
+            return 0
+        return GROW_CELLS * sum(1 for r in self.running if not r.params.reproducible)
 
     def charge(self, request: Request, shared: int = 0) -> int:
         """Cells the budget holds for `request` from its admission, less the `shared` ones the cache
@@ -426,6 +434,8 @@ class Scheduler:
     def schedule(self, now: float | None = None) -> SchedulerOutput:
         now = time.monotonic() if now is None else now
         out = SchedulerOutput()
+        if self.admission == "estimate":  # running requests get the cells they grow into first
+            self._grow_or_preempt(now, out)
         self._admit(now, out)
         idle = not self.running and not self.num_waiting
         # Idle entries move to host RAM (prefix_cache.SPILL_AFTER_ROWS) while others decode. With
@@ -442,8 +452,6 @@ class Scheduler:
                 self._bring_back_idle(out)
             return out
         self._idle_since = None
-        if self.admission == "estimate":
-            self._grow_or_preempt(now, out)
         token_budget = self.n_batch
 
         # Decode first: one token of every sequence whose prompt is in the cache.
