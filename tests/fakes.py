@@ -9,7 +9,7 @@ import time
 from magnitude_jupyter.client import ClientError
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine
-from magnitude_jupyter.engine.request import SamplingParams
+from magnitude_jupyter.engine.request import Priority, Request, SamplingParams
 from magnitude_jupyter.engine.scheduler import DecodeItem
 from magnitude_jupyter.engine.streams import TokenLogprob
 
@@ -207,3 +207,16 @@ class RecordingClient:
 
     def status(self):
         raise ClientError("not ours")  # as another server's: the sweep samples no /status
+
+
+def make_request(
+    rid: str, prompt_len: int = 4, max_tokens: int = 4, priority=Priority.INTERACTIVE, **params
+) -> Request:
+    """A request as the engine makes one, for scheduler tests: prompt tokens 1..prompt_len."""
+    return Request(
+        request_id=rid,
+        prompt_tokens=list(range(1, prompt_len + 1)),
+        params=SamplingParams(max_tokens=max_tokens, **params),
+        max_tokens=max_tokens,
+        priority=priority,
+    )

@@ -13,17 +13,7 @@ from magnitude_jupyter.engine.prefix_cache import ForgetSuspended, SuspendSequen
 from magnitude_jupyter.engine.request import Request, RequestStatus
 from magnitude_jupyter.engine.scheduler import Scheduler
 
-from .fakes import fake_engine
-
-
-def make_request(rid: str, prompt_len: int = 4, max_tokens: int = 100, priority=Priority.INTERACTIVE, **params):
-    return Request(
-        request_id=rid,
-        prompt_tokens=list(range(1, prompt_len + 1)),
-        params=SamplingParams(max_tokens=max_tokens, **params),
-        max_tokens=max_tokens,
-        priority=priority,
-    )
+from .fakes import fake_engine, make_request
 
 
 def seen_short_answers(lengths: OutputLengths, tokens: int = 10, priority=Priority.INTERACTIVE) -> None:

@@ -23,17 +23,7 @@ from magnitude_jupyter.engine.prefix_cache import (
 from magnitude_jupyter.engine.request import Request, RequestStatus
 from magnitude_jupyter.engine.scheduler import BRING_BACK_AFTER_IDLE_SECONDS, REPRODUCIBLE_CHUNK, Scheduler
 
-from .fakes import assert_cache_exact, fake_engine
-
-
-def make_request(rid: str, prompt_len: int = 4, max_tokens: int = 4, priority=Priority.INTERACTIVE, **params):
-    return Request(
-        request_id=rid,
-        prompt_tokens=list(range(1, prompt_len + 1)),
-        params=SamplingParams(max_tokens=max_tokens, **params),
-        max_tokens=max_tokens,
-        priority=priority,
-    )
+from .fakes import assert_cache_exact, fake_engine, make_request
 
 
 def test_admits_by_kv_budget_and_fifo():

@@ -57,36 +57,23 @@ def agent_cell(
     body: dict[str, Any],
 ) -> None:
     """Run the agent loop for one cell: the answer in `_magnitude` (and -o's variable), each step
-    printed as it happens, the whole run in the output's metadata."""
-    try:
-        answer = run_cell(session, args, prompt, conversation, history, messages, body)
-    except (AgentError, ClientError) as exc:
-        raise MagnitudeError(str(exc)) from None
-    session.keep_answer(answer, args.output, conversation)
-
-
-def run_cell(
-    session: NotebookSession,
-    args: CellArgs,
-    prompt: str,
-    conversation: Conversation | None,
-    history: list[Turn],
-    messages: list[dict[str, Any]],
-    body: dict[str, Any],
-) -> str:
+    printed as it happens, the whole run in the output's metadata. A bad --tools or a failed call is
+    one line under the cell."""
     assert args.tools is not None
     client = session.client
-    functions = notebook_functions(args.tools, session.user_ns)
     sent = len(messages)
-    run = run_agent(
-        client,
-        messages,
-        functions,
-        max_steps=args.max_steps,
-        tool_choice=args.tool_choice,
-        on_step=lambda step: print(step_line(step), flush=True),
-        **body,
-    )
+    try:
+        run = run_agent(
+            client,
+            messages,
+            notebook_functions(args.tools, session.user_ns),
+            max_steps=args.max_steps,
+            tool_choice=args.tool_choice,
+            on_step=lambda step: print(step_line(step), flush=True),
+            **body,
+        )
+    except (AgentError, ClientError) as exc:
+        raise MagnitudeError(str(exc)) from None
     answer = run.answer if run.answer is not None else ""
     if run.stopped == "step_limit":
         print(
@@ -108,4 +95,4 @@ def run_cell(
         conversation.turns = [*history, turn]
         metadata["conversation"] = {"name": conversation.name, "turn": len(conversation.turns)}
     display({"text/plain": answer}, raw=True, metadata={"magnitude": metadata})
-    return answer
+    session.keep_answer(answer, args.output, conversation)
