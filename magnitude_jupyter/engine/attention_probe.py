@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import time
@@ -38,18 +39,18 @@ def remembered_path() -> Path:
 @dataclass(frozen=True)
 class AttentionChoice:
     flash_attention: bool
-    on_ms: float  # a probe step with flash attention
+    on_ms: float  # a probe step with flash attention (the geometric mean of the two shapes')
     off_ms: float  # ... without
     cells: int
     rows: int
+    detail: str = ""  # each shape's step, on against off
 
     @property
     def reason(self) -> str:
         kind = "on" if self.flash_attention else "off"
-        slower, faster = sorted((self.on_ms, self.off_ms), reverse=True)
         return (
-            f"flash attention {kind}: measured at load, {faster:.1f} ms against {slower:.1f} ms a step of "
-            f"{self.rows} rows over {self.cells} cells"
+            f"flash attention {kind}: measured at load, steps of {self.rows} rows over {self.cells} shared cells "
+            f"and over {self.cells // max(1, self.rows)} cells each ({self.detail}; on against off)"
         )
 
 
@@ -92,11 +93,13 @@ def remember(key: str, choice: AttentionChoice) -> None:
 
 
 def measure(make_context: Any, n_vocab: int, cells: int, rows: int, n_batch: int) -> AttentionChoice:
-    """Time decode steps of `rows` sequences over up to `cells` cells, flash attention on and off.
-    `make_context(n_ctx, n_seq_max, n_batch, flash_attention)` makes a llama.cpp context. Filling the
-    cells stops after PROBE_FILL_SECONDS (a large model on a small CPU), at the same count for both."""
-    n_ctx = cells + rows * (PROBE_ROUNDS * (PROBE_STEPS + 1)) + 256
-    contexts = {flash: make_context(n_ctx, rows, n_batch, flash) for flash in (True, False)}
+    """Time decode steps, flash attention on and off, in two shapes: `rows` sequences that all see
+    the same cells (a long conversation's), and `rows` sequences of their own, shorter, beside them
+    (many short requests among the cells in use). The kind whose steps take less time over both
+    (their product) is kept. `make_context(n_ctx, n_seq_max, n_batch, flash_attention)` makes a
+    llama.cpp context. Filling stops after PROBE_FILL_SECONDS, at the same count for both kinds."""
+    n_ctx = 2 * (cells + rows * PROBE_ROUNDS * (PROBE_STEPS + 1)) + 256
+    contexts = {flash: make_context(n_ctx, 2 * rows, n_batch, flash) for flash in (True, False)}
     batch = llama_cpp.llama_batch_init(max(n_batch, rows), 0, 1)
     try:
         if not all(contexts.values()):
@@ -104,24 +107,41 @@ def measure(make_context: Any, n_vocab: int, cells: int, rows: int, n_batch: int
         tokens = [100 + (i * 7919) % max(1, n_vocab - 200) for i in range(cells)]  # any ids: only the count matters
         filled = _fill_cells(contexts[True], batch, tokens, n_batch, rows, PROBE_FILL_SECONDS)
         _fill_cells(contexts[False], batch, tokens[:filled], n_batch, rows, None)
-        best = {True: float("inf"), False: float("inf")}
-        position = filled
-        for _ in range(PROBE_ROUNDS):  # the kinds alternate: drift on a busy machine hits both
-            for flash, ctx in contexts.items():
-                for step in range(PROBE_STEPS + 1):  # the first step of each round warms up
-                    _rows(batch, [(tokens[seq % filled], position + step, seq) for seq in range(rows)])
-                    started = time.perf_counter()
-                    if llama_cpp.llama_decode(ctx, batch) != 0:
-                        raise RuntimeError("the attention probe's step did not decode")
-                    if step:
-                        best[flash] = min(best[flash], (time.perf_counter() - started) * 1000)
-            position += PROBE_STEPS + 1
-        return AttentionChoice(best[True] <= best[False], round(best[True], 2), round(best[False], 2), filled, rows)
+        own = max(1, filled // rows)
+        for ctx in contexts.values():
+            _fill_own(ctx, batch, tokens[:own], n_batch, rows)
+        shapes = {"shared": (0, filled), "own": (rows, own)}  # (first sequence, position of the next token)
+        best = {(shape, flash): float("inf") for shape in shapes for flash in contexts}
+        for round_ in range(PROBE_ROUNDS):  # the kinds alternate: drift on a busy machine hits both
+            for shape, (first, start) in shapes.items():
+                for flash, ctx in contexts.items():
+                    for step in range(PROBE_STEPS + 1):  # the first step of each round warms up
+                        position = start + round_ * (PROBE_STEPS + 1) + step
+                        _rows(batch, [(tokens[seq % filled], position, first + seq) for seq in range(rows)])
+                        started = time.perf_counter()
+                        if llama_cpp.llama_decode(ctx, batch) != 0:
+                            raise RuntimeError("the attention probe's step did not decode")
+                        if step:
+                            best[shape, flash] = min(best[shape, flash], (time.perf_counter() - started) * 1000)
+        on = math.sqrt(best["shared", True] * best["own", True])
+        off = math.sqrt(best["shared", False] * best["own", False])
+        detail = ", ".join(f"{shape} {best[shape, True]:.1f} against {best[shape, False]:.1f} ms" for shape in shapes)
+        return AttentionChoice(on <= off, round(on, 2), round(off, 2), filled, rows, detail)
     finally:
         llama_cpp.llama_batch_free(batch)
         for ctx in contexts.values():
             if ctx:
                 llama_cpp.llama_free(ctx)
+
+
+def _fill_own(ctx: Any, batch: Any, tokens: list[int], n_batch: int, rows: int) -> None:
+    """Sequences `rows` to `2 * rows - 1`, each with `tokens` in cells of its own."""
+    pending = [(token, pos, rows + seq) for seq in range(rows) for pos, token in enumerate(tokens)]
+    chunk = max(1, min(n_batch, 256))
+    for start in range(0, len(pending), chunk):
+        _rows(batch, pending[start : start + chunk])
+        if llama_cpp.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("the attention probe's prompts did not decode")
 
 
 def _fill_cells(ctx: Any, batch: Any, tokens: list[int], n_batch: int, rows: int, budget_s: float | None) -> int:

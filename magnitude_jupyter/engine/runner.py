@@ -230,7 +230,11 @@ class LlamaRunner:
         if choice is None:
             vocab = llama_cpp.llama_model_get_vocab(self.model)
             n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
-            choice = attention_probe.measure(self._new_context, n_vocab, cells, rows, n_batch)
+            try:
+                choice = attention_probe.measure(self._new_context, n_vocab, cells, rows, n_batch)
+            except RuntimeError as exc:  # the model still loads, with the kind that needs no probe
+                log.warning("the attention probe failed (%s): flash attention off", exc)
+                return False, f"flash attention off: the probe failed ({exc})"
             attention_probe.remember(key, choice)
             return choice.flash_attention, choice.reason
         return choice.flash_attention, choice.reason.replace("measured at load", "measured at an earlier load")
