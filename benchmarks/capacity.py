@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PROMPTS, TOKEN, LlamaServer, MagnitudeServer, find_llama_server, table
+from _common import PROMPTS, TOKEN, LlamaServer, MagnitudeServer, find_llama_server, run_sessions, table
 
 from magnitude_jupyter.models import bundled_model_path
 
@@ -129,7 +129,7 @@ def closed_loop(url: str, prompts: list[str], clients: int, max_tokens: int, ign
     work = list(reversed(prompts))
     lock = threading.Lock()
 
-    def client() -> None:
+    def client(_: int) -> None:
         with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
             while True:
                 with lock:
@@ -138,13 +138,7 @@ def closed_loop(url: str, prompts: list[str], clients: int, max_tokens: int, ign
                     prompt = work.pop()
                 one_request(http, url, prompt, max_tokens, ignore_eos, run)
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    run.seconds = time.perf_counter() - start
+    run.seconds = run_sessions(clients, client)
     return run
 
 
