@@ -4,8 +4,8 @@ Which of llama.cpp's CPU attention kernels is faster depends on the CPU and the 
 flash attention wins at every length measured on an AVX2 EPYC and loses at long contexts on a Xeon
 with AMX (docs/decisions.md, "Attention kernel"). So at load, before the main context is made, a
 short probe decodes the same steps both ways (`PROBE_ROWS` sequences over `PROBE_CELLS` cells, the
-kinds alternating) and the faster kind is kept. The result is remembered per model file, machine,
-thread count and cache type (`remembered_path`), so a later load reads it.
+kinds alternating) and the faster kind is kept. The result is remembered per model file, machine
+and cache type (`remembered_path`), so a later load reads it.
 """
 
 from __future__ import annotations
@@ -54,10 +54,12 @@ class AttentionChoice:
         )
 
 
-def probe_key(model_path: str | Path, n_threads: int, cache_types: tuple[str, str]) -> str:
+def probe_key(model_path: str | Path, cache_types: tuple[str, str]) -> str:
+    """What a remembered result holds for. Not the thread count: engines of one model on one machine
+    then run the same kind, so a reproducible answer does not depend on how many threads ran it."""
     stat = Path(model_path).stat()
     parts = (str(Path(model_path).resolve()), str(stat.st_size), str(int(stat.st_mtime)))
-    return "|".join((*parts, platform.machine(), _cpu_name(), str(n_threads), "/".join(cache_types)))
+    return "|".join((*parts, platform.machine(), _cpu_name(), "/".join(cache_types)))
 
 
 def _cpu_name() -> str:

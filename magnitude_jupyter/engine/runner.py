@@ -225,7 +225,7 @@ class LlamaRunner:
             return given, f"flash attention {'on' if given else 'off'}: set"
         cells = min(attention_probe.PROBE_CELLS, n_ctx)
         rows = max(1, min(attention_probe.PROBE_ROWS, n_seq_max))
-        key = f"{attention_probe.probe_key(model_path, self._n_threads, self.cache_types)}|{cells}x{rows}"
+        key = f"{attention_probe.probe_key(model_path, self.cache_types)}|{cells}x{rows}"
         choice = attention_probe.remembered(key)
         if choice is None:
             vocab = llama_cpp.llama_model_get_vocab(self.model)
