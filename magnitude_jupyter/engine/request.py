@@ -10,6 +10,7 @@ from enum import Enum, IntEnum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .prefix_cache import SavedState
     from .speculate import NgramIndex
     from .streams import TokenStream
     from .text import TextAssembler
@@ -225,7 +226,7 @@ class Request:
     preemptions: int = 0  # times its cells were taken back mid-answer (scheduler.py, "Preemption")
     preempted_time: float | None = None  # when the latest preemption began, while it waits to resume
     preempted_seconds: float = 0.0  # time spent preempted, all preemptions together
-    suspended_state: Any = None  # a preempted lane's saved KV state (runner.Lane), until it resumes
+    suspended_state: SavedState | None = None  # a preempted lane's saved KV state (runner.Lane), until it resumes
 
     @property
     def cache_tokens(self) -> list[int]:

@@ -288,8 +288,7 @@ class Scheduler:
         expected = self.lengths.estimate(request.priority, request.client, request.max_tokens)
         if request.output_tokens:  # resumed: what it has, and room to go on
             expected = max(expected, min(request.max_tokens, len(request.output_tokens) + GROW_CELLS))
-        answer = expected
-        return len(request.prompt_tokens) + answer - shared
+        return len(request.prompt_tokens) + expected - shared
 
     def _pins(self, extra: tuple[list[int], int] | None = None) -> Pins:
         """What running requests (and the one being admitted) share of the cache: not to be evicted."""
@@ -529,8 +528,7 @@ class Scheduler:
                 short = self._own_cells_after_step(request) - reserved
                 if short <= 0:
                     break
-                cap = self.charge_limit(request) - reserved
-                grow = min(max(short, GROW_CELLS), cap) if cap > short else short
+                grow = max(short, min(GROW_CELLS, self.charge_limit(request) - reserved))
                 if self._make_room(grow, out, ([], 0)):
                     self.budget.reserved[request.request_id] = reserved + grow
                     break
@@ -562,7 +560,7 @@ class Scheduler:
 
             out.kv_ops.append(SuspendSequence(seq_id, request.request_id, keep))
         else:
-            computed = (request.cache_tokens + request.output_tokens)[: request.num_computed_tokens]
+            computed = _computed_tokens(request)
             if self.cache is not None and computed:
                 self.cache.insert(computed, seq_id, out.kv_ops, self._pins())
                 self._sync_cache_budget()
@@ -634,7 +632,7 @@ class Scheduler:
                 if self.cache is not None and reason != FinishReason.ERROR and not request.params.reproducible:
                     # Its tokens stay as a cache entry: the next turn of a conversation starts with them
                     # (not a reproducible request's: they are in its lane, runner.Lane).
-                    computed = (request.cache_tokens + request.output_tokens)[: request.num_computed_tokens]
+                    computed = _computed_tokens(request)
                     if computed:
                         self.cache.insert(computed, seq_id, self.pending_kv_ops, self._pins())
                     self._sync_cache_budget()
@@ -660,3 +658,8 @@ def _shared_tokens(request: Request) -> list[int]:
     if request.cache_shared <= len(request.prompt_tokens):
         return request.cache_tokens
     return request.cache_context_tokens
+
+
+def _computed_tokens(request: Request) -> list[int]:
+    """The tokens a running request's sequence holds, as the prefix cache keys them."""
+    return (request.cache_tokens + request.output_tokens)[: request.num_computed_tokens]
