@@ -199,14 +199,17 @@ def test_engine_answers_whole_across_preemptions_and_streams_keep_flowing(prefix
 
 
 def test_engine_resumes_a_preempted_lane_from_its_saved_state():
-    with fake_engine(admission="estimate", n_ctx=64, ctx_size=64, parallel=2) as engine:
+    # The lane holds 39 of 64 cells (admitted beside the grower with a growth step to spare); the
+    # grower runs out past 20 tokens, long before the lane's 35 are done, whichever is admitted
+    # first (the other up to 13 steps later): a preemption by construction.
+    with fake_engine(admission="estimate", n_ctx=64, ctx_size=64, parallel=2, step_seconds=0.01) as engine:
         assert engine.scheduler is not None
         seen_short_answers(engine.scheduler.lengths, 4, Priority.BATCH)
         lane = engine.submit(
-            "1 2 3 4", params=SamplingParams(max_tokens=30, temperature=0, reproducible=True), priority="batch"
+            "1 2 3 4", params=SamplingParams(max_tokens=35, temperature=0, reproducible=True), priority="batch"
         )
         grower = engine.submit("101 102 103 104", params=SamplingParams(max_tokens=50, temperature=0))
-        for request, n in ((lane, 30), (grower, 50)):
+        for request, n in ((lane, 35), (grower, 50)):
             events = list(engine.stream(request.request_id, timeout=30))
             assert events[-1].finish_reason == "length"
             assert "".join(e.text for e in events) == "".join(f"{request.prompt_tokens[-1] + 1 + k} " for k in range(n))
@@ -215,7 +218,8 @@ def test_engine_resumes_a_preempted_lane_from_its_saved_state():
 
 
 def test_cancelling_a_preempted_request_forgets_what_was_kept_for_it():
-    with fake_engine(admission="estimate", n_ctx=64, ctx_size=64, parallel=2, step_seconds=0.01) as engine:
+    # Slow steps: the victim stays preempted for the grower's remaining ~25 steps (most of a second).
+    with fake_engine(admission="estimate", n_ctx=64, ctx_size=64, parallel=2, step_seconds=0.03) as engine:
         assert engine.scheduler is not None
         seen_short_answers(engine.scheduler.lengths, 4)
         seen_short_answers(engine.scheduler.lengths, 4, Priority.BATCH)
