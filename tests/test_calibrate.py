@@ -13,7 +13,7 @@ import pytest
 from magnitude_jupyter.calibrate.capacity import capacity_report, sessions_table
 from magnitude_jupyter.calibrate.profile import Profile, compare, summarize_levels
 from magnitude_jupyter.calibrate.records import Level, Percentiles
-from magnitude_jupyter.calibrate.report import knee_text
+from magnitude_jupyter.calibrate.report import knee_text, turn_charge_text
 from magnitude_jupyter.calibrate.stats import (
     knee,
     knee_not_reached,
@@ -89,6 +89,16 @@ def test_capacity_arithmetic_for_the_bundled_model():
     assert report.current == {"parallel": 8, "ctx_size": 8192, "context_per_session": 1024, "kv_bytes": 8192 * 23_040}
     assert [r["context"] for r in report.table] == [512, 1024, 2048, 4096, 8192]  # not past the trained context
     assert report.table[-1]["sessions"] == 2**30 // (8192 * 23_040) == 5
+    assert "sessions_admitted" not in report.table[0]  # the server did not say how it charges a turn
+    assert turn_charge_text(report.to_json()) is None
+    estimate = capacity_report(meta, {**status, "admission": "estimate", "answer_charge_tokens": 300}, 2**30)
+    reserve = capacity_report(meta, {**status, "admission": "reserve", "default_max_tokens": 512}, 2**30)
+    assert estimate.table[-1]["sessions_admitted"] == 2**30 // ((8192 + 300) * 23_040) == 5
+    assert reserve.table[0]["sessions_admitted"] == 2**30 // ((512 + 512) * 23_040) == 45
+    assert estimate.table[0]["sessions_admitted"] == 2**30 // ((512 + 300) * 23_040) == 57
+    assert "likely answer (300 tokens" in turn_charge_text(estimate.to_json())
+    # The engine's 8 sessions of 1,024 cells: a reserve turn of 512 more leaves room for 5 of them.
+    assert turn_charge_text(reserve.to_json()).endswith("5 sessions of 1,024 tokens fit the engine's cells at once")
     q8 = capacity_report(meta, None, memory_bytes=2**30, cache_type="q8_0")
     assert q8.bytes_per_token == pytest.approx(23_040 * 34 / 64)
     assert sessions_table(1000.0, 10_000, contexts=(5, 10)) == [

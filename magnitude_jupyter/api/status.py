@@ -28,6 +28,7 @@ def status_json(stats: EngineStats, pool: ModelPool | None = None) -> dict[str, 
         "threads": stats.threads,
         "ctx_size": sched.kv_cells_total,
         "trained_context": stats.trained_context,
+        "default_max_tokens": stats.default_max_tokens,
         "running": sched.running,
         "waiting": sched.waiting,
         "kv_cells_reserved": sched.kv_cells_reserved,
@@ -48,6 +49,7 @@ def status_json(stats: EngineStats, pool: ModelPool | None = None) -> dict[str, 
         "preempted_cells": sched.preempted_cells,
         "preempted_seconds": sched.preempted_seconds,
         "preempted_state_bytes": sched.preempted_state_bytes,
+        "answer_charge_tokens": sched.answer_charge_tokens,
         "prefix_cache_hit_rate": (
             round(sched.prompt_tokens_cached / sched.prompt_tokens_looked_up, 4)
             if sched.prompt_tokens_looked_up

@@ -29,22 +29,40 @@ def available_memory() -> int:
 
 
 def sessions_table(
-    bytes_per_token: float, memory_bytes: int, contexts: tuple[int, ...] = CONTEXTS, trained_context: int | None = None
+    bytes_per_token: float,
+    memory_bytes: int,
+    contexts: tuple[int, ...] = CONTEXTS,
+    trained_context: int | None = None,
+    turn_charge_tokens: int | None = None,
 ) -> list[dict[str, Any]]:
-    """How many sessions of each context length fit the memory budget (KV cache only)."""
+    """How many sessions of each context length fit the memory budget (KV cache only), and, given
+    what admission charges a session's next turn on top of its context, how many run at once."""
     rows = []
     for ctx in contexts:
         if trained_context and ctx > trained_context:
             continue
         per_session = ctx * bytes_per_token
-        rows.append(
-            {
-                "context": ctx,
-                "bytes_per_session": per_session,
-                "sessions": int(memory_bytes // per_session) if per_session else 0,
-            }
-        )
+        row: dict[str, Any] = {
+            "context": ctx,
+            "bytes_per_session": per_session,
+            "sessions": int(memory_bytes // per_session) if per_session else 0,
+        }
+        if turn_charge_tokens is not None and bytes_per_token:
+            row["sessions_admitted"] = int(memory_bytes // ((ctx + turn_charge_tokens) * bytes_per_token))
+        rows.append(row)
     return rows
+
+
+def turn_charge(status: dict[str, Any] | None) -> tuple[str | None, int | None]:
+    """The server's admission mode and the cells it charges a turn's answer up front: the whole
+    `max_tokens` under `reserve` (a request that gives none: the default), the likely answer's length
+    under `estimate` (docs/decisions.md, "KV cells on demand"); None where the server does not say."""
+    admission = (status or {}).get("admission")
+    if admission == "estimate":
+        return admission, (status or {}).get("answer_charge_tokens")
+    if admission == "reserve":
+        return admission, (status or {}).get("default_max_tokens")
+    return None, None
 
 
 @dataclass
@@ -54,6 +72,8 @@ class CapacityReport:
     memory_budget_bytes: int
     tokens_that_fit: int
     table: list[dict[str, Any]]
+    admission: str | None = None  # the server's: how a turn's answer is charged (turn_charge)
+    turn_charge_tokens: int | None = None  # ... in cells, on top of the session's context
     current: dict[str, Any] = field(default_factory=dict)  # the engine's setting: parallel, ctx_size, bytes
     reported_kv_buffer_bytes: int | None = None  # what llama.cpp said it allocated
     predicted_kv_buffer_bytes: int | None = None
@@ -90,12 +110,15 @@ def capacity_report(
         raise ValueError(f"unknown cache type {cache_type!r}")
     bpt = kv_bytes_per_token(model_shape(meta), *types)
     budget = memory_bytes if memory_bytes is not None else available_memory()
+    admission, charge = turn_charge(status)
     report = CapacityReport(
         cache_type=cache_type,
         bytes_per_token=bpt,
         memory_budget_bytes=budget,
         tokens_that_fit=tokens_that_fit(budget, bpt),
-        table=sessions_table(bpt, budget, trained_context=meta.get("trained_context")),
+        table=sessions_table(bpt, budget, trained_context=meta.get("trained_context"), turn_charge_tokens=charge),
+        admission=admission,
+        turn_charge_tokens=charge,
     )
     if status and status.get("kv_cells_total"):
         ctx, parallel = int(status["kv_cells_total"]), int(status["parallel"])
@@ -123,7 +146,8 @@ def probe(
     1. One request: `prompt + max_tokens` equal to the largest a request may hold is admitted; a
        `max_tokens` one token past it is admitted too (a cap, not a demand), and a prompt longer
        than the limit is refused (400, context_length_exceeded).
-    2. `sessions` requests that split the cache evenly all run at once; one more has to wait.
+    2. `sessions` requests that split the cache evenly all run at once; one more has to wait
+       (`admission: reserve`) or may run too, charged its likely answer (`estimate`).
     """
     status = client.status()
     ctx, parallel = int(status["kv_cells_total"]), int(status["parallel"])
@@ -162,19 +186,25 @@ def probe(
         while time.monotonic() < deadline:
             now = client.status()
             seen = {"running": now["running"], "waiting": now["waiting"]}
-            if now["running"] >= n and now["waiting"] >= 1:
+            if now["running"] > n or (now["running"] == n and now["waiting"] >= 1):
                 break
             time.sleep(0.05)
         result["sessions_running_at_once"] = seen["running"]
         result["one_more_session_waited"] = seen["waiting"] >= 1
     finally:
         _cancel_all(client, opened)
+    # Under `estimate` the extra session is charged its likely answer, not its cap: it may run too.
+    estimate = status.get("admission") == "estimate"
+    result["admission"] = status.get("admission")
     result["confirmed"] = bool(
         result.get("largest_request_admitted")
         and result.get("one_more_token_capped")
         and result.get("longer_prompt_refused")
-        and result.get("sessions_running_at_once") == result.get("sessions_predicted")
-        and result.get("one_more_session_waited")
+        and (
+            result.get("sessions_running_at_once", 0) >= n
+            if estimate
+            else result.get("sessions_running_at_once") == n and result.get("one_more_session_waited")
+        )
     )
     return result
 

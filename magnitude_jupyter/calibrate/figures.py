@@ -118,17 +118,26 @@ def latency_figure(profiles: list[Any], key: str = "ttft_ms", target_ms: float |
 
 
 FIT = "fit the memory budget"
+ADMITTED = "run at once"
 
 
 def capacity_traces(capacity: dict[str, Any] | None) -> dict[str, Any]:
     if not capacity:
-        return {"x": [], "y": [], "current_x": [], "current_y": [], "probe_x": [], "probe_y": [], "name": FIT}
+        return {
+            **{key: [] for key in ("x", "y", "admitted_y", "current_x", "current_y", "probe_x", "probe_y")},
+            "name": FIT,
+            "admitted_name": ADMITTED,
+        }
     table = capacity.get("table") or []
     current = capacity.get("current") or {}
     probe = capacity.get("probe") or {}
     return {
         "x": [row["context"] for row in table],
         "y": [row["sessions"] for row in table],
+        # With a turn's answer charged on top of its context (admission): the sessions that run at once.
+        "admitted_y": [row["sessions_admitted"] for row in table if "sessions_admitted" in row],
+        "admitted_name": f"{ADMITTED} (admission: {capacity.get('admission')}, a turn charged its context + "
+        f"{capacity.get('turn_charge_tokens') or 0:,} tokens)",
         "current_x": [current["context_per_session"]] if current else [],
         "current_y": [current["parallel"]] if current else [],
         "probe_x": [probe["context_per_session"]] if probe.get("context_per_session") else [],
@@ -159,6 +168,8 @@ def capacity_figure(profile: Any) -> go.Figure:
     fig.add_scatter(
         x=t["probe_x"], y=t["probe_y"], mode="markers", name="probe: ran at once", marker={"size": 10, "symbol": "x"}
     )
+    admitted_x = t["x"][: len(t["admitted_y"])]
+    fig.add_scatter(x=admitted_x, y=t["admitted_y"], mode="lines", name=t["admitted_name"], line={"dash": "dot"})
     return fig
 
 

@@ -90,14 +90,19 @@ def format_profile(profile: Profile) -> str:
             f"{_fmt(cap['reported_kv_buffer_bytes'], ',')} B; {cap['tokens_that_fit']:,} tokens fit "
             f"{cap['memory_budget_bytes'] / 2**30:.1f} GiB"
         )
+        charge_line = turn_charge_text(cap)
+        if charge_line:
+            lines.append(charge_line)
         probe = cap.get("probe")
         if probe:
             lines.append(
                 f"probe: largest request admitted {probe.get('largest_request_admitted')}, one more token "
                 f"capped {probe.get('one_more_token_capped')}, a longer prompt refused "
                 f"{probe.get('longer_prompt_refused')}; {probe.get('sessions_running_at_once')} of "
-                f"{probe.get('sessions_predicted')} predicted sessions ran at once, one more waited "
-                f"{probe.get('one_more_session_waited')}: {'confirmed' if probe.get('confirmed') else 'NOT confirmed'}"
+                f"{probe.get('sessions_predicted')} predicted sessions ran at once, one more "
+                f"{'waited' if probe.get('one_more_session_waited') else 'ran too'}"
+                f"{' (charged its likely answer)' if probe.get('admission') == 'estimate' else ''}: "
+                f"{'confirmed' if probe.get('confirmed') else 'NOT confirmed'}"
             )
     else:
         lines.append("KV cache: — (this server does not report its model's shape)")
@@ -107,6 +112,27 @@ def format_profile(profile: Profile) -> str:
     if profile.stopped_because:
         lines.append(f"stopped early: {profile.stopped_because}")
     return "\n".join(lines)
+
+
+def turn_charge_text(cap: dict[str, Any]) -> str | None:
+    """What admission charges a session's next turn, and the sessions of the engine's context that
+    run at once with it (the sessions table's `sessions_admitted`)."""
+    charge, admission = cap.get("turn_charge_tokens"), cap.get("admission")
+    if charge is None or admission is None:
+        return None
+    how = (
+        f"its likely answer ({charge:,} tokens, a high percentile of recent answers)"
+        if admission == "estimate"
+        else f"its whole max_tokens ({charge:,} when a request gives none)"
+    )
+    text = f"admission: {admission}: a turn is charged its context plus {how}"
+    current = cap.get("current") or {}
+    per_session = current.get("context_per_session")
+    if per_session:
+        bpt = cap["bytes_per_token"]
+        admitted = int(current["kv_bytes"] // ((per_session + charge) * bpt)) if bpt else 0
+        text += f"; {admitted:,} sessions of {per_session:,} tokens fit the engine's cells at once"
+    return text
 
 
 def preemption_text(levels: list[Level]) -> str | None:

@@ -251,6 +251,8 @@ class CalibrationWidget:
             self.capacity.data[0].name = t["name"]
             self.capacity.data[1].x, self.capacity.data[1].y = t["current_x"], t["current_y"]
             self.capacity.data[2].x, self.capacity.data[2].y = t["probe_x"], t["probe_y"]
+            self.capacity.data[3].x, self.capacity.data[3].y = t["x"][: len(t["admitted_y"])], t["admitted_y"]
+            self.capacity.data[3].name = t["admitted_name"]
         self._draw(self.capacity)
         self.status.value = "sweeping…"
 

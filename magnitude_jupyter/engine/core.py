@@ -380,6 +380,7 @@ class Engine:
             parallel=es.parallel,
             threads=self._threads,
             trained_context=info.trained_context if info else None,
+            default_max_tokens=es.default_max_tokens,
             scheduler=scheduler,
             kv_bytes_per_token=kv_bytes_per_token(info, *es.kv_types) if info else None,
             kv_cache_type=es.kv_type_label,

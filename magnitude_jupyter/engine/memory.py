@@ -52,6 +52,12 @@ class MemoryPlan:
         return {**asdict(self), "resident": self.resident, "ceiling": self.ceiling}
 
 
+# What a request holds of those cells, by `admission` (docs/decisions.md, "KV cells on demand").
+ADMISSION_CHARGE = {
+    "reserve": "admission reserve: a request holds its prompt + max_tokens of them from its start",
+    "estimate": "admission estimate: a request holds its prompt + its likely answer and grows as it writes",
+}
+
 LLAMA_MAX_SEQ = 256  # sequences one llama.cpp context can hold (llama-cparams.h)
 
 
@@ -153,7 +159,8 @@ def size_context(
     reason = (
         f"ctx_size auto: {cells:,} cells ({why}); budget {mib(budget)} ({source}): weights {mib(info.file_size)}, "
         f"buffers {mib(_buffers(info, es, cells))}, RAM tier {mib(ram)}, KV cache "
-        f"{cells:,} x {bpt:,.0f} bytes/token ({es.kv_type_label}) = {mib(cells * bpt)}"
+        f"{cells:,} x {bpt:,.0f} bytes/token ({es.kv_type_label}) = {mib(cells * bpt)}; "
+        + ADMISSION_CHARGE[es.admission]
     )
     return ContextSizing(cells, budget, bpt, reason)
 

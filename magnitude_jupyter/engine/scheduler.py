@@ -146,6 +146,7 @@ class SchedulerStats:
     preempted_cells: int = 0  # cells they gave back, all preemptions together
     preempted_seconds: float = 0.0  # time they spent waiting to resume, all together
     preempted_state_bytes: int = 0  # preempted lanes' KV states held in memory now
+    answer_charge_tokens: int = 0  # under `estimate`: an interactive answer's charge now (its likely length)
 
 
 class Scheduler:
@@ -422,6 +423,7 @@ class Scheduler:
             preempted_state_bytes=sum(
                 len(r.suspended_state) for q in self.waiting.values() for r in q if r.suspended_state is not None
             ),
+            answer_charge_tokens=self.lengths.estimate(Priority.INTERACTIVE, None, self.ctx_size),
         )
 
     def take_pending_kv_ops(self) -> list[KVOp]:

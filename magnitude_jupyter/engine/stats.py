@@ -86,6 +86,7 @@ class EngineStats:
     draft_accepted_total: int = 0  # ... and confirmed
     drafts: dict[str, Any] | None = None  # what the draft policy measured (DraftPolicy.snapshot), if drafting
     steps: StepCounts | None = None  # where the engine thread's time went (metrics.StepCounts)
+    default_max_tokens: int | None = None  # the cap of a request that gives none: `reserve` charges it
 
 
 def rss_bytes() -> int:
