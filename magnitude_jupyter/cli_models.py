@@ -54,6 +54,15 @@ def _batched_matmul_line(details: dict[str, Any]) -> str:
     )
 
 
+def _chat_format_line(fmt: dict[str, Any]) -> str:
+    """Which format chats are served in and where it came from; the warning where none could be told."""
+    where = {"file": "the file's template", "config": "the config's chat_template"}.get(fmt["source"], fmt["source"])
+    line = f"{fmt['name']} ({where})" if fmt["name"] not in ("file", "config") else where
+    if fmt["stop_tokens"]:
+        line += f"; turns end at {' '.join(fmt['stop_tokens'])}"
+    return line + (f"\n    WARNING: {fmt['warning']}" if fmt["warning"] else "")
+
+
 def _model_details(entry: Any, settings: Any) -> dict[str, Any]:
     from dataclasses import replace
 
@@ -66,6 +75,7 @@ def _model_details(entry: Any, settings: Any) -> dict[str, Any]:
     engine = replace(settings.engine, **settings.model_settings(entry.alias).engine)
     details["kv_cache_type"] = engine.kv_type_label  # what this model is configured to run with
     details["kv_bytes_per_token_configured"] = kv_bytes_per_token(info, *engine.kv_types)
+    details["chat_format"] = info.chat_format(settings.model_settings(entry.alias).chat_template).to_json()
     share, types = info.unbatched_weights()
     details["unbatched_weight_share_x86"] = round(share, 4)
     details["unbatched_weight_types_x86"] = types
@@ -128,6 +138,7 @@ def list_cmd(as_json: bool, show_details: bool) -> None:
                     f"{d['sliding_window']} on {d['sliding_window_layers']} layers" if d["sliding_window"] else "none",
                 ),
                 ("chat template", "yes" if d["has_chat_template"] else "no"),
+                ("chat format", _chat_format_line(d["chat_format"])),
                 ("weight types", ", ".join(f"{t} {n:,}" for t, n in d["weight_types"].items())),
                 ("batched matmul", _batched_matmul_line(d)),
                 *(

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .chat_formats import VOCAB_MARKERS
+
 READ_SECONDS = 2.0
 KEEP_ARRAY_ITEMS = 4096  # arrays up to this long are kept (per-layer values); longer ones only counted
 KEEP_STRING_BYTES = 1 << 20  # a longer string value (a chat template is tens of KB) is dropped
@@ -23,6 +25,8 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 # GGUF value types: their codes and sizes (8 = string, 9 = array).
 SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 STRING, ARRAY = 8, 9
+VOCABULARY = "tokenizer.ggml.tokens"  # only counted, and searched for the tokens that tell a chat format
+MARKERS = frozenset(marker.encode() for marker in VOCAB_MARKERS)
 
 
 class GGUFError(ValueError):
@@ -49,6 +53,7 @@ class GGUFHeader:
     metadata: dict[str, Any] = field(default_factory=dict)
     array_lengths: dict[str, int] = field(default_factory=dict)  # every array's length, kept or not
     tensors: list[Tensor] = field(default_factory=list)
+    vocab_markers: dict[str, int] = field(default_factory=dict)  # chat-format tokens found: text -> id
 
 
 class _Cursor:
@@ -85,9 +90,13 @@ class _Cursor:
             )
         return int(n)
 
-    def string(self, what: str, keep: bool = True) -> str | None:
+    def string_span(self, what: str) -> tuple[int, int]:
+        """Where a string's bytes start, and how many there are."""
         length = self.count(what, 1, "bytes")
-        start = self.take(length, what)
+        return self.take(length, what), length
+
+    def string(self, what: str, keep: bool = True) -> str | None:
+        start, length = self.string_span(what)
         if not keep or length > KEEP_STRING_BYTES:
             return None
         return bytes(self.data[start : start + length]).decode("utf-8", errors="replace")
@@ -112,6 +121,9 @@ def _value(cur: _Cursor, kind: int, key: str, header: GGUFHeader) -> Any:
     if item_kind == STRING:
         n = cur.count(f"the array {key!r}", 8)
         header.array_lengths[key] = n
+        if key == VOCABULARY:
+            _note_markers(cur, n, header)
+            return None
         keep = n <= KEEP_ARRAY_ITEMS
         items = []
         for _ in range(n):
@@ -119,6 +131,18 @@ def _value(cur: _Cursor, kind: int, key: str, header: GGUFHeader) -> Any:
             items.append(cur.string(f"an item of the array {key!r}", keep))
         return items if keep else None
     raise GGUFError(f"the array {key!r} holds values of type {item_kind}, which GGUF does not nest here")
+
+
+def _note_markers(cur: _Cursor, n: int, header: GGUFHeader) -> None:
+    """Walk the vocabulary, noting the ids of the tokens that tell a chat format (chat_formats.py)."""
+    longest = max(map(len, MARKERS))
+    for token_id in range(n):
+        cur.tick()
+        start, length = cur.string_span("an entry of the vocabulary")
+        if length <= longest:
+            text = bytes(cur.data[start : start + length])
+            if text in MARKERS:
+                header.vocab_markers[text.decode()] = token_id
 
 
 def read_header(path: str | Path, seconds: float = READ_SECONDS) -> GGUFHeader:

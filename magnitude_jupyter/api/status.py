@@ -125,7 +125,8 @@ def model_json(pool: ModelPool, entry: ModelEntry) -> dict[str, Any]:
     try:
         info = read_model_info(entry.path)
         body["memory"] = pool.plan(entry).to_json()
-        body["meta"] = {**info.to_json(), "sha256": file_sha256(entry.path)}
+        chat_format = info.chat_format(pool.settings.model_settings(entry.alias).chat_template)
+        body["meta"] = {**info.to_json(), "sha256": file_sha256(entry.path), "chat_format": chat_format.to_json()}
     except Exception as exc:  # a broken file is listed, with why it cannot be served
         body["memory"] = body["meta"] = None
         body["error"] = body["error"] or f"cannot read {entry.path}: {exc}"

@@ -14,11 +14,8 @@ from .tools import ToolError, generic_messages, native_messages, template_form
 if TYPE_CHECKING:
     from .tools import ToolRequest
 
-# Used when a GGUF file carries no template: ChatML, which most small instruct models follow.
-CHATML_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+from ..chat_formats import CHATML_TEMPLATE  # where no template is given at all: engines without a model file
+
 ROLES = {"system", "user", "assistant", "tool", "developer"}
 
 

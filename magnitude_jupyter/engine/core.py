@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..chat_formats import ChatFormat
 from ..config import EngineSettings, Settings, load_settings
 from ..kvmath import kv_bytes_per_token
 from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
@@ -99,7 +100,13 @@ class Engine:
             if self.context_sizing is not None:
                 log.info("%s: %s", self.model_entry.alias, self.context_sizing.reason)
         self._runner_factory = runner_factory
-        self._chat_template = chat_template or (self.model_info.chat_template if self.model_info else None)
+        # The format chats are served in: a config's template, the file's, or its family's (chat_formats.py).
+        self.chat_format: ChatFormat | None = self.model_info.chat_format(chat_template) if self.model_info else None
+        if self.chat_format is not None and self.chat_format.warning and self.model_entry is not None:
+            log.warning("%s: %s", self.model_entry.alias, self.chat_format.warning)
+        fmt = self.chat_format
+        file_template = self.model_info.chat_template if self.model_info else None
+        self._chat_template = chat_template or (fmt.template if fmt and fmt.template else file_template)
         self.model_id = self.model_entry.alias if self.model_entry else (str(model) if model else "fake")
         self._verbose = verbose
 
@@ -141,7 +148,14 @@ class Engine:
             repack=es.repack,
             flash_attention=es.flash_attention_choice,
             verbose=self._verbose,
+            stop_tokens=self._stop_token_ids(),
         )
+
+    def _stop_token_ids(self) -> frozenset[int]:
+        """The ids of the chat format's turn ends (the GGUF reader noted where they are)."""
+        if self.chat_format is None or self.model_info is None:
+            return frozenset()
+        return frozenset(self.model_info.vocab_markers[t] for t in self.chat_format.stop_tokens)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -149,8 +149,10 @@ class LlamaRunner:
         repack: bool | None = None,
         flash_attention: bool | None = True,
         verbose: bool = False,
+        stop_tokens: frozenset[int] = frozenset(),
     ) -> None:
-        """`flash_attention` None: measured now, on this machine (attention_probe.py)."""
+        """`flash_attention` None: measured now, on this machine (attention_probe.py); `stop_tokens`: the
+        chat format's turn ends, end of generation beside llama.cpp's own (chat_formats.py)."""
         _init_backend(verbose)
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = gpu_layers
@@ -194,7 +196,7 @@ class LlamaRunner:
         self.bos_token = self._special_text(llama_cpp.llama_vocab_bos(self.vocab))
         self.eos_token = self._special_text(llama_cpp.llama_vocab_eos(self.vocab))
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
-        self.picker = TokenPicker(self.vocab, self.n_vocab, self.n_ctx)
+        self.picker = TokenPicker(self.vocab, self.n_vocab, self.n_ctx, stop_tokens)
         self._embedder: Embedder | None = None
         self._embedder_lock = threading.Lock()
         self._piece_buf = ctypes.create_string_buffer(256)
@@ -268,7 +270,7 @@ class LlamaRunner:
         return buf.raw[:n]
 
     def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        return self.picker.is_eog(token)
 
     # -- sequences -------------------------------------------------------------------------
 

@@ -26,13 +26,15 @@ def _token_data_array(candidates: np.ndarray) -> Any:
 class TokenPicker:
     """Per-sequence sampling state over one vocabulary; every call on the engine thread."""
 
-    def __init__(self, vocab: Any, n_vocab: int, n_ctx: int) -> None:
+    def __init__(self, vocab: Any, n_vocab: int, n_ctx: int, stop_tokens: frozenset[int] = frozenset()) -> None:
+        """`stop_tokens`: turn ends of the model's chat format that llama.cpp does not count as EOG."""
         self.vocab = vocab
         self.n_vocab = n_vocab
         self.n_ctx = n_ctx
+        self.stop_tokens = stop_tokens
         self._samplers: dict[int, ctypes.c_void_p | None] = {}
         self.eog_tokens = np.array(
-            [t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)], dtype=np.int64
+            [t for t in range(n_vocab) if t in stop_tokens or llama_cpp.llama_vocab_is_eog(vocab, t)], dtype=np.int64
         )
         self._eog_banned: set[int] = set()  # sequences that ignore_eos: llama-server's rule, EOG never sampled
         self._grammars: dict[int, ctypes.c_void_p] = {}  # kept out of the chains: see `sample`
@@ -163,9 +165,12 @@ class TokenPicker:
             llama_cpp.llama_sampler_accept(chain, token)
         return token
 
+    def is_eog(self, token: int) -> bool:
+        return token in self.stop_tokens or bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
     def _argmax(self, seq_id: int, logits: np.ndarray) -> int:
         token = int(np.argmax(logits))
-        if seq_id in self._eog_banned and llama_cpp.llama_vocab_is_eog(self.vocab, token):
+        if seq_id in self._eog_banned and self.is_eog(token):
             logits = logits.copy()  # the row itself stays the model's, for logprobs
             logits[self.eog_tokens] = -np.inf
             token = int(np.argmax(logits))
