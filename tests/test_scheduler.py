@@ -1,4 +1,7 @@
-"""Scheduler and engine-loop logic with a fake runner: no model needed. Real-model tests are in test_engine.py."""
+"""Scheduler and engine-loop logic with a fake runner: no model needed. Real-model tests are in test_engine.py.
+
+The schedulers here charge by `admission: reserve`, whose arithmetic (prompt + max_tokens) these tests
+pin; charging by estimate, growth and preemption are test_preemption.py's."""
 
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from .fakes import assert_cache_exact, fake_engine, make_request
 
 
 def test_admits_by_kv_budget_and_fifo():
-    s = Scheduler(ctx_size=20, max_running=4, n_batch=64, max_waiting=10)
+    s = Scheduler(admission="reserve", ctx_size=20, max_running=4, n_batch=64, max_waiting=10)
     a, b, c = make_request("a", 6, 4), make_request("b", 6, 4), make_request("c", 2, 2)
     for r in (a, b, c):
         s.add_request(r)
@@ -40,14 +43,14 @@ def test_admits_by_kv_budget_and_fifo():
 
 
 def test_interactive_before_batch():
-    s = Scheduler(ctx_size=10, max_running=4, n_batch=64, max_waiting=10)
+    s = Scheduler(admission="reserve", ctx_size=10, max_running=4, n_batch=64, max_waiting=10)
     s.add_request(make_request("batch1", 2, 2, Priority.BATCH))
     s.add_request(make_request("inter", 2, 2))
     assert [r.request_id for r in s.schedule().admitted] == ["inter", "batch1"]
 
 
 def test_waiting_interactive_head_blocks_batch_admission():
-    s = Scheduler(ctx_size=10, max_running=4, n_batch=64, max_waiting=10)
+    s = Scheduler(admission="reserve", ctx_size=10, max_running=4, n_batch=64, max_waiting=10)
     first = make_request("first", 4, 4)
     s.add_request(first)
     s.schedule()
@@ -57,7 +60,7 @@ def test_waiting_interactive_head_blocks_batch_admission():
 
 
 def test_too_long_is_rejected_with_numbers():
-    s = Scheduler(ctx_size=100, max_running=2, n_batch=64, max_waiting=10, trained_context=80)
+    s = Scheduler(admission="reserve", ctx_size=100, max_running=2, n_batch=64, max_waiting=10, trained_context=80)
     with pytest.raises(
         PromptTooLongError, match=r"70 prompt tokens \+ 20 max_tokens = 90 tokens.*trained context is 80"
     ):
@@ -65,7 +68,7 @@ def test_too_long_is_rejected_with_numbers():
 
 
 def test_queue_full_is_overload():
-    s = Scheduler(ctx_size=100, max_running=1, n_batch=64, max_waiting=2)
+    s = Scheduler(admission="reserve", ctx_size=100, max_running=1, n_batch=64, max_waiting=2)
     s.add_request(make_request("a"))  # will take the free slot at the next step: not counted
     s.add_request(make_request("b"))
     s.add_request(make_request("c"))
@@ -74,7 +77,7 @@ def test_queue_full_is_overload():
 
 
 def test_prefill_is_chunked_and_decodes_go_first():
-    s = Scheduler(ctx_size=1000, max_running=4, n_batch=8, max_waiting=10)
+    s = Scheduler(admission="reserve", ctx_size=1000, max_running=4, n_batch=8, max_waiting=10)
     running = make_request("running", 2, 10)
     s.add_request(running)
     out = s.schedule()
@@ -88,13 +91,13 @@ def test_prefill_is_chunked_and_decodes_go_first():
 
 
 def test_reproducible_requests_are_scheduled_alone_with_fixed_chunks():
-    s = Scheduler(ctx_size=1000, max_running=4, n_batch=8, max_waiting=10)
+    s = Scheduler(admission="reserve", ctx_size=1000, max_running=4, n_batch=8, max_waiting=10)
     s.add_request(make_request("batch", 6, 4))
     s.add_request(make_request("repro", 20, 4, reproducible=True))
     out = s.schedule()
     assert [c.request.request_id for c in out.batched] == ["batch"]
     assert [(c.request.request_id, len(c.tokens)) for c in out.solo] == [("repro", 8)]
-    wide = Scheduler(ctx_size=1000, max_running=4, n_batch=512, max_waiting=10)
+    wide = Scheduler(admission="reserve", ctx_size=1000, max_running=4, n_batch=512, max_waiting=10)
     wide.add_request(make_request("repro", 200, 4, reproducible=True))
     assert [len(c.tokens) for c in wide.schedule().solo] == [REPRODUCIBLE_CHUNK]  # never a tiled chunk
 
@@ -159,7 +162,9 @@ def test_shutdown_cancels_running_and_closes_runner():
 
 
 def cached_scheduler(ctx_size: int = 1000, **kw) -> Scheduler:
-    return Scheduler(ctx_size=ctx_size, max_running=4, n_batch=64, max_waiting=10, cache_sequences=8, **kw)
+    return Scheduler(
+        admission="reserve", ctx_size=ctx_size, max_running=4, n_batch=64, max_waiting=10, cache_sequences=8, **kw
+    )
 
 
 def copies(ops) -> list[tuple[int, int, int, int]]:

@@ -381,7 +381,7 @@ class Engine:
                 live_requests = [*sched.running, *(r for q in sched.waiting.values() for r in q)]
                 drafts = sched.drafts.snapshot() if sched.drafts is not None else None
             else:
-                scheduler = SchedulerStats(0, 0, es.cells, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+                scheduler = SchedulerStats(0, 0, es.cells, 0, 0, 0, 0, 0, 0, 0, 0, 0, admission=es.admission)
                 live_requests = []
                 drafts = None
             live = tuple(LiveRequest.of(r, now) for r in live_requests)

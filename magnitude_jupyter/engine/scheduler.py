@@ -140,7 +140,7 @@ class SchedulerStats:
     prompt_tokens_restored: int  # ... of which the RAM tier brought back
     prompt_tokens_respelled: int = 0  # ... of which where the prompt spelled a cached answer's text otherwise
     prefix_cache_spilled: int = 0  # entries moved to the RAM tier for being idle (prefix_cache.SPILL_AFTER_ROWS)
-    admission: str = "reserve"
+    admission: str = "estimate"
     preemptions: int = 0  # running requests whose cells were taken back, since the engine started
     preempted_waiting: int = 0  # ... of them waiting to resume now
     preempted_cells: int = 0  # cells they gave back, all preemptions together
@@ -165,7 +165,7 @@ class Scheduler:
         spell: Callable[[int], bytes] | None = None,
         draft_tokens: int = 0,
         draft_max_sequences: int = 0,
-        admission: str = "reserve",
+        admission: str = "estimate",
     ) -> None:
         if admission not in ADMISSION_MODES:
             raise ValueError(f"admission must be one of {', '.join(ADMISSION_MODES)}, got {admission!r}")

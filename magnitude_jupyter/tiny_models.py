@@ -1,0 +1,217 @@
+"""Tiny GGUF models with random weights, one per architecture and chat family, made in a second.
+
+Everything else is built and measured on the bundled model; these let formats, turn ends, KV
+arithmetic and cache reuse be checked on every family the engine claims, with llama.cpp loading and
+running each file as it would a real one, and nothing downloaded. Their answers mean nothing: what
+they test is what the server does around the model (issue "real models, not one").
+
+The vocabulary is SentencePiece-style (llama.cpp's `llama` tokenizer, which every architecture here
+accepts): the control tokens, the family's turn markers, the 256 byte tokens, then letters and
+frequent words, so any text tokenizes.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from .chat_formats import FAMILIES, family_named
+
+_WORD_TEXT = (
+    "the of and to in is you that it he was for on are as with his they at be this have from or one had by word "
+    "but not what all were we when your can said there use an each which she do how their if will up other about "
+    "out many then them these so some her would make like him into time has look two more write go see number no "
+    "way could people my than first water been call who oil its now find long down day did get come made may part "
+    "hello colour red blue green say name yes brief"
+)
+WORDS = tuple(_WORD_TEXT.split(" "))
+NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6  # llama.cpp's token types
+EXTRA_CONTROL = {"phi3": ("<|endoftext|>",), "llama3": ("<|begin_of_text|>",)}  # llama.cpp looks these up
+
+
+@dataclass(frozen=True)
+class TinyShape:
+    layers: int = 4
+    embedding: int = 64
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 16
+    feed_forward: int = 128
+    context: int = 4096
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str  # general.architecture
+    family: str  # chat_formats family whose markers the vocabulary holds
+    layer_tensors: Callable[[TinyShape], dict[str, tuple[int, ...]]]  # name -> numpy shape, per layer
+    sliding_window: int | None = None  # written as {arch}.attention.sliding_window
+    tied_output: bool = True
+    layers: int = 4
+
+
+def _attention(s: TinyShape) -> dict[str, tuple[int, ...]]:
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    return {
+        "attn_norm.weight": (s.embedding,),
+        "attn_q.weight": (q, s.embedding),
+        "attn_k.weight": (kv, s.embedding),
+        "attn_v.weight": (kv, s.embedding),
+        "attn_output.weight": (s.embedding, q),
+    }
+
+
+def _swiglu(s: TinyShape) -> dict[str, tuple[int, ...]]:
+    return {
+        "ffn_norm.weight": (s.embedding,),
+        "ffn_gate.weight": (s.feed_forward, s.embedding),
+        "ffn_up.weight": (s.feed_forward, s.embedding),
+        "ffn_down.weight": (s.embedding, s.feed_forward),
+    }
+
+
+def _llama(s: TinyShape) -> dict[str, tuple[int, ...]]:
+    return {**_attention(s), **_swiglu(s)}
+
+
+def _qwen2(s: TinyShape) -> dict[str, tuple[int, ...]]:
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    return {**_llama(s), "attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)}
+
+
+def _gemma3(s: TinyShape) -> dict[str, tuple[int, ...]]:
+    return {
+        **_llama(s),
+        "attn_q_norm.weight": (s.head_dim,),
+        "attn_k_norm.weight": (s.head_dim,),
+        "post_attention_norm.weight": (s.embedding,),
+        "post_ffw_norm.weight": (s.embedding,),
+    }
+
+
+def _phi3(s: TinyShape) -> dict[str, tuple[int, ...]]:
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    return {
+        "attn_norm.weight": (s.embedding,),
+        "attn_qkv.weight": (q + 2 * kv, s.embedding),
+        "attn_output.weight": (s.embedding, q),
+        "ffn_norm.weight": (s.embedding,),
+        "ffn_up.weight": (2 * s.feed_forward, s.embedding),
+        "ffn_down.weight": (s.embedding, s.feed_forward),
+    }
+
+
+ARCHITECTURES = {
+    "llama3": Architecture("llama", "llama3", _llama),
+    "mistral": Architecture("llama", "mistral", _llama),
+    "qwen2": Architecture("qwen2", "chatml", _qwen2),
+    # six layers: llama.cpp's gemma3 pattern makes five of them windowed and the sixth global
+    "gemma3": Architecture("gemma3", "gemma", _gemma3, sliding_window=64, layers=6),
+    "phi3": Architecture("phi3", "phi3", _phi3, tied_output=False),
+}
+
+
+def vocabulary(family: str) -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and types: control tokens, the family's markers, bytes, letters and words."""
+    chat = family_named(family)
+    markers = (*chat.markers, *chat.stops) if chat else ()
+    markers = (*dict.fromkeys((*markers, *EXTRA_CONTROL.get(family, ()))),)
+    tokens = ["<unk>", "<s>", "</s>", *markers]
+    types = [UNKNOWN, CONTROL, CONTROL, *([CONTROL] * len(markers))]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [BYTE] * 256
+    pieces = ["\u2581", *string.ascii_letters, *string.digits, *".,!?:;'\"-()\n"]
+    pieces += [f"\u2581{c}" for c in string.ascii_letters] + [f"\u2581{w}" for w in WORDS]
+    tokens += pieces
+    types += [NORMAL] * len(pieces)
+    scores = [0.0] * (len(tokens) - len(pieces)) + [-float(i) for i in range(len(pieces))]
+    # longer pieces score higher, so words merge whole
+    scores[-len(pieces) :] = [float(len(p)) - i * 1e-3 for i, p in enumerate(pieces)]
+    return tokens, scores, types
+
+
+def write_tiny_model(
+    path: str | Path,
+    kind: str,
+    *,
+    template: str | None = None,
+    shape: TinyShape | None = None,
+    sliding_window: int | None = None,
+    seed: int = 0,
+    name: str | None = None,
+    predicts: str | None = None,
+) -> Path:
+    """A GGUF of architecture `kind` (a key of ARCHITECTURES) with random F32 weights; `template` is
+    written as its chat template (none: the file has none, as many conversions ship). `predicts`: a
+    token the model picks greedily after any input (its layers add nothing to the residual stream,
+    and only that token's output row matches the one embedding every token has)."""
+    arch = ARCHITECTURES[kind]
+    s = shape or TinyShape(layers=arch.layers)
+    window = sliding_window if sliding_window is not None else arch.sliding_window
+    tokens, scores, types = vocabulary(arch.family)
+    writer = gguf.GGUFWriter(str(path), arch.name)
+    writer.add_name(name or f"tiny-{kind}")
+    writer.add_context_length(s.context)
+    writer.add_embedding_length(s.embedding)
+    writer.add_block_count(s.layers)
+    writer.add_feed_forward_length(s.feed_forward)
+    writer.add_head_count(s.heads)
+    writer.add_head_count_kv(s.kv_heads)
+    writer.add_key_length(s.head_dim)
+    writer.add_value_length(s.head_dim)
+    writer.add_rope_dimension_count(s.head_dim)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if window:
+        writer.add_sliding_window(window)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    if template:
+        writer.add_chat_template(template)
+    rng = np.random.default_rng(seed)
+    embedding = rng.normal(0.0, 1.0, size=s.embedding).astype(np.float32)
+
+    def tensor(tensor_name: str, dims: tuple[int, ...]) -> None:
+        if tensor_name.endswith("norm.weight"):
+            data = np.ones(dims, dtype=np.float32)
+        elif predicts is not None and tensor_name.endswith(("attn_output.weight", "ffn_down.weight")):
+            data = np.zeros(dims, dtype=np.float32)
+        elif predicts is not None and tensor_name == "token_embd.weight":
+            data = np.tile(embedding, (dims[0], 1))
+        elif predicts is not None and tensor_name == "output.weight":
+            data = np.zeros(dims, dtype=np.float32)
+            data[tokens.index(predicts)] = embedding
+        else:
+            data = rng.normal(0.0, 0.02, size=dims).astype(np.float32)
+        writer.add_tensor(tensor_name, data)
+
+    tensor("token_embd.weight", (len(tokens), s.embedding))
+    for layer in range(s.layers):
+        for tensor_name, dims in arch.layer_tensors(s).items():
+            tensor(f"blk.{layer}.{tensor_name}", dims)
+    tensor("output_norm.weight", (s.embedding,))
+    if not arch.tied_output or predicts is not None:
+        tensor("output.weight", (len(tokens), s.embedding))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
+
+
+def family_kinds() -> dict[str, str]:
+    """Each chat family the tiny models cover, and the architecture that carries it."""
+    covered = {arch.family: kind for kind, arch in ARCHITECTURES.items()}
+    return {f.name: covered[f.name] for f in FAMILIES if f.name in covered}

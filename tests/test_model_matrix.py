@@ -1,0 +1,91 @@
+"""Every chat family the engine claims, on tiny GGUFs with random weights that llama.cpp loads and
+runs (magnitude_jupyter/tiny_models.py): the format chosen for a file without a template, the
+prompt it renders, the turn end that stops an answer, and the KV arithmetic against llama.cpp's
+own buffer. Nothing is downloaded; each file is made in well under a second."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from magnitude_jupyter.chat_formats import family_named
+from magnitude_jupyter.config import Settings
+from magnitude_jupyter.engine import Engine
+from magnitude_jupyter.engine.request import SamplingParams
+from magnitude_jupyter.kvmath import kv_bytes_per_token
+from magnitude_jupyter.models import read_model_info
+from magnitude_jupyter.tiny_models import ARCHITECTURES, write_tiny_model
+
+CONVERSATION = [
+    {"role": "user", "content": "hello"},
+    {"role": "assistant", "content": "yes"},
+    {"role": "user", "content": "name a colour"},
+]
+# The two-turn conversation as each family's published format writes it (BOS where the family has one).
+REFERENCE = {
+    "llama3": "<s><|start_header_id|>user<|end_header_id|>\n\nhello<|eot_id|><|start_header_id|>assistant"
+    "<|end_header_id|>\n\nyes<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nname a colour<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n",
+    "mistral": "<s>[INST] hello [/INST] yes</s>[INST] name a colour [/INST]",
+    "chatml": "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\nyes<|im_end|>\n<|im_start|>user\n"
+    "name a colour<|im_end|>\n<|im_start|>assistant\n",
+    "gemma": "<s><start_of_turn>user\nhello<end_of_turn>\n<start_of_turn>model\nyes<end_of_turn>\n"
+    "<start_of_turn>user\nname a colour<end_of_turn>\n<start_of_turn>model\n",
+    "phi3": "<|user|>\nhello<|end|>\n<|assistant|>\nyes<|end|>\n<|user|>\nname a colour<|end|>\n<|assistant|>\n",
+}
+KINDS = sorted(ARCHITECTURES)
+
+
+def turn_end(kind: str) -> str:
+    family = family_named(ARCHITECTURES[kind].family)
+    assert family is not None
+    return family.stops[0] if family.stops else "</s>"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-models")
+    for kind in KINDS:
+        write_tiny_model(folder / f"tiny-{kind}.gguf", kind)
+        write_tiny_model(folder / f"tiny-{kind}-stops.gguf", kind, predicts=turn_end(kind))
+    return folder
+
+
+def test_every_family_is_told_from_a_file_without_a_template(tiny_dir):
+    for kind in KINDS:
+        chosen = read_model_info(tiny_dir / f"tiny-{kind}.gguf").chat_format()
+        assert chosen.name == ARCHITECTURES[kind].family and chosen.source.startswith("family rule: vocabulary")
+
+
+def test_list_shows_the_format_and_the_sliding_layers(tiny_dir, tmp_path, monkeypatch):
+    from magnitude_jupyter.cli import main
+
+    config = tmp_path / "config.yaml"
+    config.write_text(f"models_dir: {tiny_dir}\n")
+    monkeypatch.setenv("MAGNITUDE_CONFIG", str(config))
+    result = CliRunner().invoke(main, ["list", "--show-details"])
+    assert result.exit_code == 0, result.output
+    block = result.output[result.output.index("tiny-gemma3 ") :]
+    # llama.cpp's gemma3 pattern: five windowed layers in six, the sixth global
+    assert "sliding window   64 on 5 layers" in block
+    assert "chat format      gemma (family rule: vocabulary has <start_of_turn> <end_of_turn>)" in block
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_family_renders_its_format_stops_at_its_turn_end_and_holds_the_planned_cells(tiny_dir, kind):
+    path = tiny_dir / f"tiny-{kind}-stops.gguf"
+    info = read_model_info(path)
+    with Engine(str(path), settings=Settings(), parallel=2, ctx_size=2048, threads=1) as engine:
+        reference = REFERENCE[ARCHITECTURES[kind].family]
+        expected = engine.tokenize(reference, add_special=not reference.startswith("<s>"))  # BOS once
+        assert engine.prompt_tokens_for(messages=CONVERSATION) == expected
+        # The model picks its family's turn end first: the answer ends there, with nothing in it.
+        result = engine.generate(messages=CONVERSATION, params=SamplingParams(max_tokens=8, temperature=0))
+        assert (result.finish_reason, result.text, result.usage["completion_tokens"]) == ("stop", "", 0)
+        # llama.cpp's KV buffer is what the arithmetic plans (full-size windows: see kvmath).
+        stats = engine.stats()
+        planned = stats.scheduler.kv_cells_total * kv_bytes_per_token(info, "f16")
+        assert stats.kv_buffer_bytes_reported is not None
+        # llama.cpp logs each buffer in MiB with two decimals
+        assert abs(stats.kv_buffer_bytes_reported - planned) <= 0.01 * 2**20
