@@ -85,6 +85,7 @@ class EngineClient:
                 params=req.params,
                 priority=req.priority,
                 request_id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
+                thinking=req.thinking,
             )
         except Exception as exc:
             raise _client_error(exc) from None

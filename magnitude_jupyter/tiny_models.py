@@ -12,6 +12,7 @@ frequent words, so any text tokenizes.
 
 from __future__ import annotations
 
+import itertools
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +31,9 @@ _WORD_TEXT = (
     "hello colour red blue green say name yes brief"
 )
 WORDS = tuple(_WORD_TEXT.split(" "))
-NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6  # llama.cpp's token types
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6  # llama.cpp's token types
+# Added tokens written as text (not control): a thinking model's tags, as Qwen3's vocabulary has them.
+USER_TOKENS = {"chatml": ("<think>", "</think>")}
 EXTRA_CONTROL = {"phi3": ("<|endoftext|>",), "llama3": ("<|begin_of_text|>",)}  # llama.cpp looks these up
 
 
@@ -123,6 +126,9 @@ def vocabulary(family: str) -> tuple[list[str], list[float], list[int]]:
     markers = (*dict.fromkeys((*markers, *EXTRA_CONTROL.get(family, ()))),)
     tokens = ["<unk>", "<s>", "</s>", *markers]
     types = [UNKNOWN, CONTROL, CONTROL, *([CONTROL] * len(markers))]
+    user = USER_TOKENS.get(family, ())
+    tokens += user
+    types += [USER_DEFINED] * len(user)
     tokens += [f"<0x{b:02X}>" for b in range(256)]
     types += [BYTE] * 256
     pieces = ["\u2581", *string.ascii_letters, *string.digits, *".,!?:;'\"-()\n"]
@@ -144,12 +150,15 @@ def write_tiny_model(
     sliding_window: int | None = None,
     seed: int = 0,
     name: str | None = None,
-    predicts: str | None = None,
+    predicts: str | tuple[str, ...] | None = None,
 ) -> Path:
     """A GGUF of architecture `kind` (a key of ARCHITECTURES) with random F32 weights; `template` is
     written as its chat template (none: the file has none, as many conversions ship). `predicts`: a
-    token the model picks greedily after any input (its layers add nothing to the residual stream,
-    and only that token's output row matches the one embedding every token has)."""
+    token the model picks greedily after any input, or a chain of tokens (t0, t1, ..., tn): after t0
+    it writes t1, after t1 t2, and so on. Its layers add nothing to the residual stream, so the
+    logits are the output rows against the last token's embedding: a constant prediction gives every
+    token one embedding and only the predicted token that row; a chain gives its tokens orthogonal
+    embeddings and each successor's row its predecessor's."""
     arch = ARCHITECTURES[kind]
     s = shape or TinyShape(layers=arch.layers)
     window = sliding_window if sliding_window is not None else arch.sliding_window
@@ -182,15 +191,29 @@ def write_tiny_model(
         writer.add_chat_template(template)
     rng = np.random.default_rng(seed)
     embedding = rng.normal(0.0, 1.0, size=s.embedding).astype(np.float32)
+    chain = [tokens.index(t) for t in predicts] if isinstance(predicts, tuple) else []
+    if chain:
+        # orthogonal embeddings for the chain's tokens (as many as the width allows), scaled like the rest
+        basis = np.linalg.qr(rng.normal(size=(s.embedding, s.embedding)))[0].T * np.sqrt(s.embedding)
+        assert len(set(chain)) <= s.embedding, "a chain longer than the embedding width"
+        chain_rows = {token: basis[i].astype(np.float32) for i, token in enumerate(dict.fromkeys(chain))}
 
     def tensor(tensor_name: str, dims: tuple[int, ...]) -> None:
         if tensor_name.endswith("norm.weight"):
             data = np.ones(dims, dtype=np.float32)
         elif predicts is not None and tensor_name.endswith(("attn_output.weight", "ffn_down.weight")):
             data = np.zeros(dims, dtype=np.float32)
+        elif chain and tensor_name == "token_embd.weight":
+            data = rng.normal(0.0, 1.0, size=dims).astype(np.float32)
+            for token, row in chain_rows.items():
+                data[token] = row
+        elif chain and tensor_name == "output.weight":
+            data = np.zeros(dims, dtype=np.float32)
+            for before, after in itertools.pairwise(chain):
+                data[after] += chain_rows[before]
         elif predicts is not None and tensor_name == "token_embd.weight":
             data = np.tile(embedding, (dims[0], 1))
-        elif predicts is not None and tensor_name == "output.weight":
+        elif isinstance(predicts, str) and tensor_name == "output.weight":
             data = np.zeros(dims, dtype=np.float32)
             data[tokens.index(predicts)] = embedding
         else:

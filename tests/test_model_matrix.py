@@ -89,3 +89,116 @@ def test_each_family_renders_its_format_stops_at_its_turn_end_and_holds_the_plan
         assert stats.kv_buffer_bytes_reported is not None
         # llama.cpp logs each buffer in MiB with two decimals
         assert abs(stats.kv_buffer_bytes_reported - planned) <= 0.01 * 2**20
+
+
+# A Qwen3-like template: ChatML whose answers think, and which closes the block itself when asked
+# not to think (enable_thinking false).
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{{ m.content.split('</think>')[-1].lstrip() if m.role == 'assistant' else m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+# After the prompt's last token ("\n"), the model thinks "a b", then answers "yes" and ends its turn.
+THINKING_CHAIN = ("\n", "<think>", "\u2581a", "\u2581b", "</think>", "\u2581yes", "<|im_end|>")
+
+
+@pytest.fixture(scope="module")
+def thinking_server(tmp_path_factory):
+    from magnitude_jupyter.runtime import LocalServer
+
+    folder = tmp_path_factory.mktemp("thinking")
+    write_tiny_model(folder / "tiny-think.gguf", "qwen2", template=THINKING_TEMPLATE, predicts=THINKING_CHAIN)
+    server = LocalServer(
+        ("--parallel", "2", "--ctx-size", "512"),
+        token="think-token",
+        config=f"models_dir: {folder}\ndefault_model: tiny-think\n",
+    )
+    yield server
+    server.stop()
+
+
+@pytest.mark.model
+def test_a_thinking_models_reasoning_comes_apart_through_the_openai_sdk(thinking_server):
+    import openai
+
+    client = openai.OpenAI(base_url=thinking_server.url + "/v1", api_key=thinking_server.token, max_retries=0)
+    messages = [{"role": "user", "content": "hello"}]
+    answer = client.chat.completions.create(model="tiny-think", messages=messages, max_tokens=16, temperature=0)
+    message = answer.choices[0].message
+    assert (message.content, message.model_extra["reasoning_content"].strip()) == ("yes", "a b")
+    assert answer.usage.completion_tokens_details.reasoning_tokens == 3  # a, b and the closing tag
+    assert answer.choices[0].finish_reason == "stop"
+
+    stream = client.chat.completions.create(
+        model="tiny-think", messages=messages, max_tokens=16, temperature=0, stream=True
+    )
+    content = reasoning = ""
+    for chunk in stream:
+        if chunk.choices:
+            delta = chunk.choices[0].delta
+            content += delta.content or ""
+            reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+    assert (content, reasoning) == (message.content, message.model_extra["reasoning_content"])
+
+    inline = client.chat.completions.create(
+        model="tiny-think", messages=messages, max_tokens=16, temperature=0, extra_body={"reasoning_format": "none"}
+    )
+    assert inline.choices[0].message.content == "<think> a b</think> yes"
+    assert "reasoning_content" not in (inline.choices[0].message.model_extra or {})
+
+    off = client.chat.completions.create(
+        model="tiny-think",
+        messages=messages,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert off.usage.prompt_tokens > answer.usage.prompt_tokens  # the template closed the block in the prompt
+
+    with pytest.raises(openai.BadRequestError, match=r"chat_template_kwargs\.add_vision_id is not supported"):
+        client.chat.completions.create(
+            model="tiny-think", messages=messages, extra_body={"chat_template_kwargs": {"add_vision_id": True}}
+        )
+
+
+@pytest.mark.model
+def test_a_thinking_models_reasoning_is_a_thinking_block_through_the_anthropic_sdk(thinking_server):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=thinking_server.url, api_key=thinking_server.token, max_retries=0)
+    messages = [{"role": "user", "content": "hello"}]
+    # the tiny model's chain outweighs every other token by e^58: sampling at the default temperature picks it
+    message = client.messages.create(model="tiny-think", messages=messages, max_tokens=16)
+    assert [block.type for block in message.content] == ["thinking", "text"]
+    assert (message.content[0].thinking.strip(), message.content[1].text) == ("a b", "yes")
+    with client.messages.stream(model="tiny-think", messages=messages, max_tokens=16) as stream:
+        streamed = stream.get_final_message()
+    assert [block.model_dump() for block in streamed.content] == [block.model_dump() for block in message.content]
+    off = client.messages.create(model="tiny-think", messages=messages, max_tokens=16, thinking={"type": "disabled"})
+
+    def prompt(usage):
+        return usage.input_tokens + usage.cache_read_input_tokens
+
+    assert prompt(off.usage) > prompt(message.usage)  # the template closed the block in the prompt
+
+
+@pytest.mark.model
+def test_a_thinking_models_reasoning_is_a_reasoning_item_through_the_responses_api(thinking_server):
+    import openai
+
+    client = openai.OpenAI(base_url=thinking_server.url + "/v1", api_key=thinking_server.token, max_retries=0)
+    response = client.responses.create(model="tiny-think", input="hello", max_output_tokens=16, temperature=0)
+    assert [item.type for item in response.output] == ["reasoning", "message"]
+    assert (response.output[0].content[0].text.strip(), response.output_text) == ("a b", "yes")
+    assert response.usage.output_tokens_details.reasoning_tokens == 3
+    with client.responses.stream(model="tiny-think", input="hello", max_output_tokens=16, temperature=0) as stream:
+        kinds = [event.type for event in stream]
+        streamed = stream.get_final_response()
+    assert "response.reasoning_text.delta" in kinds and "response.reasoning_text.done" in kinds
+    assert [item.type for item in streamed.output] == ["reasoning", "message"]
+    assert (streamed.output[0].content[0].text, streamed.output_text) == (response.output[0].content[0].text, "yes")
+    off = client.responses.create(
+        model="tiny-think", input="hello", max_output_tokens=16, temperature=0, reasoning={"effort": "none"}
+    )
+    assert off.usage.input_tokens > response.usage.input_tokens  # the template closed the block in the prompt

@@ -35,12 +35,12 @@ FIELDS = {
     "tool_choice",
     "metadata",
     "output_config",
+    "thinking",  # {"type": "disabled"} turns a thinking model's thinking off where its template can
     "ignore_eos",  # llama.cpp's extra, as on every route: the answer runs to max_tokens
 }
 # Hints that change nothing here: accepted, and listed in docs/http-api.md as ignored.
 IGNORED = {
     "service_tier",
-    "thinking",
     "context_management",
     "cache_control",
     "diagnostics",
@@ -267,7 +267,18 @@ def parse_messages(data: dict[str, Any]) -> GenerationRequest:
             del body["tools"], body["tool_choice"], body["parallel_tool_calls"]
     elif data.get("tool_choice") is not None and _tool_choice(data["tool_choice"])[0] != "none":
         raise _bad("'tool_choice' needs 'tools'", "tool_choice")
+    body["chat_template_kwargs"] = _thinking(data.get("thinking"))
     return parse_generation(body, "chat")
+
+
+def _thinking(config: Any) -> dict[str, Any] | None:
+    """`thinking`: enabled (the model thinks as its template lets it; a budget is not enforced),
+    adaptive (the same) or disabled (the template is asked not to think)."""
+    if config is None:
+        return None
+    if not isinstance(config, dict) or config.get("type") not in ("enabled", "disabled", "adaptive"):
+        raise _bad('\'thinking\' must be {"type": "enabled" | "adaptive" | "disabled", ...}', "thinking")
+    return {"enable_thinking": config["type"] != "disabled"}
 
 
 def count_tokens_body(data: dict[str, Any]) -> GenerationRequest:
@@ -325,9 +336,16 @@ def _stop(final: StreamEvent, called: bool) -> tuple[str, str | None]:
     return STOP_REASONS.get(final.finish_reason or "stop", "end_turn"), None
 
 
-def message_object(shape: MessageShape, text: str, final: StreamEvent) -> dict[str, Any]:
-    """The whole answer as a Messages API message."""
+def _thinking_block(reasoning: str) -> dict[str, Any]:
+    # The signature proves Anthropic's own thinking to its API; a local model's has none to prove.
+    return {"type": "thinking", "thinking": reasoning, "signature": ""}
+
+
+def message_object(shape: MessageShape, text: str, final: StreamEvent, reasoning: str = "") -> dict[str, Any]:
+    """The whole answer as a Messages API message (a thinking model's reasoning as a thinking block)."""
     blocks, called = _blocks(shape, text)
+    if reasoning:
+        blocks.insert(0, _thinking_block(reasoning))
     stop_reason, stop_sequence = _stop(final, called)
     return {
         "id": shape.id,
@@ -341,6 +359,9 @@ def message_object(shape: MessageShape, text: str, final: StreamEvent) -> dict[s
     }
 
 
+_EMPTY_TEXT = {"type": "text", "text": ""}
+
+
 class MessageEvents:
     """The Messages API's stream for one answer, event by event of the engine's stream: text streams
     as `text_delta`s; an answer held to a tool form is read whole, then sent as its blocks (a call's
@@ -350,7 +371,9 @@ class MessageEvents:
         self.shape = shape
         self.text = ""
         self.started = False
-        self.block_open = False
+        self.block_open = False  # the text block
+        self.thinking_open = False
+        self.first = 0  # the index of the text (or first tool) block: 1 after a thinking block
 
     def __call__(self, event: StreamEvent) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -368,11 +391,23 @@ class MessageEvents:
             }
             out += [{"type": "message_start", "message": start}, {"type": "ping"}]
         self.text += event.text
+        if event.reasoning and not self.block_open:
+            if not self.thinking_open:
+                block = {"type": "thinking", "thinking": "", "signature": ""}
+                out.append({"type": "content_block_start", "index": 0, "content_block": block})
+                self.thinking_open, self.first = True, 1
+            delta = {"type": "thinking_delta", "thinking": event.reasoning}
+            out.append({"type": "content_block_delta", "index": 0, "delta": delta})
+        if self.thinking_open and (event.text or event.is_final):
+            out.append({"type": "content_block_stop", "index": 0})
+            self.thinking_open = False
+        first = self.first
         if self.shape.tool_form is None and event.text:
             if not self.block_open:
-                out.append({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+                out.append({"type": "content_block_start", "index": first, "content_block": _EMPTY_TEXT})
                 self.block_open = True
-            out.append({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": event.text}})
+            delta = {"type": "text_delta", "text": event.text}
+            out.append({"type": "content_block_delta", "index": first, "delta": delta})
         if not event.is_final:
             return out
         if event.finish_reason == "error":
@@ -381,10 +416,10 @@ class MessageEvents:
         blocks, called = _blocks(self.shape, self.text)
         if self.shape.tool_form is None:
             if not self.block_open:
-                out.append({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
-            out.append({"type": "content_block_stop", "index": 0})
+                out.append({"type": "content_block_start", "index": first, "content_block": _EMPTY_TEXT})
+            out.append({"type": "content_block_stop", "index": first})
         else:
-            for index, block in enumerate(blocks):
+            for index, block in enumerate(blocks, start=first):
                 if block["type"] == "text":
                     out.append(
                         {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}

@@ -17,6 +17,7 @@ from typing import Any
 from ..config import parse_keep_alive
 from ..engine import Priority, SamplingParams
 from ..engine.grammar import GrammarError, json_grammar
+from ..engine.reasoning import Thinking
 from ..engine.streams import StreamEvent, TokenLogprob
 from ..engine.tools import ParsedAnswer, ToolError, ToolRequest, parse_answer
 from .errors import ApiError, refuse_unknown_fields
@@ -39,6 +40,7 @@ class GenerationRequest:
     tools: ToolRequest | None = None
     cache_salt: str | None = None
     user: str | None = None
+    thinking: Thinking = field(default_factory=Thinking)
 
     @property
     def logprobs(self) -> bool:
@@ -86,7 +88,11 @@ CHAT_FIELDS = COMMON_FIELDS | {
     "tools",
     "tool_choice",
     "parallel_tool_calls",
+    "reasoning_format",  # llama.cpp's server's: "none" leaves a thinking model's reasoning in the content
+    "chat_template_kwargs",  # vLLM's and llama.cpp's server's; here only {"enable_thinking": bool}
 }
+REASONING_FORMATS = {"none": False, "auto": True, "deepseek": True}  # -> reasoning apart from content
+TEMPLATE_KWARGS = {"enable_thinking"}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt"}
 NOT_SUPPORTED = {
     "tools": "tools are for /v1/chat/completions",
@@ -226,6 +232,26 @@ def _short_string(data: dict[str, Any], name: str) -> str | None:
     return value
 
 
+def _thinking(data: dict[str, Any]) -> Thinking:
+    """`reasoning_format` and `chat_template_kwargs.enable_thinking`: a thinking model's reasoning
+    apart from its content or inline, and thinking on or off where the template reads the flag."""
+    fmt = data.get("reasoning_format", "auto")
+    if fmt not in REASONING_FORMATS:
+        raise bad_param("reasoning_format", f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}")
+    kwargs = data.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise bad_param("chat_template_kwargs", "'chat_template_kwargs' must be an object")
+    unknown = sorted(set(kwargs) - TEMPLATE_KWARGS)
+    if unknown:
+        raise bad_param(
+            "chat_template_kwargs", f"chat_template_kwargs.{unknown[0]} is not supported (only enable_thinking is)"
+        )
+    enabled = kwargs.get("enable_thinking")
+    if enabled is not None and not isinstance(enabled, bool):
+        raise bad_param("chat_template_kwargs", "chat_template_kwargs.enable_thinking must be true or false")
+    return Thinking(split=REASONING_FORMATS[fmt], enabled=enabled)
+
+
 def _is_text_format(response_format: Any) -> bool:
     return isinstance(response_format, dict) and response_format.get("type") == "text"
 
@@ -289,7 +315,9 @@ def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
             raise bad_param("keep_alive", str(exc)) from None
 
     cache_salt, user = _short_string(data, "cache_salt"), _short_string(data, "user")
+    thinking = _thinking(data) if kind == "chat" else Thinking()
     return GenerationRequest(
+        thinking=thinking,
         cache_salt=cache_salt,
         user=user,
         model=model,
@@ -361,17 +389,25 @@ def logprobs_json(kind: str, entries: list[TokenLogprob]) -> dict[str, Any]:
 
 
 def _choice(
-    shape: ResponseShape, text: str, finish_reason: str | None, first: bool, delta: bool, logprobs: Any
+    shape: ResponseShape,
+    text: str,
+    finish_reason: str | None,
+    first: bool,
+    delta: bool,
+    logprobs: Any,
+    reasoning: str = "",
 ) -> dict[str, Any]:
     if shape.kind == "chat":
+        # A thinking model's reasoning: `reasoning_content`, as llama.cpp's server and vLLM name it.
+        extra = {"reasoning_content": reasoning} if reasoning else {}
         if delta:
-            body: dict[str, Any] = {"content": text}
+            body: dict[str, Any] = {"content": text, **extra}
             if first:
                 body["role"] = "assistant"
             return {"index": 0, "delta": body, "logprobs": logprobs, "finish_reason": finish_reason}
         return {
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": {"role": "assistant", "content": text, **extra},
             "logprobs": logprobs,
             "finish_reason": finish_reason,
         }
@@ -393,9 +429,13 @@ def completion_response(shape: ResponseShape, text: str, events: list[StreamEven
     answer = parse_answer(text, shape.tool_form) if shape.tool_form else None
     # The engine's own reason: stop, length, and also cancelled or error, which a client must
     # never mistake for a complete answer (or `tool_calls` for a whole call).
-    choice = _choice(shape, text, shape.finish_reason(final.finish_reason, answer), True, False, logprobs)
+    reasoning = "".join(event.reasoning for event in events)
+    finish = shape.finish_reason(final.finish_reason, answer)
+    choice = _choice(shape, text, finish, True, False, logprobs, reasoning)
     if answer is not None and answer.is_call:
         choice["message"] = _tool_message(shape, answer)
+        if reasoning:
+            choice["message"]["reasoning_content"] = reasoning
     return {
         "id": shape.id,
         "object": shape.object,
@@ -410,7 +450,7 @@ def completion_response(shape: ResponseShape, text: str, events: list[StreamEven
 
 def stream_chunks(shape: ResponseShape, event: StreamEvent) -> list[dict[str, Any]]:
     """The SSE payloads for one engine event (none for a held-back, empty token event)."""
-    if not event.is_final and not event.text and not event.logprobs and event.id != 1:
+    if not event.is_final and not event.text and not event.reasoning and not event.logprobs and event.id != 1:
         return []
     base = {
         "id": shape.id,
@@ -422,7 +462,9 @@ def stream_chunks(shape: ResponseShape, event: StreamEvent) -> list[dict[str, An
     finish = event.finish_reason if event.is_final else None
     chunk = {
         **base,
-        "choices": [_choice(shape, event.text, finish, first=event.id == 1, delta=True, logprobs=logprobs)],
+        "choices": [
+            _choice(shape, event.text, finish, event.id == 1, delta=True, logprobs=logprobs, reasoning=event.reasoning)
+        ],
     }
     return _with_final(shape, chunk, event)
 
@@ -461,6 +503,8 @@ class ToolCallDeltas:
             delta["role"] = "assistant"
         if answer.content[len(self.sent.content) :]:
             delta["content"] = answer.content[len(self.sent.content) :]
+        if event.reasoning:
+            delta["reasoning_content"] = event.reasoning
         pieces = []
         for i, call in enumerate(answer.calls):
             if i >= len(self.sent.calls):

@@ -180,6 +180,9 @@ def parse_responses(data: dict[str, Any], previous: list[dict[str, Any]] | None 
         "response_format": _format(data.get("text")),
         "ignore_eos": data.get("ignore_eos"),
     }
+    reasoning = data.get("reasoning")
+    if isinstance(reasoning, dict) and reasoning.get("effort") == "none":
+        body["chat_template_kwargs"] = {"enable_thinking": False}  # a thinking model's template is asked not to
     tools = _tools(data["tools"]) if data.get("tools") else []
     if tools:
         body["tools"] = tools
@@ -213,16 +216,23 @@ def _usage(usage: dict[str, Any] | None) -> dict[str, Any]:
         "input_tokens": counts.prompt,
         "input_tokens_details": {"cached_tokens": counts.cached},
         "output_tokens": counts.output,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": counts.reasoning},
         "total_tokens": counts.prompt + counts.output,
     }
 
 
-def output_items(meta: ResponseMeta, text: str, status: str = "completed") -> list[dict[str, Any]]:
-    """The answer as output items: a message, or function calls (after any text)."""
+def reasoning_item(meta: ResponseMeta, reasoning: str, status: str = "completed") -> dict[str, Any]:
+    """A thinking model's reasoning as the Responses API's reasoning item (its text, no summary)."""
+    content = [{"type": "reasoning_text", "text": reasoning}] if reasoning else []
+    return {"type": "reasoning", "id": meta.item_id("rs", 0), "status": status, "summary": [], "content": content}
+
+
+def output_items(meta: ResponseMeta, text: str, status: str = "completed", reasoning: str = "") -> list[dict[str, Any]]:
+    """The answer as output items: its reasoning (a thinking model's), then a message, or function
+    calls (after any text)."""
     answer = parse_answer(text, meta.tool_form) if meta.tool_form else None
     content = answer.content if answer is not None else text
-    items: list[dict[str, Any]] = []
+    items: list[dict[str, Any]] = [reasoning_item(meta, reasoning, status)] if reasoning else []
     if answer is None or not answer.is_call or content.strip():
         part = {"type": "output_text", "text": content, "annotations": []}
         items.append(
@@ -247,12 +257,19 @@ STATUS = {"stop": "completed", "length": "incomplete", "cancelled": "cancelled",
 
 
 def response_object(
-    meta: ResponseMeta, text: str | None, final: StreamEvent | None, output: list[dict[str, Any]] | None = None
+    meta: ResponseMeta,
+    text: str | None,
+    final: StreamEvent | None,
+    output: list[dict[str, Any]] | None = None,
+    reasoning: str = "",
 ) -> dict[str, Any]:
     """A response object: in progress (no final event yet), or finished."""
     body = meta.body
     status = "in_progress" if final is None else STATUS.get(final.finish_reason or "stop", "completed")
-    items = output if output is not None else ([] if final is None else output_items(meta, text or ""))
+    if output is not None:
+        items = output
+    else:
+        items = [] if final is None else output_items(meta, text or "", reasoning=reasoning)
     return {
         "id": meta.id,
         "object": "response",
@@ -287,6 +304,9 @@ class ResponseEvents:
         self.sequence = 0
         self.started = False
         self.message_open = False
+        self.reasoning = ""
+        self.reasoning_open = False
+        self.first = 0  # the message's (or first call's) output index: 1 after a reasoning item
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -309,6 +329,26 @@ class ResponseEvents:
             )
         )
 
+    def _reasoning(self, out: list[dict[str, Any]], event: StreamEvent) -> None:
+        """A thinking model's reasoning: a reasoning item at index 0, its text streamed, closed when
+        the answer's text begins (or the answer ends)."""
+        if event.reasoning and not self.message_open:
+            item_id = self.meta.item_id("rs", 0)
+            if not self.reasoning_open:
+                item = reasoning_item(self.meta, "", "in_progress")
+                out.append(self._event("response.output_item.added", output_index=0, item=item))
+                self.reasoning_open, self.first = True, 1
+            self.reasoning += event.reasoning
+            delta = {"item_id": item_id, "output_index": 0, "content_index": 0, "delta": event.reasoning}
+            out.append(self._event("response.reasoning_text.delta", **delta))
+        if self.reasoning_open and (event.text or event.is_final):
+            self.reasoning_open = False
+            done = {"item_id": self.meta.item_id("rs", 0), "output_index": 0, "content_index": 0}
+            out.append(self._event("response.reasoning_text.done", **done, text=self.reasoning))
+            status = "completed" if not event.is_final else STATUS.get(event.finish_reason or "stop", "completed")
+            item = reasoning_item(self.meta, self.reasoning, status)
+            out.append(self._event("response.output_item.done", output_index=0, item=item))
+
     def __call__(self, event: StreamEvent) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         if not self.started:
@@ -317,16 +357,17 @@ class ResponseEvents:
             out.append(self._event("response.created", response=snapshot))
             out.append(self._event("response.in_progress", response=snapshot))
         self.text += event.text
+        self._reasoning(out, event)
         item_id = self.meta.item_id("msg", 0)
         if self.meta.tool_form is None and event.text:
             if not self.message_open:
-                self._open_message(out, 0)
+                self._open_message(out, self.first)
                 self.message_open = True
             out.append(
                 self._event(
                     "response.output_text.delta",
                     item_id=item_id,
-                    output_index=0,
+                    output_index=self.first,
                     content_index=0,
                     delta=event.text,
                     logprobs=[],
@@ -334,10 +375,12 @@ class ResponseEvents:
             )
         if not event.is_final:
             return out
-        final = response_object(self.meta, self.text, event)
+        final = response_object(self.meta, self.text, event, reasoning=self.reasoning)
         if final["status"] == "failed":
             return [*out, self._event("response.failed", response=final)]
         for index, item in enumerate(final["output"]):
+            if item["type"] == "reasoning":
+                continue  # streamed as it came
             if item["type"] == "message":
                 text = item["content"][0]["text"]
                 if not self.message_open:

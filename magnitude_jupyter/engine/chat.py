@@ -107,10 +107,14 @@ def render_chat(
     eos_token: str = "",
     add_generation_prompt: bool = True,
     tools: ToolRequest | None = None,
+    enable_thinking: bool | None = None,
 ) -> str:
+    """`enable_thinking`: given to templates that read it (Qwen3's and others': False turns thinking off)."""
     messages, template_tools = _tool_ready(messages, template, tools)
     normalized = normalize_messages(messages)
-    extra = {"tools": template_tools} if template_tools else {}
+    extra: dict[str, Any] = {"tools": template_tools} if template_tools else {}
+    if enable_thinking is not None:
+        extra["enable_thinking"] = enable_thinking
     try:
         return _compile(template or CHATML_TEMPLATE).render(
             messages=normalized,

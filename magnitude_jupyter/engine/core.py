@@ -36,8 +36,9 @@ from .memory import ContextSizing, cache_sequences, resolve_settings
 from .metrics import EngineMetrics
 from .prefix_cache import KVOp
 from .prepare import prepare_params
+from .reasoning import ReasoningSplitter, Thinking, prompt_opens_thinking, thinks
 from .request import FinishReason, Priority, Request, SamplingParams
-from .runner_api import Runner, Sampled, apply_kv_ops, chat_prompt_tokens
+from .runner_api import Runner, Sampled, apply_kv_ops, chat_prompt, chat_prompt_tokens
 from .scheduler import PromptTooLongError, ScheduledChunk, Scheduler, SchedulerOutput, SchedulerStats
 from .stats import EngineStats, FinishedRequest, LiveRequest, rss_bytes
 from .step import execute_plan
@@ -62,6 +63,7 @@ class GenerationResult:
     timings: dict[str, Any]
     token_ids: list[int]
     error: str | None = None
+    reasoning: str = ""  # a thinking model's reasoning, apart from `text`
 
 
 class Engine:
@@ -107,6 +109,7 @@ class Engine:
         fmt = self.chat_format
         file_template = self.model_info.chat_template if self.model_info else None
         self._chat_template = chat_template or (fmt.template if fmt and fmt.template else file_template)
+        self._thinks = thinks(self._chat_template)  # its answers carry a thinking block (reasoning.py)
         self.model_id = self.model_entry.alias if self.model_entry else (str(model) if model else "fake")
         self._verbose = verbose
 
@@ -247,6 +250,7 @@ class Engine:
         tools: ToolRequest | None = None,
         cache_salt: str | None = None,
         user: str | None = None,
+        thinking: Thinking | None = None,
     ) -> Request:
         """Queue one generation; returns at once. Raises ValueError (bad input), PromptTooLongError,
         OverloadedError or EngineError; never blocks on the model. `arrival_time` (monotonic) and
@@ -254,10 +258,20 @@ class Engine:
         `cache_salt` keeps its prefix-cache entries apart from every other salt's; with the setting
         `prefix_cache_scope: user`, `user` does the same when no salt is given. `max_tokens` is a
         cap, not a demand: past the context, the answer ends with "length" where the context does;
-        a prompt that alone does not fit is a PromptTooLongError."""
+        a prompt that alone does not fit is a PromptTooLongError. `thinking`: for a model whose
+        template thinks, whether its reasoning comes apart from the answer, and thinking on or off."""
         runner, scheduler = self._require_ready()
         params, tool_form = prepare_params(runner, params, messages, tools, self._chat_template)
-        tokens = list(prompt_tokens) if prompt_tokens is not None else self.prompt_tokens_for(prompt, messages, tools)
+        thinking = thinking or Thinking()
+        splitter = None
+        if prompt_tokens is not None:
+            tokens = list(prompt_tokens)
+        elif messages is not None:
+            tokens, text = chat_prompt(runner, messages, self._chat_template, tools, thinking.enabled)
+            if self._thinks and thinking.split:
+                splitter = ReasoningSplitter(inside=prompt_opens_thinking(text))
+        else:
+            tokens = self.prompt_tokens_for(prompt)
         if not tokens:
             raise ValueError("the prompt is empty")
         room = scheduler.max_request_tokens - len(tokens)
@@ -280,6 +294,7 @@ class Engine:
             tool_form=tool_form,
             cache_scope=self._cache_scope(cache_salt, user),
             client=user,
+            reasoning=splitter,
         )
         if arrival_time is not None:
             request.arrival_time = arrival_time
@@ -368,6 +383,7 @@ class Engine:
             timings=final.timings or {},
             token_ids=list(request.output_tokens),
             error=final.error,
+            reasoning=request.output_reasoning,
         )
 
     def stats(self) -> EngineStats:
@@ -595,6 +611,8 @@ class Engine:
         if self.runner.is_eog(token) and not request.params.bans_eog:
             del request.output_tokens[answer_tokens - 1 :]  # the end-of-generation token is not part of the answer
             return self._finish(request, FinishReason.STOP, text=request.text.flush())
+        if request.reasoning is not None and request.reasoning.inside:
+            request.reasoning_tokens += 1
         delta = request.text.push(self.runner.token_to_piece(token))
         logprobs = (sample.logprob,) if sample.logprob is not None else ()
         if request.text.stopped_by is not None or answer_tokens >= request.max_tokens:
@@ -603,8 +621,10 @@ class Engine:
                 return self._finish(request, FinishReason.STOP, text=delta, token_ids=(token,), logprobs=logprobs)
             text = delta + request.text.flush()
             return self._finish(request, FinishReason.LENGTH, text=text, token_ids=(token,), logprobs=logprobs)
-        request.output_text += delta
-        request.stream.append("token", text=delta, token_ids=(token,), logprobs=logprobs)
+        reasoning, content = _split(request, delta)
+        request.output_text += content
+        request.output_reasoning += reasoning
+        request.stream.append("token", text=content, reasoning=reasoning, token_ids=(token,), logprobs=logprobs)
         return None
 
     def _finish(
@@ -621,11 +641,14 @@ class Engine:
         if request.is_finished:
             return None
         seq_id = self.scheduler.finish(request, reason, error)
+        reasoning, text = _split(request, text, final=True)
         request.output_text += text
+        request.output_reasoning += reasoning
         if request.stream is not None and not request.stream.closed:
             request.stream.append(
                 "done",
                 text=text,
+                reasoning=reasoning,
                 token_ids=token_ids,
                 finish_reason=reason.value,
                 usage=request.usage(),
@@ -670,3 +693,14 @@ class Engine:
             for request in list(self._requests.values()):
                 if not request.is_finished and self.scheduler is not None:
                     self._finish(request, FinishReason.CANCELLED, error=error)
+
+
+def _split(request: Request, text: str, final: bool = False) -> tuple[str, str]:
+    """A delta of final text as (reasoning, content): all content unless the request splits reasoning."""
+    if request.reasoning is None:
+        return "", text
+    out = request.reasoning.push(text)
+    if final:
+        rest = request.reasoning.flush()
+        out.reasoning, out.content = out.reasoning + rest.reasoning, out.content + rest.content
+    return out.reasoning, out.content

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .prefix_cache import SavedState
+    from .reasoning import ReasoningSplitter
     from .speculate import NgramIndex
     from .streams import TokenStream
     from .text import TextAssembler
@@ -227,6 +228,9 @@ class Request:
     preempted_time: float | None = None  # when the latest preemption began, while it waits to resume
     preempted_seconds: float = 0.0  # time spent preempted, all preemptions together
     suspended_state: SavedState | None = None  # a preempted lane's saved KV state (runner.Lane), until it resumes
+    reasoning: ReasoningSplitter | None = None  # a thinking model's answer: its reasoning kept apart
+    output_reasoning: str = ""
+    reasoning_tokens: int = 0  # answer tokens generated inside a thinking block
 
     @property
     def cache_tokens(self) -> list[int]:
@@ -266,6 +270,7 @@ class Request:
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            **({"completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens}} if self.reasoning else {}),
         }
 
     def timings(self) -> Timings:

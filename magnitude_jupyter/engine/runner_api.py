@@ -109,10 +109,25 @@ def apply_kv_ops(runner: Runner, ops: list[KVOp], ram: RamTier | None) -> None:
                 runner.copy_cells(op.shared_from, op.seq_id, 0, op.shared)
 
 
+def chat_prompt(
+    runner: Runner,
+    messages: Any,
+    chat_template: str | None,
+    tools: ToolRequest | None = None,
+    enable_thinking: bool | None = None,
+) -> tuple[list[int], str]:
+    """Chat messages (and the tools they may call) rendered through the model's template: the
+    tokens, and the text they were made from."""
+    text = render_chat(
+        messages, chat_template, runner.bos_token, runner.eos_token, tools=tools, enable_thinking=enable_thinking
+    )
+    # The template writes the BOS token itself when the model wants one.
+    tokens = runner.tokenize(text, add_special=not (runner.bos_token and text.startswith(runner.bos_token)))
+    return tokens, text
+
+
 def chat_prompt_tokens(
     runner: Runner, messages: Any, chat_template: str | None, tools: ToolRequest | None = None
 ) -> list[int]:
     """Chat messages (and the tools they may call) rendered through the model's template, as tokens."""
-    text = render_chat(messages, chat_template, runner.bos_token, runner.eos_token, tools=tools)
-    # The template writes the BOS token itself when the model wants one.
-    return runner.tokenize(text, add_special=not (runner.bos_token and text.startswith(runner.bos_token)))
+    return chat_prompt(runner, messages, chat_template, tools)[0]

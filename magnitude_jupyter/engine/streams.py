@@ -46,6 +46,7 @@ class StreamEvent:
     error: str | None = None
     logprobs: tuple[TokenLogprob, ...] = ()  # for the tokens of this event, when the request asked
     stopped_by: str | None = None  # the final event of an answer a stop string ended: that string
+    reasoning: str = ""  # text of a thinking block (reasoning.py), kept out of `text`
 
     @property
     def is_final(self) -> bool:

@@ -215,6 +215,7 @@ class GenerationHandler(ApiMixin):
             tools=req.tools,
             cache_salt=req.cache_salt,
             user=req.user,
+            thinking=req.thinking,
         )
 
     async def post(self) -> None:

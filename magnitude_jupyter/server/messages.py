@@ -47,7 +47,7 @@ class MessagesHandler(AnthropicErrors, GenerationHandler):
         if final is None:
             engine.cancel(request.request_id, "the client closed its connection before the answer was ready")
             return
-        self.send_json(message_object(shape, request.output_text, final))
+        self.send_json(message_object(shape, request.output_text, final, request.output_reasoning))
 
 
 class CountTokensHandler(AnthropicErrors):

@@ -66,7 +66,9 @@ def keep(handler: ApiMixin, live: LiveResponse, final: StreamEvent) -> dict[str,
     """The finished response object, made and stored (for previous_response_id and GET, unless
     `store: false`) once: a stream sent again neither stores it again nor brings back a deleted one."""
     if live.finished is None:
-        live.finished = response_object(live.meta, live.request.output_text, final)
+        live.finished = response_object(
+            live.meta, live.request.output_text, final, reasoning=live.request.output_reasoning
+        )
         if live.store:
             response_store(handler).put(live.finished, live.messages)
     return live.finished

@@ -1,0 +1,96 @@
+"""An answer's reasoning apart from its content: the text between a thinking model's tags.
+
+Models that think (Qwen3, DeepSeek-R1 distills, QwQ, SmolLM3...) write `<think>…</think>` before
+their answer; clients expect the reasoning in a field of its own (`reasoning_content`, as llama.cpp's
+server and vLLM give it) and the answer clean. Templates often open the block themselves at the end
+of the prompt, so the answer may start inside it. A tag can arrive split over tokens, so text that
+could still become a tag is held back, as the stop strings' assembler does (text.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+THINK_TAGS = ("<think>", "</think>")
+
+
+def thinks(template: str | None) -> bool:
+    """Whether a chat template writes thinking blocks (and so its model's answers carry them)."""
+    return bool(template) and THINK_TAGS[0] in template and THINK_TAGS[1] in template  # type: ignore[operator]
+
+
+def prompt_opens_thinking(prompt: str) -> bool:
+    """Whether a rendered prompt ends inside a thinking block the template opened for the answer."""
+    opened = prompt.rfind(THINK_TAGS[0])
+    return opened >= 0 and prompt.rfind(THINK_TAGS[1]) < opened
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """What a request asks of a thinking model: its reasoning apart from the answer (`split`, as
+    clients expect) or inline as written; and thinking on or off where the template reads
+    `enable_thinking` (None: the template's default)."""
+
+    split: bool = True
+    enabled: bool | None = None
+
+
+@dataclass
+class Split:
+    reasoning: str = ""
+    content: str = ""
+
+
+class ReasoningSplitter:
+    """Final text in, (reasoning, content) out; `inside` while the answer is in a thinking block."""
+
+    def __init__(self, inside: bool = False, tags: tuple[str, str] = THINK_TAGS) -> None:
+        self.open_tag, self.close_tag = tags
+        self.inside = inside
+        self.seen_reasoning = inside
+        self._held = ""
+        self._content_started = False  # the blank lines templates put after </think> are not content
+
+    def push(self, text: str) -> Split:
+        out = Split()
+        text = self._held + text
+        self._held = ""
+        while text:
+            tag = self.close_tag if self.inside else self.open_tag
+            at = text.find(tag)
+            if at >= 0:
+                self._emit(out, text[:at])
+                text = text[at + len(tag) :]
+                self.inside = not self.inside
+                self.seen_reasoning = self.seen_reasoning or self.inside
+                self._content_started = self._content_started and self.inside
+                continue
+            keep = _tag_prefix_at_end(text, tag)
+            self._emit(out, text[: len(text) - keep])
+            self._held = text[len(text) - keep :]
+            break
+        return out
+
+    def flush(self) -> Split:
+        """At the end of the answer: what was held back could not become a tag."""
+        out = Split()
+        self._emit(out, self._held)
+        self._held = ""
+        return out
+
+    def _emit(self, out: Split, text: str) -> None:
+        if self.inside:
+            out.reasoning += text
+            return
+        if self.seen_reasoning and not self._content_started:
+            text = text.lstrip()
+        self._content_started = self._content_started or bool(text)
+        out.content += text
+
+
+def _tag_prefix_at_end(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that starts `tag` (it may complete with the next token)."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
