@@ -57,6 +57,7 @@ class StreamResult:
     raw_final: dict[str, Any] = field(default_factory=dict)
     logprobs: list[dict[str, Any]] = field(default_factory=list)  # per token, when the request asked
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's shape, assembled from the deltas
+    reasoning: str = ""  # a thinking model's reasoning (`reasoning_content`), apart from `text`
 
     def add_tool_call_deltas(self, pieces: list[dict[str, Any]]) -> None:
         """Put streamed tool-call pieces together by index: id and name once, arguments in parts."""
@@ -323,6 +324,7 @@ class Client:
             piece = ""
             for choice in chunk.get("choices") or []:
                 piece += (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                result.reasoning += (choice.get("delta") or {}).get("reasoning_content") or ""
                 result.add_tool_call_deltas((choice.get("delta") or {}).get("tool_calls") or [])
                 result.logprobs += (choice.get("logprobs") or {}).get("content") or []
                 if choice.get("finish_reason"):

@@ -106,6 +106,7 @@ class EngineClient:
                 ]
                 if event.text:
                     result.text += event.text
+                    result.reasoning += event.reasoning
                     yield event.text
                 if event.is_final:
                     finished = True

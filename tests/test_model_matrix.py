@@ -202,3 +202,19 @@ def test_a_thinking_models_reasoning_is_a_reasoning_item_through_the_responses_a
         model="tiny-think", input="hello", max_output_tokens=16, temperature=0, reasoning={"effort": "none"}
     )
     assert off.usage.input_tokens > response.usage.input_tokens  # the template closed the block in the prompt
+
+
+@pytest.mark.model
+def test_the_magic_shows_a_thinking_models_reasoning_folded_above_its_answer(thinking_server, monkeypatch, tmp_path):
+    from tests.notebook_helpers import run_notebook
+
+    monkeypatch.setenv("MAGNITUDE_URL", thinking_server.url)
+    monkeypatch.setenv("MAGNITUDE_TOKEN", thinking_server.token)
+    nb = run_notebook(
+        ["%load_ext magnitude_jupyter", "%%magnitude --model tiny-think --max-tokens 16 -o answer\nhello", "answer"],
+        tmp_path,
+    )
+    shown = nb.cells[1].outputs[-1].data
+    assert shown["text/plain"] == "[reasoning: 2 words]\nyes"
+    assert shown["text/html"].startswith("<details><summary>reasoning (2 words)</summary><pre>a b</pre></details>")
+    assert nb.cells[2].outputs[0].data["text/plain"] == "'yes'"  # the answer kept is the answer alone

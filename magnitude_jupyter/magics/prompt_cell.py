@@ -3,6 +3,7 @@ with `--chat`; the same prompt to several models with `--compare`."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import time
@@ -109,9 +110,10 @@ def prompt_cell(session: NotebookSession, args: CellArgs, cell: str) -> None:
             "trimmed": trimmed,
         }
     answer: Any = result.text
-    bundle = {"text/plain": result.text}
+    bundle = answer_bundle(result)
     if args.format == "markdown":
-        bundle["text/markdown"] = result.text
+        bundle.pop("text/html", None)  # the reasoning folded above the rendered answer instead
+        bundle["text/markdown"] = (reasoning_html(result) + "\n\n" if result.reasoning else "") + result.text
     elif args.format == "code":
         answer = strip_fences(result.text)
         session.shell.set_next_input(answer, replace=False)
@@ -133,9 +135,27 @@ def stream_answer(client: Client, messages: list[dict[str, Any]], body: dict[str
     for _ in client.stream_chat(messages, result=result, **body):
         now = time.monotonic()
         if handle is not None and now - last_update >= UPDATE_EVERY_S:
-            handle.update({"text/plain": result.text}, raw=True)
+            handle.update(answer_bundle(result), raw=True)
             last_update = now
     return result
+
+
+def answer_bundle(result: StreamResult) -> dict[str, str]:
+    """The answer as the cell shows it; a thinking model's reasoning folded away above it (HTML), or
+    counted in a line (plain text)."""
+    if not result.reasoning:
+        return {"text/plain": result.text}
+    words = len(result.reasoning.split())
+    return {
+        "text/plain": f"[reasoning: {words:,} words]\n{result.text}",
+        "text/html": reasoning_html(result) + f"<pre>{html.escape(result.text)}</pre>",
+    }
+
+
+def reasoning_html(result: StreamResult) -> str:
+    words = len(result.reasoning.split())
+    summary = f"reasoning ({words:,} words)"
+    return f"<details><summary>{summary}</summary><pre>{html.escape(result.reasoning.strip())}</pre></details>"
 
 
 def provenance(session: NotebookSession, client: Client, body: dict[str, Any], result: StreamResult) -> dict[str, Any]:
