@@ -146,11 +146,18 @@ class LlamaServer:
     """llama.cpp's own server (the peer that counts), built by ../shared/tools/build-llama-server.sh."""
 
     def __init__(
-        self, binary: str, parallel: int, ctx_size: int, threads: int, extra_args: tuple[str, ...] = ()
+        self,
+        binary: str,
+        parallel: int,
+        ctx_size: int,
+        threads: int,
+        extra_args: tuple[str, ...] = (),
+        model: str | Path | None = None,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [binary, "-m", str(bundled_model_path()), "--host", "127.0.0.1", "--port", str(self.port)]
+        path = str(model or bundled_model_path())
+        cmd = [binary, "-m", path, "--host", "127.0.0.1", "--port", str(self.port)]
         cmd += ["-np", str(parallel), "--kv-unified", "-c", str(ctx_size), "-t", str(threads), "--api-key", TOKEN]
         cmd += peer_repack_args() + list(extra_args)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -245,10 +252,11 @@ def session_arguments(
     peer: bool = True,
     repeats: int = 2,
     more: Callable[[argparse.ArgumentParser], None] | None = None,
+    sessions: int = 8,
 ) -> argparse.Namespace:
     """The options of the session benchmarks (conversations, agents, drafts), llama-server found if `peer`."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--sessions", type=int, default=sessions)
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--max-tokens", type=int, default=max_tokens)
     parser.add_argument("--repeats", type=int, default=repeats)

@@ -1,0 +1,112 @@
+"""Every chat family on the same footing: KV arithmetic against llama.cpp, sessions that fit, and the
+conversation workload against llama.cpp's server on the same file.
+
+For each family the project's tiny random-weight models cover (magnitude_jupyter/tiny_models.py,
+written with the family's own template so both servers render the same prompts), plus the bundled
+model: the KV bytes per cell the plan counts against the buffer llama.cpp reports, the sessions of
+8,192 tokens that fit in 1 GiB, and S sessions x R rounds of conversation (conversations.py's
+workload: each round resends the history) against `magnitude serve` and `llama-server --jinja`,
+one after the other: output tok/s and the share of prompt tokens each server took from its cache.
+
+    python benchmarks/model_matrix.py [--sessions 4] [--rounds 4] [--max-tokens 32] [--families a,b]
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from _common import LlamaServer, MagnitudeServer, session_arguments, table
+from conversations import run_workload
+
+from magnitude_jupyter.chat_formats import family_named
+from magnitude_jupyter.kvmath import kv_bytes_per_token
+from magnitude_jupyter.models import bundled_model_path, read_model_info
+from magnitude_jupyter.tiny_models import ARCHITECTURES, TinyShape, write_tiny_model
+
+CTX, PARALLEL = 8192, 8
+GIB = 1 << 30
+SESSION_CONTEXT = 8192
+# Wider than the tests' models, so a step does some arithmetic; still a few MB.
+SHAPE = TinyShape(layers=6, embedding=256, heads=8, kv_heads=4, head_dim=32, feed_forward=512, context=CTX)
+
+
+def models(folder: Path, kinds: list[str]) -> dict[str, Path]:
+    out = {"bundled (SmolLM2, ChatML)": bundled_model_path()}
+    for kind in kinds:
+        family = family_named(ARCHITECTURES[kind].family)
+        assert family is not None
+        out[f"tiny {kind} ({family.name})"] = write_tiny_model(
+            folder / f"tiny-{kind}.gguf", kind, template=family.template, shape=SHAPE
+        )
+    return out
+
+
+def main() -> None:
+    def more(parser) -> None:
+        parser.add_argument("--families", default=",".join(sorted(ARCHITECTURES)), help="tiny models to run")
+
+    args = session_arguments(__doc__, rounds=4, max_tokens=32, repeats=1, more=more, sessions=4)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="magnitude-matrix-") as tmp:
+        for name, path in models(Path(tmp), args.families.split(",")).items():
+            info = read_model_info(path)
+            bpt = kv_bytes_per_token(info, "f16")
+            ours = MagnitudeServer(parallel=PARALLEL, ctx_size=CTX, threads=args.threads, model=path)
+            try:
+                status = ours.client.status()
+                reported = status.get("kv_buffer_bytes_reported")
+                cells = status["kv_cells_total"]
+                run_ours = run_workload("magnitude serve", ours.url, args.sessions, args.rounds, args.max_tokens)
+            finally:
+                ours.close()
+            peer = LlamaServer(args.binary, PARALLEL, CTX, args.threads, ("--jinja",), model=path)
+            try:
+                run_peer = run_workload("llama-server", peer.url, args.sessions, args.rounds, args.max_tokens)
+            finally:
+                peer.close()
+            swa = f"{info.sliding_window} on {info.sliding_window_layers}/{info.layers}" if info.sliding_window else "-"
+            rows.append(
+                [
+                    name,
+                    swa,
+                    f"{bpt:,.0f}",
+                    f"{cells * bpt / 2**20:,.2f}",
+                    f"{reported / 2**20:,.2f}" if reported else "-",
+                    f"{GIB // (SESSION_CONTEXT * bpt):,.0f}",
+                    f"{run_ours.tokens_per_s:.1f}",
+                    f"{run_peer.tokens_per_s:.1f}",
+                    f"{run_ours.tokens_per_s / run_peer.tokens_per_s:.2f}×" if run_peer.tokens_per_s else "-",
+                    f"{run_ours.cached_tokens / max(1, run_ours.prompt_tokens):.0%}",
+                    f"{run_peer.cached_tokens / max(1, run_peer.prompt_tokens):.0%}",
+                    run_ours.errors + run_peer.errors,
+                ]
+            )
+    print(
+        f"{args.sessions} sessions x {args.rounds} rounds, {args.max_tokens} tokens per answer, greedy, "
+        f"{args.threads} threads, parallel {PARALLEL}, {CTX:,} cells (llama-server: -np {PARALLEL} --kv-unified "
+        f"-c {CTX} --jinja); tiny models: {SHAPE.layers} layers x {SHAPE.embedding}, random F32 weights"
+    )
+    print(
+        table(
+            [
+                "model",
+                "sliding window",
+                "KV bytes/cell",
+                "planned KV MiB",
+                "llama.cpp KV MiB",
+                "8k sessions in 1 GiB",
+                "ours tok/s",
+                "llama-server tok/s",
+                "ratio",
+                "ours cached",
+                "llama-server cached",
+                "errors",
+            ],
+            rows,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
