@@ -11,9 +11,10 @@ import click
 
 from .calibrate.options import click_options as calibrate_options
 from .cli_models import list_cmd, profiles_cmd, settings_or_exit
+from .cli_slo import slo_cmd
 from .config import ConfigError
 from .models import ModelNotFoundError
-from .settings_surface import engine_options, engine_overrides
+from .settings_surface import engine_options, engine_overrides, with_slo
 
 
 @click.group()
@@ -266,6 +267,7 @@ def serve(
     settings = settings_or_exit()
     try:
         overrides = engine_overrides(engine)
+        settings = with_slo(settings, engine)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     try:
@@ -453,6 +455,7 @@ def _save_profile(profile: Any, json_path: str | None, csv_path: str | None, htm
 
 main.add_command(list_cmd)
 main.add_command(profiles_cmd)
+main.add_command(slo_cmd)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

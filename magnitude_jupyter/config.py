@@ -265,6 +265,70 @@ class EngineSettings:
         return self.ctx_size
 
 
+@dataclass(frozen=True)
+class SloSettings:
+    """Service-level objectives, watched over a rolling window (slo.py): `slo:` in the config (and per
+    model under `models.<alias>.slo`), `magnitude serve --slo-...`, the extension's `slo_...` traitlets.
+    An objective left unset is not watched."""
+
+    ttft_p95_ms: float | None = field(
+        default=None, metadata=about("p95 time to first token, in ms, over the window.", "float|null")
+    )
+    e2e_p95_ms: float | None = field(
+        default=None, metadata=about("p95 time from arrival to the last token, in ms.", "float|null")
+    )
+    round_p95_ms: float | None = field(
+        default=None,
+        metadata=about(
+            "p95 end-to-end time of a conversation's later rounds (requests with an earlier answer).", "float|null"
+        ),
+    )
+    min_tokens_per_s: float | None = field(
+        default=None, metadata=about("Output tokens/s a request decodes at, for 95% of requests.", "float|null")
+    )
+    window: float = field(
+        default=300.0, metadata=about("The rolling window objectives are judged over: seconds or '5m'.", "duration")
+    )
+
+    def __post_init__(self) -> None:
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if item.name == "window":
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                    raise ConfigError(f"slo setting 'window' must be a positive duration, got {value!r}")
+            elif value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+                raise ConfigError(f"slo setting {item.name!r} must be a positive number or null, got {value!r}")
+
+    @property
+    def any(self) -> bool:
+        return any(getattr(self, name) is not None for name in SLO_OBJECTIVES)
+
+
+SLO_OBJECTIVES = ("ttft_p95_ms", "e2e_p95_ms", "round_p95_ms", "min_tokens_per_s")
+
+
+def parse_slo(raw: Any, where: str, base: SloSettings | None = None) -> SloSettings:
+    """An `slo:` mapping (over `base`, for a model's own objectives), checked; durations as in keep_alive."""
+    if raw is None:
+        return base or SloSettings()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a mapping of objectives")
+    known = {f.name for f in dataclasses.fields(SloSettings)}
+    unknown = set(raw) - known
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(known))})")
+    values = dict(raw)
+    if "window" in values:
+        try:
+            values["window"] = parse_keep_alive(values["window"])
+        except ValueError as exc:
+            raise ConfigError(f"{where}.window: {exc}") from None
+    try:
+        return dataclasses.replace(base or SloSettings(), **values)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
 BYTE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20}
 BYTE_UNITS |= {"g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
 
@@ -298,6 +362,7 @@ class ModelSettings:
 
     engine: dict[str, Any] = field(default_factory=dict)
     chat_template: str | None = None
+    slo: SloSettings | None = None  # its own objectives (over the server's), if the config gives any
 
 
 @dataclass(frozen=True)
@@ -313,13 +378,18 @@ class Settings:
     keep_alive: float = 300.0  # seconds an idle model stays loaded; -1: until it must make room
     memory_reserve_mib: int = 512  # memory a model load must leave free for everything else
     models: dict[str, ModelSettings] = field(default_factory=dict)
+    slo: SloSettings = field(default_factory=SloSettings)
 
     def model_settings(self, alias: str) -> ModelSettings:
         return self.models.get(alias.lower()) or ModelSettings()
 
+    def model_slo(self, alias: str) -> SloSettings:
+        """A model's objectives: its own where the config gives them, else the server's."""
+        return self.model_settings(alias).slo or self.slo
+
 
 ENGINE_KEYS = {f.name: f.type for f in dataclasses.fields(EngineSettings)}
-MODEL_KEYS = {f.name for f in dataclasses.fields(EngineSettings) if f.metadata["per_model"]} | {"chat_template"}
+MODEL_KEYS = {f.name for f in dataclasses.fields(EngineSettings) if f.metadata["per_model"]} | {"chat_template", "slo"}
 TOP_KEYS = {
     "default_model",
     "models_dir",
@@ -329,6 +399,7 @@ TOP_KEYS = {
     "keep_alive",
     "memory_reserve_mib",
     "models",
+    "slo",
 }
 DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -448,17 +519,19 @@ def load_settings(path: Path | None = None, environ: dict[str, str] | None = Non
     follow_links = raw.get("models_dir_follow_links", False)
     if not isinstance(follow_links, bool):
         raise ConfigError(f"{where}: key 'models_dir_follow_links' must be true or false")
+    slo = parse_slo(raw.get("slo"), f"{where}: key 'slo'")
     return Settings(
         default_model=default_model,
         models_dir=models_dir,
         models_dir_follow_links=follow_links,
         engine=engine,
         source=source,
-        **_pool_settings(raw, engine, where),
+        slo=slo,
+        **_pool_settings(raw, engine, where, slo),
     )
 
 
-def _pool_settings(raw: dict[str, Any], engine: EngineSettings, where: str) -> dict[str, Any]:
+def _pool_settings(raw: dict[str, Any], engine: EngineSettings, where: str, slo: SloSettings) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, least in (("max_loaded_models", 1), ("memory_reserve_mib", 0)):
         if key in raw:
@@ -484,7 +557,8 @@ def _pool_settings(raw: dict[str, Any], engine: EngineSettings, where: str) -> d
             raise ConfigError(
                 f"{where}: unknown key 'models.{alias}.{sorted(unknown)[0]}' (known: {', '.join(sorted(MODEL_KEYS))})"
             )
-        overrides = {k: v for k, v in entry.items() if k != "chat_template"}
+        overrides = {k: v for k, v in entry.items() if k not in ("chat_template", "slo")}
+        model_slo = parse_slo(entry["slo"], f"{where}: 'models.{alias}.slo'", slo) if "slo" in entry else None
         template = entry.get("chat_template")
         if template is not None and (not isinstance(template, str) or not template.strip()):
             raise ConfigError(f"{where}: 'models.{alias}.chat_template' must be a Jinja template (text)")
@@ -492,6 +566,6 @@ def _pool_settings(raw: dict[str, Any], engine: EngineSettings, where: str) -> d
             dataclasses.replace(engine, **overrides)  # validates each value
         except ConfigError as exc:
             raise ConfigError(f"{where}: models.{alias}: {exc}") from None
-        models[str(alias).lower()] = ModelSettings(engine=overrides, chat_template=template)
+        models[str(alias).lower()] = ModelSettings(engine=overrides, chat_template=template, slo=model_slo)
     out["models"] = models
     return out

@@ -15,7 +15,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .config import DEFAULT_CONFIG_PATH, DEFAULT_MODELS_DIR, ENV_OVERRIDES, KIND_PARSERS, EngineSettings, Settings
+from .config import (
+    DEFAULT_CONFIG_PATH,
+    DEFAULT_MODELS_DIR,
+    ENV_OVERRIDES,
+    KIND_PARSERS,
+    ConfigError,
+    EngineSettings,
+    Settings,
+    SloSettings,
+    parse_keep_alive,
+)
 
 
 @dataclass(frozen=True)
@@ -54,22 +64,72 @@ def engine_settings() -> list[Setting]:
     ]
 
 
+SLO_PREFIX = "slo_"
+
+
+def slo_settings() -> list[Setting]:
+    """The objectives' settings (`slo:` keys), named as their flags and traitlets are: `slo_<key>`."""
+    return [
+        Setting(
+            name=SLO_PREFIX + item.name,
+            kind=item.metadata["kind"],
+            default=item.default,
+            help=item.metadata["help"],
+            per_model=True,
+            env=None,
+            choices=None,
+        )
+        for item in dataclasses.fields(SloSettings)
+    ]
+
+
+def slo_overrides(values: dict[str, Any]) -> dict[str, Any]:
+    """The objectives given as flags or traitlets (`slo_<key>`), as `slo:` keys; a ValueError names the flag."""
+    out: dict[str, Any] = {}
+    for setting in slo_settings():
+        value = values.get(setting.name)
+        if value is None:
+            continue
+        key = setting.name.removeprefix(SLO_PREFIX)
+        try:
+            out[key] = parse_keep_alive(value) if key == "window" else float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{setting.flag}: {setting.help} Got {value!r}") from None
+    return out
+
+
+def with_slo(settings: Settings, values: dict[str, Any]) -> Settings:
+    """`settings` with the objectives given as flags or traitlets over the config's."""
+    overrides = slo_overrides(values)
+    if not overrides:
+        return settings
+    try:
+        return dataclasses.replace(settings, slo=dataclasses.replace(settings.slo, **overrides))
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
 # -- magnitude serve ---------------------------------------------------------------------------------
 
 
 def engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Click options for every engine setting (unset: the config file decides)."""
+    """Click options for every engine setting and objective (unset: the config file decides)."""
     import click
 
-    for setting in reversed(engine_settings()):
-        help_text = f"{setting.help} [engine.{setting.name}]"
+    for setting in reversed([*engine_settings(), *slo_settings()]):
+        section = (
+            f"slo.{setting.name.removeprefix(SLO_PREFIX)}"
+            if setting.name.startswith(SLO_PREFIX)
+            else f"engine.{setting.name}"
+        )
+        help_text = f"{setting.help} [{section}]"
         if setting.is_bool:
             negative = "--no-" + setting.flag[2:]
             option = click.option(f"{setting.flag}/{negative}", setting.name, default=None, help=help_text)
         elif setting.choices:
             option = click.option(setting.flag, setting.name, type=click.Choice(setting.choices), help=help_text)
         else:
-            kind = {"int": int, "float": float}.get(setting.kind, str)
+            kind = {"int": int, "float": float, "float|null": float}.get(setting.kind, str)
             option = click.option(setting.flag, setting.name, type=kind, default=None, help=help_text)
         command = option(command)
     return command
@@ -100,13 +160,15 @@ def engine_traits() -> dict[str, Any]:
     from traitlets import Bool, Float, Integer, Unicode, Union
 
     traits: dict[str, Any] = {}
-    for s in engine_settings():
+    for s in [*engine_settings(), *slo_settings()]:
         if s.is_bool:
             traits[s.name] = Bool(None, allow_none=True, config=True, help=s.help)
         elif s.kind == "int":
             traits[s.name] = Integer(None, allow_none=True, config=True, help=s.help)
-        elif s.kind == "float":
+        elif s.kind in ("float", "float|null"):
             traits[s.name] = Float(None, allow_none=True, config=True, help=s.help)
+        elif s.kind == "duration":
+            traits[s.name] = Union([Float(), Unicode()], default_value=None, allow_none=True, config=True, help=s.help)
         elif s.kind == "int|auto":
             traits[s.name] = Union(
                 [Integer(), Unicode()], default_value=None, allow_none=True, config=True, help=s.help
@@ -128,7 +190,8 @@ TOP_LEVEL = (
     ("max_loaded_models", "Models resident at once; the least recently used idle one makes room."),
     ("keep_alive", "Seconds (or '5m') an idle model stays loaded; -1: until its room is needed."),
     ("memory_reserve_mib", "Memory a model load must leave free for everything else."),
-    ("models", "Per model, by alias: engine settings that differ for it, and `chat_template`."),
+    ("models", "Per model, by alias: engine settings that differ for it, `chat_template` and `slo`."),
+    ("slo", "Service-level objectives, watched live (below)."),
     ("engine", "The engine settings below."),
 )
 SERVE_ONLY = (
@@ -225,6 +288,30 @@ def render_configuration() -> str:
         "`MAGNITUDE_RUNTIME_DIR`, `MAGNITUDE_PROFILES_DIR` and `MAGNITUDE_CACHE_DIR` (where runtime files, calibration",
         "profiles and the GGUF metadata cache live), `MAGNITUDE_ATTENTION_FILE` (the attention probe's results,",
         "`flash_attention: null`).",
+    ]
+    lines += [
+        "",
+        "## Service-level objectives",
+        "",
+        "Under `slo:` (and under a model's entry, `models.<alias>.slo:`, whose keys replace the server's for that",
+        "model); the flag and the traitlet `c.MagnitudeApp.slo_<key>` likewise. Each objective set is judged",
+        "live over the window: `/status` (`slo`), `/metrics` (`magnitude_slo_*`), `magnitude slo`.",
+        "",
+        "```yaml",
+        "slo:",
+        "  ttft_p95_ms: 2000",
+        "  e2e_p95_ms: 8000",
+        "  window: 5m",
+        "```",
+        "",
+        "| key | default | flag | what |",
+        "|---|---|---|---|",
+    ]
+    for s in slo_settings():
+        lines.append(
+            f"| `{s.name.removeprefix(SLO_PREFIX)}` | `{_default(s.default)}` | `{s.flag}` | {_cell(s.help)} |"
+        )
+    lines += [
         "",
         "## `magnitude serve` only",
         "",

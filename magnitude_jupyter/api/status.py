@@ -6,10 +6,12 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from ..engine import Engine
 from ..engine.pool import ModelPool, Resident
 from ..engine.runner import gpu_offload_supported
 from ..engine.stats import EngineStats
 from ..models import ModelEntry, file_sha256, read_model_info
+from ..slo import evaluate
 
 SETTINGS_SHOWN = (
     *("parallel", "ctx_size", "threads", "gpu_layers", "n_batch", "prefix_cache_ram_mib"),
@@ -73,6 +75,8 @@ def status_json(stats: EngineStats, pool: ModelPool | None = None) -> dict[str, 
         "recent": [asdict(r) for r in stats.recent],
     }
     if pool is not None:
+        engine = pool.status_engine(stats.model) if stats.state != "unloaded" else None
+        body["slo"] = slo_json(pool, engine, stats.model)
         body["default_model"] = pool.default_model
         body["models"] = [resident_json(pool, r) for r in pool.residents()]
         body["max_loaded_models"] = pool.settings.max_loaded_models
@@ -137,3 +141,10 @@ def pool_json(pool: ModelPool) -> list[dict[str, Any]]:
     """Every model, the default first (clients that know one model read the first)."""
     entries = sorted(pool.entries(), key=lambda e: e.alias != pool.default_model)
     return [model_json(pool, entry) for entry in entries]
+
+
+def slo_json(pool: ModelPool, engine: Engine | None, model: str) -> dict[str, Any]:
+    """A model's objectives and whether each holds now, over its rolling window (slo.py)."""
+    settings = pool.settings.model_slo(model)
+    states = evaluate(settings, engine.metrics.finished_since) if engine is not None else []
+    return {"window_s": settings.window, "objectives": [state.to_json() for state in states]}

@@ -295,6 +295,8 @@ class Engine:
             cache_scope=self._cache_scope(cache_salt, user),
             client=user,
             reasoning=splitter,
+            continues_conversation=isinstance(messages, list)
+            and any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages),
         )
         if arrival_time is not None:
             request.arrival_time = arrival_time

@@ -48,6 +48,21 @@ class StepCounts:
     step_seconds: float
 
 
+@dataclass(frozen=True)
+class Finished:
+    """One finished request's latencies, for objectives over a rolling window (slo.py)."""
+
+    at: float  # monotonic time it finished
+    outcome: str  # stop, length, cancelled or error
+    ttft_s: float | None
+    e2e_s: float
+    decode_tokens_per_s: float | None
+    round: bool  # it continued a conversation (its messages held an earlier answer)
+
+
+FINISHED_KEPT = 100_000  # finished requests remembered for rolling windows: memory stays bounded
+
+
 class EngineMetrics:
     def __init__(self, window_seconds: float = 10.0) -> None:
         self._lock = threading.Lock()
@@ -68,6 +83,7 @@ class EngineMetrics:
         self.ttft = Histogram()
         self.e2e = Histogram()
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated in that step)
+        self.finished: deque[Finished] = deque(maxlen=FINISHED_KEPT)  # newest last
         self.started = time.monotonic()
 
     def record_step(self, generated_tokens: int, now: float | None = None) -> None:
@@ -124,3 +140,24 @@ class EngineMetrics:
                 self.ttft.observe(request.first_token_time - request.arrival_time)
             if request.finished_time is not None:
                 self.e2e.observe(request.finished_time - request.arrival_time)
+                first = request.first_token_time
+                self.finished.append(
+                    Finished(
+                        at=request.finished_time,
+                        outcome=outcome,
+                        ttft_s=first - request.arrival_time if first is not None else None,
+                        e2e_s=request.finished_time - request.arrival_time,
+                        decode_tokens_per_s=request.timings().decode_tokens_per_s,
+                        round=request.continues_conversation,
+                    )
+                )
+
+    def finished_since(self, since: float) -> list[Finished]:
+        """The requests that finished at or after `since` (monotonic), oldest first."""
+        with self._lock:
+            out = []
+            for item in reversed(self.finished):
+                if item.at < since:
+                    break
+                out.append(item)
+        return out[::-1]

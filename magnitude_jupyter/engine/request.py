@@ -231,6 +231,7 @@ class Request:
     reasoning: ReasoningSplitter | None = None  # a thinking model's answer: its reasoning kept apart
     output_reasoning: str = ""
     reasoning_tokens: int = 0  # answer tokens generated inside a thinking block
+    continues_conversation: bool = False  # its messages hold an earlier answer: a round (slo.py)
 
     @property
     def cache_tokens(self) -> list[int]:

@@ -14,7 +14,7 @@ from traitlets import Bool, Integer, Unicode
 from ..api.errors import ApiError
 from ..config import EngineSettings, load_settings
 from ..engine.pool import ModelPool
-from ..settings_surface import engine_traits
+from ..settings_surface import engine_traits, slo_settings, with_slo
 from ..workshop import COPY_FOLDER, workshop_notebook
 from .handlers import DEFAULT_MAX_BODY_BYTES, MAX_BODY_KEY, ApiMixin, api_key_as_bearer
 from .routes import fallback_route, make_routes
@@ -80,7 +80,8 @@ class MagnitudeAppBase(ExtensionApp):
         overrides: dict[str, Any] = {
             name: getattr(self, name) for name in names if self.has_trait(name) and getattr(self, name) is not None
         }
-        self.pool = ModelPool(settings, self.model, overrides=overrides)
+        slo = {s.name: getattr(self, s.name) for s in slo_settings()}
+        self.pool = ModelPool(with_slo(settings, slo), self.model, overrides=overrides)
         self.settings.update({POOL_KEY: self.pool, MAX_BODY_KEY: self.max_body_bytes})
 
     def initialize_handlers(self) -> None:

@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from ..engine import Engine
 from ..engine.metrics import Histogram
 from ..engine.pool import ModelPool
+from ..slo import evaluate
 
 OUTCOMES = ("stop", "length", "cancelled", "error")
 
@@ -136,6 +137,35 @@ class PoolCollector:
         )
         for name, help_text, value in gauges:
             family(GaugeMetricFamily, name, help_text).add_metric([model], value)
+        self._slo(engine, model, family)
+
+    def _slo(self, engine: Engine, model: str, family: Callable[..., Any]) -> None:
+        """Each objective set for the model, judged over its rolling window (slo.py)."""
+        labels = ("model", "objective")
+        settings = self.pool.settings.model_slo(model)
+        window = family(GaugeMetricFamily, "magnitude_slo_window_seconds", "The window objectives are judged over.")
+        if settings.any:
+            window.add_metric([model], settings.window)
+        for state in evaluate(settings, engine.metrics.finished_since):
+            key = [model, state.name]
+            for name, help_text, value in (
+                ("magnitude_slo_objective", "The objective's limit (ms, or tokens/s for a rate).", state.objective),
+                ("magnitude_slo_current", "The window's p95 (p5 for a rate), where it has requests.", state.current),
+                (
+                    "magnitude_slo_compliance_ratio",
+                    "Share of the window's requests within the objective.",
+                    state.compliance,
+                ),
+                (
+                    "magnitude_slo_burn_rate",
+                    "Misses over the 5% the objective allows: above 1 it breaks.",
+                    state.burn_rate,
+                ),
+                ("magnitude_slo_requests", "Requests judged in the window.", state.requests),
+            ):
+                metric = family(GaugeMetricFamily, name, help_text, labels)
+                if value is not None:
+                    metric.add_metric(key, float(value))
 
 
 def make_registry(pool: ModelPool) -> CollectorRegistry:

@@ -1,0 +1,111 @@
+"""Service-level objectives: the rolling judgement against a direct computation, and the settings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from magnitude_jupyter.config import ConfigError, SloSettings, load_settings
+from magnitude_jupyter.engine.metrics import EngineMetrics, Finished
+from magnitude_jupyter.settings_surface import slo_overrides
+from magnitude_jupyter.slo import OBJECTIVES, evaluate, judge
+
+TTFT = next(o for o in OBJECTIVES if o.name == "ttft_p95_ms")
+RATE = next(o for o in OBJECTIVES if o.name == "min_tokens_per_s")
+
+
+def finished(at: float, ttft_ms: float, outcome: str = "stop", tok_s: float | None = 50.0, round_: bool = False):
+    return Finished(at, outcome, ttft_ms / 1000, ttft_ms / 1000 + 1.0, tok_s, round_)
+
+
+@given(st.lists(st.floats(min_value=1, max_value=10_000), min_size=1, max_size=200), st.floats(1, 10_000))
+def test_the_window_p95_and_compliance_are_a_direct_computation(ttfts, limit):
+    state = judge(TTFT, limit, [finished(i, t) for i, t in enumerate(ttfts)])
+    values = np.array(ttfts)
+    assert state.current == pytest.approx(round(float(np.percentile(values, 95)), 2), abs=0.01)
+    compliance = float(np.mean(values / 1000 * 1000 <= limit))
+    assert state.compliance == pytest.approx(compliance, abs=1e-4)
+    assert state.holds == (compliance >= 0.95)
+    assert state.burn_rate == pytest.approx((1 - compliance) / 0.05, abs=1e-2)
+
+
+def test_errors_and_requests_without_a_first_token_are_misses_and_a_rate_is_judged_on_its_slow_end():
+    window = [finished(0, 10), finished(1, 10, outcome="error"), Finished(2, "cancelled", None, 5.0, None, False)]
+    state = judge(TTFT, 100, window)
+    assert (state.requests, state.compliance, state.holds, state.color) == (3, round(1 / 3, 4), False, "red")
+    rates = [finished(i, 10, tok_s=float(v)) for i, v in enumerate(range(1, 101))]
+    slow = judge(RATE, 3.5, rates)
+    assert slow.current == pytest.approx(np.percentile(range(1, 101), 5)) and slow.compliance == 0.97
+    assert slow.holds and slow.color == "amber"  # holds, but 3% missing of the 5% allowed is over half
+    assert judge(RATE, 1, rates).color == "green"
+
+
+def test_only_the_window_counts_and_unset_objectives_are_not_judged():
+    metrics = EngineMetrics()
+    for i in range(10):
+        metrics.finished.append(finished(float(i), 1000 if i < 5 else 10))
+    settings = SloSettings(ttft_p95_ms=100, window=4.5)
+    [state] = evaluate(settings, metrics.finished_since, now=9.0)
+    assert (state.requests, state.holds) == (5, True)  # the five slow ones are older than the window
+    assert evaluate(SloSettings(), metrics.finished_since) == []
+
+
+def test_slo_settings_in_the_config_per_model_and_as_flags(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("slo:\n  ttft_p95_ms: 2000\n  window: 5m\nmodels:\n  big:\n    slo:\n      ttft_p95_ms: 9000\n")
+    settings = load_settings(path, environ={})
+    assert (settings.slo.ttft_p95_ms, settings.slo.window) == (2000, 300.0)
+    assert settings.model_slo("big").ttft_p95_ms == 9000 and settings.model_slo("big").window == 300.0
+    assert settings.model_slo("other") == settings.slo
+    for bad, words in (("slo:\n  ttft_p95: 1\n", "unknown key 'ttft_p95'"), ("slo:\n  e2e_p95_ms: -1\n", "e2e_p95_ms")):
+        path.write_text(bad)
+        with pytest.raises(ConfigError, match=words):
+            load_settings(path, environ={})
+    assert slo_overrides({"slo_ttft_p95_ms": "1500", "slo_window": "1m", "parallel": 4}) == {
+        "ttft_p95_ms": 1500.0,
+        "window": 60.0,
+    }
+
+
+@pytest.mark.model
+def test_a_server_judges_its_objectives_live_on_status_metrics_and_the_cli():
+    from click.testing import CliRunner
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from magnitude_jupyter.cli import main
+    from magnitude_jupyter.client import Client
+    from magnitude_jupyter.runtime import LocalServer
+
+    # One objective no answer can miss (from the flag), one every answer misses (from the config).
+    with LocalServer(
+        ("--parallel", "2", "--ctx-size", "1024", "--slo-ttft-p95-ms", "600000"),
+        token="slo-token",
+        config="slo:\n  e2e_p95_ms: 0.001\n  window: 10m\n",
+    ) as server:
+        client = Client(server.url, server.token)
+        assert [o["color"] for o in client.status()["slo"]["objectives"]] == ["grey", "grey"]
+        for _ in range(2):
+            client.chat([{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0)
+        slo = client.status()["slo"]
+        by_name = {o["name"]: o for o in slo["objectives"]}
+        assert slo["window_s"] == 600.0
+        assert (by_name["ttft_p95_ms"]["holds"], by_name["ttft_p95_ms"]["requests"]) == (True, 2)
+        assert (by_name["e2e_p95_ms"]["holds"], by_name["e2e_p95_ms"]["burn_rate"]) == (False, 20.0)
+
+        text = client._get("/metrics").text
+        samples = {
+            (s.name, s.labels.get("objective")): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name.startswith("magnitude_slo_")
+        }
+        assert samples[("magnitude_slo_objective", "e2e_p95_ms")] == 0.001
+        assert samples[("magnitude_slo_compliance_ratio", "e2e_p95_ms")] == 0.0
+        assert samples[("magnitude_slo_compliance_ratio", "ttft_p95_ms")] == 1.0
+        assert samples[("magnitude_slo_window_seconds", None)] == 600.0
+
+        result = CliRunner().invoke(main, ["slo", "--url", server.url, "--token", server.token])
+        assert result.exit_code == 1, result.output
+        assert "TTFT p95" in result.output and "BROKEN" in result.output
