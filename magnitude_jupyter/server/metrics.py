@@ -18,6 +18,13 @@ from ..engine.pool import ModelPool
 from ..slo import evaluate
 
 OUTCOMES = ("stop", "length", "cancelled", "error")
+SLO_GAUGES = (
+    ("magnitude_slo_objective", "The objective's limit (ms, or tokens/s for a rate)."),
+    ("magnitude_slo_current", "The window's p95 (p5 for a rate), where it has requests."),
+    ("magnitude_slo_compliance_ratio", "Share of the window's requests within the objective."),
+    ("magnitude_slo_burn_rate", "Misses over the 5% the objective allows: above 1 it breaks."),
+    ("magnitude_slo_requests", "Requests judged in the window."),
+)
 
 
 def _add_histogram(family: HistogramMetricFamily, model: str, hist: Histogram) -> None:
@@ -141,31 +148,17 @@ class PoolCollector:
 
     def _slo(self, engine: Engine, model: str, family: Callable[..., Any]) -> None:
         """Each objective set for the model, judged over its rolling window (slo.py)."""
-        labels = ("model", "objective")
         settings = self.pool.settings.model_slo(model)
         window = family(GaugeMetricFamily, "magnitude_slo_window_seconds", "The window objectives are judged over.")
         if settings.any:
             window.add_metric([model], settings.window)
+        # Every family is declared, objectives set or not: dashboards and rules find them on any server.
+        metrics = {name: family(GaugeMetricFamily, name, text, ("model", "objective")) for name, text in SLO_GAUGES}
         for state in evaluate(settings, engine.metrics.finished_since):
-            key = [model, state.name]
-            for name, help_text, value in (
-                ("magnitude_slo_objective", "The objective's limit (ms, or tokens/s for a rate).", state.objective),
-                ("magnitude_slo_current", "The window's p95 (p5 for a rate), where it has requests.", state.current),
-                (
-                    "magnitude_slo_compliance_ratio",
-                    "Share of the window's requests within the objective.",
-                    state.compliance,
-                ),
-                (
-                    "magnitude_slo_burn_rate",
-                    "Misses over the 5% the objective allows: above 1 it breaks.",
-                    state.burn_rate,
-                ),
-                ("magnitude_slo_requests", "Requests judged in the window.", state.requests),
-            ):
-                metric = family(GaugeMetricFamily, name, help_text, labels)
+            values = (state.objective, state.current, state.compliance, state.burn_rate, state.requests)
+            for (name, _), value in zip(SLO_GAUGES, values, strict=True):
                 if value is not None:
-                    metric.add_metric(key, float(value))
+                    metrics[name].add_metric([model, state.name], float(value))
 
 
 def make_registry(pool: ModelPool) -> CollectorRegistry:
