@@ -36,6 +36,20 @@ export interface StepCounts {
   step_seconds: number;
 }
 
+/** One service-level objective as the server judges it now (`/status`'s `slo.objectives`). */
+export interface ObjectiveState {
+  name: string;
+  what: string;
+  unit: string;
+  objective: number;
+  requests: number;
+  current: number | null;
+  compliance: number | null;
+  burn_rate: number | null;
+  holds: boolean | null;
+  color: 'green' | 'amber' | 'red' | 'grey';
+}
+
 export interface EngineStatus {
   model: string;
   default_model?: string;
@@ -62,6 +76,7 @@ export interface EngineStatus {
   requests?: RequestSummary[];
   recent?: RequestSummary[];
   steps?: StepCounts | null;
+  slo?: { window_s: number; objectives: ObjectiveState[] };
 }
 
 /** Share of the KV cache reserved by running requests, 0..100. */
@@ -155,6 +170,30 @@ export function formatMs(ms: number | null | undefined): string {
   return ms >= 1000 ? `${(ms / 1000).toFixed(1)} s` : `${Math.round(ms)} ms`;
 }
 
+/** One objective in words: what, its value now against its limit, and whether it holds. */
+export function objectiveLine(o: ObjectiveState): string {
+  const rate = o.unit === 'tok/s';
+  const value = (n: number) => (rate ? `${n.toFixed(1)} tok/s` : formatMs(n));
+  const now = o.current === null ? 'no requests yet' : value(o.current);
+  const within = o.compliance === null ? '' : ` · ${Math.round(o.compliance * 100)}% within`;
+  const verdict = o.holds === null ? '' : o.holds ? ' · holds' : ' · BROKEN';
+  return `${o.what}: ${now} (${rate ? '≥' : '≤'} ${value(o.objective)})${within}${verdict}`;
+}
+
+/** The objectives' worst colour: red if one is broken, amber if one has spent half its budget. */
+export function sloColor(status: Partial<EngineStatus> | null): ObjectiveState['color'] | null {
+  const objectives = status?.slo?.objectives ?? [];
+  if (!objectives.length) {
+    return null;
+  }
+  for (const color of ['red', 'amber', 'green'] as const) {
+    if (objectives.some(o => o.color === color)) {
+      return color;
+    }
+  }
+  return 'grey';
+}
+
 /** The status bar's one line. */
 export function statusLine(status: EngineStatus | null): string {
   if (!status) {
@@ -163,7 +202,13 @@ export function statusLine(status: EngineStatus | null): string {
   if (status.state !== 'ready') {
     return `Magnitude: ${status.state}`;
   }
-  return `${formatRate(status.recent_tokens_per_s)} · KV ${Math.round(kvPercent(status))}%`;
+  const line = `${formatRate(status.recent_tokens_per_s)} · KV ${Math.round(kvPercent(status))}%`;
+  const objectives = status.slo?.objectives ?? [];
+  const broken = objectives.filter(o => o.holds === false).length;
+  if (!objectives.length) {
+    return line;
+  }
+  return `${line} · SLO ${broken ? `${broken} broken` : 'ok'}`;
 }
 
 /** Keep the last `size` values (a rolling window for the sparkline). */

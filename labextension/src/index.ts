@@ -10,7 +10,7 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Poll } from '@lumino/polling';
 
-import { EngineStatus, chosenModel, pushHistory, statusLine } from './format';
+import { EngineStatus, chosenModel, pushHistory, sloColor, statusLine } from './format';
 import { MagnitudePanel, MagnitudeStatusItem } from './panel';
 
 const POLL_MS = 1000;
@@ -83,7 +83,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
           picked = chosenModel(picked, status); // a model that was unloaded: back to the default
           history = pushHistory(history, status.recent_tokens_per_s);
           panel.render(status, history);
-          item.setText(statusLine(status));
+          item.setText(statusLine(status), sloColor(status));
         } catch (reason) {
           panel.render(null, history, String((reason as Error).message ?? reason));
           item.setText(statusLine(null));

@@ -11,6 +11,7 @@ import {
   formatMs,
   formatRate,
   kvLine,
+  objectiveLine,
   kvShares,
   residentLine,
   sparklinePoints,
@@ -48,6 +49,7 @@ export class MagnitudePanel extends Widget {
   private readonly modelSelect: HTMLSelectElement;
   private readonly residents: HTMLElement;
   private readonly loadButton: HTMLButtonElement;
+  private readonly objectives: HTMLElement;
 
   constructor(private readonly actions: PanelActions) {
     super();
@@ -108,6 +110,11 @@ export class MagnitudePanel extends Widget {
     svg.appendChild(this.spark);
     this.node.appendChild(svg);
 
+    // Service-level objectives, as the server judges them over its window (slo: in the config).
+    this.node.appendChild(el('h3', 'mg-subtitle', 'Objectives'));
+    this.objectives = el('ul', 'mg-objectives');
+    this.node.appendChild(this.objectives);
+
     const calibrate = el('button', 'jp-Button mg-open-calibration', 'Open the calibration notebook');
     calibrate.onclick = () => void this.actions.openCalibration();
     this.node.appendChild(calibrate);
@@ -151,6 +158,20 @@ export class MagnitudePanel extends Widget {
     this.spark.setAttribute('points', sparklinePoints(history, SPARK_W, SPARK_H));
     this.renderList(this.running, status.requests ?? [], true);
     this.renderList(this.recent, status.recent ?? [], false);
+    this.renderObjectives(status);
+  }
+
+  private renderObjectives(status: EngineStatus): void {
+    const objectives = status.slo?.objectives ?? [];
+    if (!objectives.length) {
+      this.objectives.replaceChildren(el('li', 'mg-objective mg-slo-none', 'none set (slo: in the config)'));
+      return;
+    }
+    const window = `over the last ${Math.round(status.slo?.window_s ?? 0)} s`;
+    this.objectives.title = window;
+    this.objectives.replaceChildren(
+      ...objectives.map(o => el('li', `mg-objective mg-slo-${o.color}`, objectiveLine(o)))
+    );
   }
 
   private renderModels(status: EngineStatus): void {
@@ -198,7 +219,10 @@ export class MagnitudeStatusItem extends Widget {
     this.node.textContent = 'Magnitude';
   }
 
-  setText(line: string): void {
+  setText(line: string, color: string | null = null): void {
     this.node.textContent = line;
+    for (const c of ['green', 'amber', 'red', 'grey']) {
+      this.node.classList.toggle(`mg-slo-${c}`, c === color);
+    }
   }
 }

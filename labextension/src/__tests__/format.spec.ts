@@ -7,8 +7,10 @@ import {
   kvShares,
   formatRate,
   kvPercent,
+  objectiveLine,
   pushHistory,
   residentLine,
+  sloColor,
   sparklinePoints,
   stateLine,
   statusLine,
@@ -128,5 +130,49 @@ describe('many models', () => {
   it('says in words that a model not yet loaded loads on the first request', () => {
     expect(stateLine('unloaded')).toBe('no model loaded yet (loads on the first request)');
     expect(stateLine('ready')).toBe('ready');
+  });
+});
+
+describe('objectives', () => {
+  const ttft = {
+    name: 'ttft_p95_ms',
+    what: 'TTFT p95',
+    unit: 'ms',
+    objective: 2000,
+    requests: 40,
+    current: 850,
+    compliance: 0.99,
+    burn_rate: 0.2,
+    holds: true,
+    color: 'green' as const
+  };
+  const rate = {
+    ...ttft,
+    name: 'min_tokens_per_s',
+    what: 'output tok/s (p5)',
+    unit: 'tok/s',
+    objective: 10,
+    current: 7.25,
+    compliance: 0.8,
+    burn_rate: 4,
+    holds: false,
+    color: 'red' as const
+  };
+
+  it('says each objective in words, against its limit', () => {
+    expect(objectiveLine(ttft)).toBe('TTFT p95: 850 ms (≤ 2.0 s) · 99% within · holds');
+    expect(objectiveLine(rate)).toBe('output tok/s (p5): 7.3 tok/s (≥ 10.0 tok/s) · 80% within · BROKEN');
+    expect(objectiveLine({ ...ttft, current: null, compliance: null, holds: null, color: 'grey' })).toBe(
+      'TTFT p95: no requests yet (≤ 2.0 s)'
+    );
+  });
+
+  it('colours the status bar by the worst objective and counts the broken ones', () => {
+    const status = { ...ready, slo: { window_s: 300, objectives: [ttft, rate] } };
+    expect(sloColor(status)).toBe('red');
+    expect(sloColor({ slo: { window_s: 300, objectives: [ttft] } })).toBe('green');
+    expect(sloColor(ready)).toBeNull();
+    expect(statusLine(status)).toBe('57.3 tok/s · KV 25% · SLO 1 broken');
+    expect(statusLine({ ...ready, slo: { window_s: 300, objectives: [ttft] } })).toBe('57.3 tok/s · KV 25% · SLO ok');
   });
 });
