@@ -301,6 +301,13 @@ def serve(
     default=None,
     help="Compare KV cache types (e.g. f16,q8_0,q4_0): an engine of each, in this process, one after the other.",
 )
+@click.option(
+    "--apply",
+    "apply_changes",
+    is_flag=True,
+    help="Write the recommended parallel, queue limit and objectives into the config file (a diff is shown first).",
+)
+@click.option("--yes", is_flag=True, help="With --apply: write without asking.")
 def calibrate(
     url: str | None,
     token: str | None,
@@ -311,6 +318,8 @@ def calibrate(
     max_regression: str,
     no_archive: bool,
     cache_types: str | None,
+    apply_changes: bool,
+    yes: bool,
     **values: Any,
 ) -> None:
     """Sweep concurrency against a server and print throughput, latency and capacity.
@@ -382,8 +391,32 @@ def calibrate(
         raise click.ClickException(str(exc)) from exc
     click.echo(format_profile(profile))
     _save_profile(profile, json_path, csv_path, html_path)
+    if apply_changes:
+        _apply(profile, yes)
     if _archive_and_compare(profile, baseline, bound, no_archive):
         sys.exit(1)
+
+
+def _apply(profile: Any, yes: bool) -> None:
+    """Show what the calibration recommends as a diff of the config file, and write it (asked first)."""
+    from .calibrate.apply import config_diff, recommendations
+    from .config import config_path
+
+    changes = recommendations(profile)
+    if not changes["engine"]:
+        click.echo("--apply: nothing to write: no concurrency met the latency target", err=True)
+        return
+    path = config_path()
+    new, diff = config_diff(path, changes)
+    if not diff:
+        click.echo(f"--apply: {path} already holds the recommended settings", err=True)
+        return
+    click.echo(diff)
+    if not yes and not click.confirm(f"write these changes to {path}?", default=False):
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(new)
+    click.echo(f"wrote {path}: restart magnitude serve (or JupyterLab) to run with it", err=True)
 
 
 def _calibrate_cache_types(

@@ -308,3 +308,33 @@ def test_no_sweep_sends_a_prompt_again_across_levels_or_runs(mode):
     for _ in range(2):
         run_sweep(client, config)
     assert len(client.sent) == 24 and len({json.dumps(messages) for messages in client.sent}) == 24
+
+
+def test_apply_writes_the_recommendation_into_the_config_as_a_diff(tmp_path):
+    from magnitude_jupyter.calibrate.apply import config_diff, recommendations
+    from magnitude_jupyter.config import load_settings
+
+    levels = [level(1, 60, e2e_p95=900, ttft_p95=120), level(4, 120, e2e_p95=1500, ttft_p95=410)]
+    summary = summarize_levels(levels, {"ctx_size": 4096}, {"trained_context": 8192}, latency_target_ms=2000)
+    profile = Profile(machine={}, server={}, model={"id": "m"}, engine={}, config={}, levels=levels, summary=summary)
+    changes = recommendations(profile)
+    assert changes == {"engine": {"parallel": 4, "max_waiting": 8}, "slo": {"e2e_p95_ms": 2000.0, "ttft_p95_ms": 650.0}}
+    path = tmp_path / "config.yaml"
+    path.write_text("default_model: smollm2-135m\nengine:\n  parallel: 16\n  cache_type: q8_0\n")
+    new, diff = config_diff(path, changes)
+    assert "-  parallel: 16\n" in diff and "+  parallel: 4\n" in diff and "+  ttft_p95_ms: 650.0\n" in diff
+    path.write_text(new)
+    settings = load_settings(path, environ={})
+    assert (settings.engine.parallel, settings.engine.max_waiting, settings.engine.cache_type) == (4, 8, "q8_0")
+    assert (settings.slo.e2e_p95_ms, settings.slo.ttft_p95_ms) == (2000.0, 650.0)
+    assert config_diff(path, changes)[1] == ""  # applied twice: nothing left to change
+    none_met = Profile(
+        machine={},
+        server={},
+        model={},
+        engine={},
+        config={},
+        levels=levels,
+        summary=summarize_levels(levels, {}, {}, latency_target_ms=100),
+    )
+    assert recommendations(none_met) == {"engine": {}, "slo": {}}
