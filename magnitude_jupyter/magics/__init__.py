@@ -98,7 +98,7 @@ class MagnitudeMagics(Magics):
             case Help():
                 print(help_text())
             case Status():
-                server_commands.status(session)
+                server_commands.status(session, args)
             case ListModels():
                 server_commands.list_models(session)
             case Use():

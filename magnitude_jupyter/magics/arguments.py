@@ -158,7 +158,8 @@ class Help(LineArgs):
 @dataclass(frozen=True)
 class Status(LineArgs):
     name = "status"
-    summary = "the server's engine figures"
+    summary = "the server in a few lines: model, slots, queue, KV cache, tokens/s, cache hits, objectives"
+    json: bool = arg("--json", default=False, help="the server's whole /status object instead")
 
 
 @dataclass(frozen=True)

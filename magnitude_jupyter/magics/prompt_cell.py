@@ -113,7 +113,7 @@ def prompt_cell(session: NotebookSession, args: CellArgs, cell: str) -> None:
     bundle = answer_bundle(result)
     if args.format == "markdown":
         bundle.pop("text/html", None)  # the reasoning folded above the rendered answer instead
-        bundle["text/markdown"] = (reasoning_html(result) + "\n\n" if result.reasoning else "") + result.text
+        bundle["text/markdown"] = (reasoning_html(result) + "\n\n" if result.reasoning else "") + shown_text(result)
     elif args.format == "code":
         answer = strip_fences(result.text)
         session.shell.set_next_input(answer, replace=False)
@@ -140,16 +140,24 @@ def stream_answer(client: Client, messages: list[dict[str, Any]], body: dict[str
     return result
 
 
+CUT_MARK = " … (max tokens)"  # shown after an answer cut at --max-tokens, never kept in the variable
+
+
 def answer_bundle(result: StreamResult) -> dict[str, str]:
-    """The answer as the cell shows it; a thinking model's reasoning folded away above it (HTML), or
-    counted in a line (plain text)."""
+    """The answer as the cell shows it: marked where --max-tokens cut it; a thinking model's reasoning
+    folded away above it (HTML), or counted in a line (plain text)."""
+    text = shown_text(result)
     if not result.reasoning:
-        return {"text/plain": result.text}
+        return {"text/plain": text}
     words = len(result.reasoning.split())
     return {
-        "text/plain": f"[reasoning: {words:,} words]\n{result.text}",
-        "text/html": reasoning_html(result) + f"<pre>{html.escape(result.text)}</pre>",
+        "text/plain": f"[reasoning: {words:,} words]\n{text}",
+        "text/html": reasoning_html(result) + f"<pre>{html.escape(text)}</pre>",
     }
+
+
+def shown_text(result: StreamResult) -> str:
+    return result.text + (CUT_MARK if result.finish_reason == "length" else "")
 
 
 def reasoning_html(result: StreamResult) -> str:

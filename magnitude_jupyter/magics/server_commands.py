@@ -4,17 +4,44 @@ notebook's cells talk to."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from IPython.display import display
 
 from ..client import Client
-from .arguments import Connect, Use
+from .arguments import Connect, Status, Use
 from .session import NotebookSession
 
 
-def status(session: NotebookSession) -> None:
+def status(session: NotebookSession, args: Status) -> None:
     figures = session.call(session.client.status)
-    display({"text/plain": json.dumps(figures, indent=2), "application/json": figures}, raw=True)
+    if args.json:
+        display({"text/plain": json.dumps(figures, indent=2), "application/json": figures}, raw=True)
+        return
+    print("\n".join(status_lines(figures)))
+
+
+def status_lines(status: dict[str, Any]) -> list[str]:
+    """A server's /status in a few lines a participant can read (a non-magnitude server: what it says)."""
+    if "kv_cells_total" not in status:
+        return [json.dumps(status)]
+    lines = [f"model      {status.get('model')} ({status.get('state')})"]
+    running, parallel, waiting = (int(status.get(k) or 0) for k in ("running", "parallel", "waiting"))
+    lines.append(f"slots      {running} of {parallel} in use, {waiting} waiting")
+    total, used = status.get("kv_cells_total") or 0, status.get("kv_cells_used") or 0
+    share = f" ({used / total:.0%})" if total else ""
+    lines.append(f"KV cache   {used:,} of {total:,} cells hold tokens{share}")
+    speed, generated = status.get("recent_tokens_per_s") or 0, int(status.get("generated_tokens_total") or 0)
+    lines.append(f"speed      {speed:.1f} tokens/s now, {generated:,} generated")
+    rate = status.get("prefix_cache_hit_rate")
+    hits = f"{rate:.0%} of prompt tokens came from the cache" if rate is not None else "no prompts looked up yet"
+    lines.append(f"cache      {hits}")
+    objectives = (status.get("slo") or {}).get("objectives") or []
+    for o in objectives:
+        verdict = {True: "holds", False: "BROKEN", None: "no requests yet"}[o.get("holds")]
+        now = "-" if o.get("current") is None else f"{o['current']:,.0f}"
+        lines.append(f"objective  {o['what']} {now} {o['unit']} (limit {o['objective']:,.0f}): {verdict}")
+    return lines
 
 
 def list_models(session: NotebookSession) -> None:
