@@ -142,7 +142,9 @@ def test_notebook_use_compare_and_batch_compare(connected, tmp_path):
     assert answer.metadata["magnitude"]["model"] == SECOND_MODEL, "the cell after `use` asks the chosen model"
     listed = text_outputs(nb.cells[3]).splitlines()
     assert f"* {SECOND_MODEL}  (loaded" in "\n".join(listed)
-    assert any(line.startswith("  smollm2-135m") for line in listed)
+    # The notebook's model is starred; the server's default is named as the panel names it.
+    assert any(line.startswith("  smollm2-135m  (server default") for line in listed)
+    assert listed[-1] == f"(* this notebook's cells use {SECOND_MODEL}: %magnitude use)"
     (table,) = [o for o in nb.cells[4].outputs if o.output_type == "display_data"]
     html = table.data["text/html"]
     assert html.count("<th>smollm2-135m</th>") == 1 and f"<th>{SECOND_MODEL}</th>" in html and "TTFT" in html

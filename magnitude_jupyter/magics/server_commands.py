@@ -45,16 +45,28 @@ def status_lines(status: dict[str, Any]) -> list[str]:
 
 
 def list_models(session: NotebookSession) -> None:
+    """The server's models: `*` marks the one this notebook's cells use (%magnitude use), and the
+    server's default says so in words, as the panel does."""
     models = session.call(session.client.models)
-    chosen = session.model or next((m["id"] for m in models if m.get("default")), None)
+    default = next((m["id"] for m in models if m.get("default")), None)
+    chosen = session.model or default
     for model in models:
         mark = "*" if model["id"] == (chosen or model["id"]) else " "
-        resident = ""
+        notes = []
+        if model["id"] == default and "default" in model:
+            notes.append("server default")
         if "loaded" in model:  # a magnitude server says which models are in memory
             memory = (model.get("memory") or {}).get("resident")
-            held = f", {memory / 2**20:,.0f} MiB" if memory else ""
-            resident = f"  (loaded{held})" if model["loaded"] else "  (not loaded)"
-        print(f"{mark} {model['id']}{resident}")
+            notes.append(
+                f"loaded, {memory / 2**20:,.0f} MiB"
+                if model["loaded"] and memory
+                else "loaded"
+                if model["loaded"]
+                else "not loaded"
+            )
+        print(f"{mark} {model['id']}" + (f"  ({'; '.join(notes)})" if notes else ""))
+    if session.model:
+        print(f"(* this notebook's cells use {session.model}: %magnitude use)")
 
 
 def use(session: NotebookSession, args: Use) -> None:
