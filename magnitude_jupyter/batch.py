@@ -260,10 +260,13 @@ def _score_row(
     return {"error": f"failed after {opts.retry + 1} attempts: {last_error}"}
 
 
-def score_dataframe(df: pd.DataFrame, template: str, client: ChatClient | None = None, **options: Any) -> pd.DataFrame:
+def score_dataframe(
+    df: pd.DataFrame, template: str, client: ChatClient | None = None, origin: str = "batch", **options: Any
+) -> pd.DataFrame:
     """A new DataFrame (the input untouched, its index kept) with the answers and per-row figures.
 
-    Options are `BatchOptions` fields. Rows go out with the engine's batch priority, so interactive
+    Options are `BatchOptions` fields; `origin` names the batch in the server's panel, each row as
+    "ORIGIN · row INDEX". Rows go out with the engine's batch priority, so interactive
     cells stay responsive while a batch runs. A dask DataFrame is scored on the Dask workers' own
     engines by `dask.score_dask_dataframe` (dask builds on this module, never the other way).
     """
@@ -299,7 +302,14 @@ def score_dataframe(df: pd.DataFrame, template: str, client: ChatClient | None =
     inflight: dict[int, str] = {}
     bar = tqdm(total=len(df), initial=len(results), desc="magnitude batch", unit="row", disable=not opts.progress)
     pool = ThreadPoolExecutor(max_workers=opts.concurrency, thread_name_prefix="magnitude-batch")
-    futures: dict[Future, Any] = {pool.submit(_score_row, worker, *requests[i], opts, stop, inflight): i for i in todo}
+
+    def submit(i: Any) -> Future:
+        messages, body = requests[i]
+        return pool.submit(
+            _score_row, worker, messages, {**body, "origin": f"{origin} · row {i}"}, opts, stop, inflight
+        )
+
+    futures: dict[Future, Any] = {submit(i): i for i in todo}
     interrupted = False
     collected: set[Any] = set()
     shown_errors = 0  # for the bar; the count returned is recounted from the results

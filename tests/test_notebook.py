@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from magnitude_jupyter.client import Client
 from magnitude_jupyter.magics.prompt_cell import CUT_MARK
 
 from .notebook_helpers import run_notebook, text_outputs
@@ -39,6 +40,10 @@ def test_prompt_streams_interpolates_and_stores(connected, tmp_path):
     assert len(meta["model_sha256"]) == 64 and meta["timings"]["ttft_ms"] > 0
     printed = text_outputs(nb.cells[3]).splitlines()
     assert printed[1] == "True"
+    # The panel names the cell each request came from (nbclient gives no notebook path: "notebook").
+    recent = Client(connected.url, connected.token).status()["recent"]
+    cells = {r["origin"] for r in recent if (r.get("origin") or "").startswith("notebook · cell ")}
+    assert len(cells) >= 2  # the two %%magnitude cells, each by its execution number
     # The stored answer is what the cell showed, less the mark of an answer --max-tokens cut.
     cut = CUT_MARK if meta["finish_reason"] == "length" else ""
     assert display.data["text/plain"] == eval(printed[0]) + cut

@@ -13,6 +13,17 @@ export interface RequestSummary {
   finish_reason?: string;
   ttft_ms?: number | null;
   total_ms?: number | null;
+  origin?: string | null;
+}
+
+/** One request in the panel's Running or Recent list, led by where it came from (a notebook cell, a
+ * batch row, a calibration level, an API client's user) where its client said. */
+export function requestLine(item: RequestSummary, running: boolean): string {
+  const tokens = `${item.completion_tokens} token${item.completion_tokens === 1 ? '' : 's'}`;
+  const what = running
+    ? `${item.status} · ${item.priority} · ${tokens}`
+    : `${item.finish_reason} · TTFT ${formatMs(item.ttft_ms)} · ${tokens}`;
+  return item.origin ? `${item.origin} · ${what}` : what;
 }
 
 /** A model resident on the server (`/status`'s `models`). */

@@ -8,10 +8,10 @@ import {
   EngineStatus,
   RequestSummary,
   cacheLine,
-  formatMs,
   formatRate,
   kvLine,
   objectiveLine,
+  requestLine,
   kvShares,
   residentLine,
   sparklinePoints,
@@ -196,10 +196,7 @@ export class MagnitudePanel extends Widget {
     list.replaceChildren(
       ...items.slice(0, 10).map(item => {
         const row = el('li', 'mg-request');
-        const text = cancellable
-          ? `${item.status} · ${item.priority} · ${item.completion_tokens} tokens`
-          : `${item.finish_reason} · TTFT ${formatMs(item.ttft_ms)} · ${item.completion_tokens} tokens`;
-        row.appendChild(el('span', 'mg-request-text', text));
+        row.appendChild(el('span', 'mg-request-text', requestLine(item, cancellable)));
         if (cancellable) {
           const cancel = el('button', 'jp-Button mg-cancel', 'cancel');
           cancel.onclick = () => this.actions.cancel(item.id);

@@ -41,6 +41,7 @@ class GenerationRequest:
     cache_salt: str | None = None
     user: str | None = None
     thinking: Thinking = field(default_factory=Thinking)
+    origin: str | None = None
 
     @property
     def logprobs(self) -> bool:
@@ -80,6 +81,7 @@ COMMON_FIELDS = {
     "keep_alive",  # Ollama's: how long the model stays loaded once idle ("5m", seconds, 0 = unload now)
     "user",  # an end-user id: it changes nothing in the answer (with prefix_cache_scope: user, it scopes the cache)
     "cache_salt",  # vLLM's: the prefix cache shares entries only between requests of the same salt
+    "origin",  # ours: where the request came from (a notebook cell, a batch row), shown in the panel
 }
 CHAT_FIELDS = COMMON_FIELDS | {
     "messages",
@@ -314,9 +316,10 @@ def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
         except ValueError as exc:
             raise bad_param("keep_alive", str(exc)) from None
 
-    cache_salt, user = _short_string(data, "cache_salt"), _short_string(data, "user")
+    cache_salt, user, origin = (_short_string(data, name) for name in ("cache_salt", "user", "origin"))
     thinking = _thinking(data) if kind == "chat" else Thinking()
     return GenerationRequest(
+        origin=origin,
         thinking=thinking,
         cache_salt=cache_salt,
         user=user,

@@ -165,8 +165,9 @@ def messages_for(config: SweepConfig, index: int) -> list[dict[str, str]]:
     ]
 
 
-def one_request(client: Client, config: SweepConfig, index: int = 0) -> Sample:
-    body: dict[str, Any] = {"max_tokens": config.max_tokens, "temperature": config.temperature}
+def one_request(client: Client, config: SweepConfig, index: int = 0, origin: str = "calibration") -> Sample:
+    """One timed request; `origin` names it in the server's panel (magnitude's; others ignore it)."""
+    body: dict[str, Any] = {"max_tokens": config.max_tokens, "temperature": config.temperature, "origin": origin}
     if config.ignore_eos:
         body["ignore_eos"] = True
     if config.model:
@@ -292,7 +293,7 @@ def run_closed_level(
 
     def worker() -> None:
         while (index := take()) is not None:
-            sample = one_request(client, config, index)
+            sample = one_request(client, config, index, f"calibration · {concurrency} clients")
             with lock:
                 samples.append(sample)
 
@@ -328,7 +329,7 @@ def run_open_level(
     threads = []
 
     def fire(index: int) -> None:
-        sample = one_request(client, config, index)
+        sample = one_request(client, config, index, f"calibration · {rate:g} requests/s")
         with lock:
             samples.append(sample)
 
@@ -361,7 +362,7 @@ def run_sweep(
     for i in range(config.warmup_requests):
         if stop.is_set():
             break
-        one_request(client, config, -1 - i)
+        one_request(client, config, -1 - i, "calibration · warm-up")
     levels: list[Level] = []
     # Every run its own prompts too (and every level, below): a second calibration of the same server
     # must not find the first's prompts in its prefix cache, nor their greedy answers remembered (drafts).

@@ -251,6 +251,7 @@ class Engine:
         cache_salt: str | None = None,
         user: str | None = None,
         thinking: Thinking | None = None,
+        origin: str | None = None,
     ) -> Request:
         """Queue one generation; returns at once. Raises ValueError (bad input), PromptTooLongError,
         OverloadedError or EngineError; never blocks on the model. `arrival_time` (monotonic) and
@@ -294,6 +295,7 @@ class Engine:
             tool_form=tool_form,
             cache_scope=self._cache_scope(cache_salt, user),
             client=user,
+            origin=origin,
             reasoning=splitter,
             continues_conversation=isinstance(messages, list)
             and any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages),

@@ -232,6 +232,7 @@ class Request:
     output_reasoning: str = ""
     reasoning_tokens: int = 0  # answer tokens generated inside a thinking block
     continues_conversation: bool = False  # its messages hold an earlier answer: a round (slo.py)
+    origin: str | None = None  # where it came from, as its client says (a notebook cell, a batch row...)
 
     @property
     def cache_tokens(self) -> list[int]:

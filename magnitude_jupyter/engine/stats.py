@@ -22,10 +22,12 @@ class LiveRequest:
     prompt_tokens: int
     completion_tokens: int
     age_s: float
+    origin: str | None = None  # where it came from: a notebook cell, a batch row, a calibration level, a user
 
     @classmethod
     def of(cls, request: Request, now: float) -> LiveRequest:
         return cls(
+            origin=request.origin or request.client,
             id=request.request_id,
             status="preempted" if request.preempted_time is not None else request.status.name.lower(),
             priority=request.priority.name.lower(),
@@ -46,11 +48,13 @@ class FinishedRequest:
     completion_tokens: int
     ttft_ms: float | None
     total_ms: float | None
+    origin: str | None = None
 
     @classmethod
     def of(cls, request: Request) -> FinishedRequest:
         timings = request.timings()
         return cls(
+            origin=request.origin or request.client,
             id=request.request_id,
             finish_reason=request.finish_reason.value if request.finish_reason else "unknown",
             priority=request.priority.name.lower(),

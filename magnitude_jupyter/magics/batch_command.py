@@ -40,7 +40,8 @@ def batch_command(
                 options.pop("model", None)
                 result = compare_dataframe(df, template, parse_model_list(compare), client=session.client, **options)
             else:
-                result = score_dataframe(df, template, client=session.client, **options)
+                origin = session.origin(df_name)
+                result = score_dataframe(df, template, client=session.client, origin=origin, **options)
                 print("magnitude: " + summary_line(result, options.get("checkpoint")))
         except (BatchError, ValueError) as exc:
             raise MagnitudeError(str(exc)) from None

@@ -61,6 +61,7 @@ def request_body(session: NotebookSession, args: CellArgs, conversation: Convers
         if args.ignore_eos:
             body["ignore_eos"] = True
         body["priority"] = "interactive"
+        body["origin"] = session.origin()  # the panel names the cell
     return body
 
 

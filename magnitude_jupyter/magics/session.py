@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import string
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -23,6 +24,14 @@ class NotebookSession:
         self.model: str | None = None
         self.chats = Conversations()
         self.cell_key = ""  # the cell running now: its id from JupyterLab, else its text (pre_run_cell)
+
+    def origin(self, what: str = "") -> str:
+        """Where this cell's requests come from, for the panel: the notebook (its path, as Jupyter
+        tells its kernels), the cell's execution number, and `what` within it (a batch row...)."""
+        notebook = os.path.basename(os.environ.get("JPY_SESSION_NAME", "")) or "notebook"
+        count = getattr(self.shell, "execution_count", None)
+        where = f"{notebook} · cell {count}" if count else notebook
+        return f"{where} · {what}" if what else where
 
     @property
     def user_ns(self) -> dict[str, Any]:

@@ -216,6 +216,7 @@ class GenerationHandler(ApiMixin):
             cache_salt=req.cache_salt,
             user=req.user,
             thinking=req.thinking,
+            origin=req.origin,
         )
 
     async def post(self) -> None:

@@ -9,6 +9,7 @@ import {
   kvPercent,
   objectiveLine,
   pushHistory,
+  requestLine,
   residentLine,
   sloColor,
   sparklinePoints,
@@ -174,5 +175,17 @@ describe('objectives', () => {
     expect(sloColor(ready)).toBeNull();
     expect(statusLine(status)).toBe('57.3 tok/s · KV 25% · SLO 1 broken');
     expect(statusLine({ ...ready, slo: { window_s: 300, objectives: [ttft] } })).toBe('57.3 tok/s · KV 25% · SLO ok');
+  });
+});
+
+describe('requestLine', () => {
+  it('leads with where the request came from', () => {
+    const running = { id: 'a', status: 'running', priority: 'batch', prompt_tokens: 9, completion_tokens: 1 };
+    expect(requestLine(running, true)).toBe('running · batch · 1 token');
+    expect(requestLine({ ...running, origin: 'reviews · row 12' }, true)).toBe(
+      'reviews · row 12 · running · batch · 1 token'
+    );
+    const done = { ...running, finish_reason: 'length', ttft_ms: 1100, completion_tokens: 8, origin: '01_first_prompts.ipynb · cell 3' };
+    expect(requestLine(done, false)).toBe('01_first_prompts.ipynb · cell 3 · length · TTFT 1.1 s · 8 tokens');
   });
 });
