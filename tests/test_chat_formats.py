@@ -159,19 +159,13 @@ def templateless_dir(tmp_path_factory, model_path):
 
 
 def test_cli_list_says_which_format_and_where_it_came_from(tmp_path, monkeypatch, templateless_dir):
-    from click.testing import CliRunner
+    from .listing import listed_details
 
-    from magnitude_jupyter.cli import main
-
-    config = tmp_path / "config.yaml"
-    config.write_text(f"models_dir: {templateless_dir}\n")
-    monkeypatch.setenv("MAGNITUDE_CONFIG", str(config))
-    result = CliRunner().invoke(main, ["list", "--show-details"])
-    assert result.exit_code == 0, result.output
-    assert "chat format      the file's template" in result.output  # the bundled model
+    output = listed_details(templateless_dir, tmp_path, monkeypatch)
+    assert "chat format      the file's template" in output  # the bundled model
     assert (
         "chat format      chatml (family rule: vocabulary has <|im_start|> <|im_end|>); turns end at <|im_end|>"
-        in result.output
+        in output
     )
 
 

@@ -6,7 +6,6 @@ own buffer. Nothing is downloaded; each file is made in well under a second."""
 from __future__ import annotations
 
 import pytest
-from click.testing import CliRunner
 
 from magnitude_jupyter.chat_formats import family_named
 from magnitude_jupyter.config import Settings
@@ -15,6 +14,8 @@ from magnitude_jupyter.engine.request import SamplingParams
 from magnitude_jupyter.kvmath import kv_bytes_per_token
 from magnitude_jupyter.models import read_model_info
 from magnitude_jupyter.tiny_models import ARCHITECTURES, write_tiny_model
+
+from .listing import listed_details
 
 CONVERSATION = [
     {"role": "user", "content": "hello"},
@@ -58,14 +59,8 @@ def test_every_family_is_told_from_a_file_without_a_template(tiny_dir):
 
 
 def test_list_shows_the_format_and_the_sliding_layers(tiny_dir, tmp_path, monkeypatch):
-    from magnitude_jupyter.cli import main
-
-    config = tmp_path / "config.yaml"
-    config.write_text(f"models_dir: {tiny_dir}\n")
-    monkeypatch.setenv("MAGNITUDE_CONFIG", str(config))
-    result = CliRunner().invoke(main, ["list", "--show-details"])
-    assert result.exit_code == 0, result.output
-    block = result.output[result.output.index("tiny-gemma3 ") :]
+    output = listed_details(tiny_dir, tmp_path, monkeypatch)
+    block = output[output.index("tiny-gemma3 ") :]
     # llama.cpp's gemma3 pattern: five windowed layers in six, the sixth global
     assert "sliding window   64 on 5 layers" in block
     assert "chat format      gemma (family rule: vocabulary has <start_of_turn> <end_of_turn>)" in block
