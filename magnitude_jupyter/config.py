@@ -289,6 +289,14 @@ class SloSettings:
     window: float = field(
         default=300.0, metadata=about("The rolling window objectives are judged over: seconds or '5m'.", "duration")
     )
+    shed: bool = field(
+        default=False,
+        metadata=about(
+            "Keep the TTFT objective: an interactive request that would wait longer than it for a slot gets "
+            "503 and Retry-After at once (batch requests queue on). Off by default.",
+            "bool",
+        ),
+    )
 
     def __post_init__(self) -> None:
         for item in dataclasses.fields(self):
@@ -296,6 +304,9 @@ class SloSettings:
             if item.name == "window":
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                     raise ConfigError(f"slo setting 'window' must be a positive duration, got {value!r}")
+            elif item.name == "shed":
+                if not isinstance(value, bool):
+                    raise ConfigError(f"slo setting 'shed' must be true or false, got {value!r}")
             elif value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
                 raise ConfigError(f"slo setting {item.name!r} must be a positive number or null, got {value!r}")
 

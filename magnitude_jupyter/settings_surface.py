@@ -91,6 +91,9 @@ def slo_overrides(values: dict[str, Any]) -> dict[str, Any]:
         if value is None:
             continue
         key = setting.name.removeprefix(SLO_PREFIX)
+        if setting.is_bool:
+            out[key] = value
+            continue
         try:
             out[key] = parse_keep_alive(value) if key == "window" else float(value)
         except (TypeError, ValueError):

@@ -109,3 +109,35 @@ def test_a_server_judges_its_objectives_live_on_status_metrics_and_the_cli():
         result = CliRunner().invoke(main, ["slo", "--url", server.url, "--token", server.token])
         assert result.exit_code == 1, result.output
         assert "TTFT p95" in result.output and "BROKEN" in result.output
+
+
+@pytest.mark.model
+def test_with_shedding_on_an_interactive_request_that_would_wait_past_the_objective_is_told_at_once():
+    import httpx
+
+    from magnitude_jupyter.client import Client
+    from magnitude_jupyter.runtime import LocalServer
+
+    # One slot and a TTFT objective of 1 ms: any wait for the slot breaks it, by construction.
+    with LocalServer(
+        ("--parallel", "1", "--ctx-size", "2048", "--slo-ttft-p95-ms", "1", "--slo-shed"), token="shed-token", config=""
+    ) as server:
+        client = Client(server.url, server.token)
+        client.chat([{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0)  # the slot is free: served
+        busy = client.open_chat_stream(
+            [{"role": "user", "content": "Count upwards."}], max_tokens=1500, ignore_eos=True, temperature=0
+        )
+        try:
+            headers = {"Authorization": f"Bearer {server.token}"}
+            body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2}
+            shed = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+            assert shed.status_code == 503 and shed.json()["error"]["code"] == "slo_shed"
+            assert int(shed.headers["Retry-After"]) >= 1
+            # A batch request is never shed: it queues behind the interactive ones.
+            queued = client.open_chat_stream(body["messages"], max_tokens=2, priority="batch")
+            assert queued.status_code == 200
+            queued.close()
+            client.cancel(queued.headers["X-Completion-Id"])
+        finally:
+            client.cancel(busy.headers["X-Completion-Id"])
+            busy.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -9,6 +10,7 @@ from ..engine import EngineError, OverloadedError, PromptTooLongError, StreamGon
 from ..engine.chat import ChatFormatError
 from ..engine.pool import ModelLoadError, NoRoomError
 from ..models import ModelNotFoundError
+from ..slo import Shed
 
 
 class ApiError(Exception):
@@ -62,6 +64,9 @@ def api_error_from(exc: Exception, prompt_param: str = "messages") -> ApiError:
         return ApiError(404, str(exc), code="stream_not_found")
     if isinstance(exc, StreamGoneError):
         return ApiError(410, str(exc), code="stream_gone")
+    if isinstance(exc, Shed):
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+        return ApiError(503, str(exc), type="server_error", code="slo_shed", headers=headers)
     if isinstance(exc, NoRoomError):
         headers = {"Retry-After": str(round(exc.retry_after))}
         return ApiError(503, str(exc), type="server_error", code="model_busy", headers=headers)

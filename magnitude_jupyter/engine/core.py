@@ -66,6 +66,9 @@ class GenerationResult:
     reasoning: str = ""  # a thinking model's reasoning, apart from `text`
 
 
+RATE_WINDOW_S = 30.0  # the recent past the departure rate of predicted_wait_s is measured over
+
+
 class Engine:
     """Serve one GGUF model to many concurrent requests.
 
@@ -310,6 +313,27 @@ class Engine:
             self._requests[request.request_id] = request
             self._lock.notify_all()
         return request
+
+    def predicted_wait_s(self, priority: Priority | str = Priority.INTERACTIVE) -> float | None:
+        """How long a new request of `priority` would wait for a slot, from the queue ahead of it and
+        the rate requests have finished at lately; None when it would start now (a free slot and
+        nobody waiting) or nothing has finished to measure the rate by. Batch requests wait behind
+        every interactive one, so only interactive requests are predicted (slo.py sheds by it)."""
+        if Priority.parse(priority) is not Priority.INTERACTIVE:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            sched = self.scheduler
+            if sched is None:
+                return None
+            ahead = len(sched.waiting[Priority.INTERACTIVE])
+            if ahead == 0 and len(sched.running) < sched.max_running:
+                return None
+        span = min(RATE_WINDOW_S, max(1e-3, now - self._started_at))
+        done = [f for f in self.metrics.finished_since(now - span) if f.outcome in ("stop", "length")]
+        if not done:
+            return None
+        return (ahead + 1) / (len(done) / span)
 
     def cancel(self, request_id: str, why: str | None = None) -> bool:
         """Cancel a queued or running request; its KV cells are freed before the next step."""

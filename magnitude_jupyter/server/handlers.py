@@ -33,6 +33,7 @@ from ..api.openai import (
 from ..api.status import model_json, pool_json, status_json
 from ..engine import Engine, Request
 from ..engine.pool import ROOM_POLL_SECONDS, ROOM_WAIT_SECONDS, ModelPool, NoRoomError, Resident
+from ..slo import check_shed
 from .sse import POOL_KEY, send_sse, step_hub, wait_final
 
 MAX_BODY_KEY = "magnitude_max_body_bytes"
@@ -204,6 +205,8 @@ class GenerationHandler(ApiMixin):
         return parse_generation(parse_json_body(body), self.kind)
 
     def _submit(self, engine: Engine, req: GenerationRequest, arrival: float, load_ms: float | None) -> Request:
+        # With `slo.shed`, an interactive request that would wait past the TTFT objective is told now.
+        check_shed(self.pool.settings.model_slo(engine.model_id), engine.predicted_wait_s(req.priority))
         return engine.submit(
             req.prompt,
             messages=req.messages,
