@@ -297,11 +297,22 @@ class SloSettings:
             "bool",
         ),
     )
+    fallback_model: str | None = field(
+        default=None,
+        metadata=about(
+            "With shed: a smaller model (an alias) that takes the requests the objective would shed, "
+            "while its own queue keeps the objective; the answer's model says which served it.",
+            "str|null",
+        ),
+    )
 
     def __post_init__(self) -> None:
         for item in dataclasses.fields(self):
             value = getattr(self, item.name)
-            if item.name == "window":
+            if item.name == "fallback_model":
+                if value is not None and (not isinstance(value, str) or not value):
+                    raise ConfigError(f"slo setting 'fallback_model' must be a model alias, got {value!r}")
+            elif item.name == "window":
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                     raise ConfigError(f"slo setting 'window' must be a positive duration, got {value!r}")
             elif item.name == "shed":

@@ -91,7 +91,7 @@ def slo_overrides(values: dict[str, Any]) -> dict[str, Any]:
         if value is None:
             continue
         key = setting.name.removeprefix(SLO_PREFIX)
-        if setting.is_bool:
+        if setting.is_bool or setting.kind == "str|null":
             out[key] = value
             continue
         try:

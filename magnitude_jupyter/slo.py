@@ -142,7 +142,8 @@ def evaluate(
 class Shed(Exception):
     """An interactive request that would miss the TTFT objective waiting for a slot: refused now."""
 
-    def __init__(self, wait_s: float, objective_ms: float) -> None:
+    def __init__(self, wait_s: float, objective_ms: float, model: str = "") -> None:
+        self.model = model
         super().__init__(
             f"the server is past its TTFT objective ({objective_ms:,.0f} ms): this request would wait about "
             f"{wait_s:,.1f} s for a slot; retry after that, or send it with priority 'batch' to queue"
@@ -150,9 +151,9 @@ class Shed(Exception):
         self.retry_after = wait_s
 
 
-def check_shed(settings: SloSettings, predicted_wait_s: float | None) -> None:
-    """Raise Shed when shedding is on and the predicted wait breaks the TTFT objective."""
+def check_shed(settings: SloSettings, predicted_wait_s: float | None, model: str = "") -> None:
+    """Raise Shed when shedding is on and the predicted wait breaks `model`'s TTFT objective."""
     if not settings.shed or settings.ttft_p95_ms is None or predicted_wait_s is None:
         return
     if predicted_wait_s * 1000 > settings.ttft_p95_ms:
-        raise Shed(predicted_wait_s, settings.ttft_p95_ms)
+        raise Shed(predicted_wait_s, settings.ttft_p95_ms, model)

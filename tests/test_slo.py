@@ -141,3 +141,28 @@ def test_with_shedding_on_an_interactive_request_that_would_wait_past_the_object
         finally:
             client.cancel(busy.headers["X-Completion-Id"])
             busy.close()
+
+
+@pytest.mark.model
+def test_with_a_fallback_model_the_request_the_objective_would_shed_is_answered_by_it(models_dir):
+    from magnitude_jupyter.client import Client
+    from magnitude_jupyter.runtime import LocalServer
+    from tests.conftest import SECOND_MODEL
+
+    config = f"models_dir: {models_dir}\nslo:\n  fallback_model: {SECOND_MODEL}\n"
+    with LocalServer(
+        ("--parallel", "1", "--ctx-size", "2048", "--slo-ttft-p95-ms", "1", "--slo-shed"),
+        token="fb-token",
+        config=config,
+    ) as server:
+        client = Client(server.url, server.token)
+        client.chat([{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0)
+        busy = client.open_chat_stream(
+            [{"role": "user", "content": "Count upwards."}], max_tokens=1500, ignore_eos=True, temperature=0
+        )
+        try:
+            answer = client.chat([{"role": "user", "content": "Hello"}], max_tokens=2, temperature=0)
+            assert answer.model == SECOND_MODEL  # the answer says which model served it
+        finally:
+            client.cancel(busy.headers["X-Completion-Id"])
+            busy.close()

@@ -33,7 +33,7 @@ from ..api.openai import (
 from ..api.status import model_json, pool_json, status_json
 from ..engine import Engine, Request
 from ..engine.pool import ROOM_POLL_SECONDS, ROOM_WAIT_SECONDS, ModelPool, NoRoomError, Resident
-from ..slo import check_shed
+from ..slo import Shed, check_shed
 from .sse import POOL_KEY, send_sse, step_hub, wait_final
 
 MAX_BODY_KEY = "magnitude_max_body_bytes"
@@ -206,7 +206,9 @@ class GenerationHandler(ApiMixin):
 
     def _submit(self, engine: Engine, req: GenerationRequest, arrival: float, load_ms: float | None) -> Request:
         # With `slo.shed`, an interactive request that would wait past the TTFT objective is told now.
-        check_shed(self.pool.settings.model_slo(engine.model_id), engine.predicted_wait_s(req.priority))
+        check_shed(
+            self.pool.settings.model_slo(engine.model_id), engine.predicted_wait_s(req.priority), engine.model_id
+        )
         return engine.submit(
             req.prompt,
             messages=req.messages,
@@ -231,16 +233,30 @@ class GenerationHandler(ApiMixin):
             loop = asyncio.get_running_loop()
             arrival = time.monotonic()
             req = await loop.run_in_executor(None, self._parse, bytes(self._body))
-            resident, load_ms = await self.checkout_model(req.model, req.keep_alive)
-            engine = resident.engine
             try:
-                request = await loop.run_in_executor(None, self._submit, engine, req, arrival, load_ms)
-            finally:
-                self.pool.checkin(resident)
+                engine, request = await self._submit_on(req.model, req, arrival)
+            except Shed as shed:
+                fallback = self.pool.settings.model_slo(shed.model).fallback_model
+                if fallback is None or fallback == shed.model:
+                    raise
+                # The objective's fallback model takes it, if its own queue keeps the objective.
+                engine, request = await self._submit_on(fallback, req, arrival)
         except Exception as exc:
             self.send_error_json(exc, self.prompt_param)
             return
         await self.answer(engine, request, req)
+
+    async def _submit_on(self, model: str | None, req: GenerationRequest, arrival: float) -> tuple[Engine, Request]:
+        """Submit to `model`'s engine (loaded first if need be): the engine and the request."""
+        resident, load_ms = await self.checkout_model(model, req.keep_alive)
+        try:
+            engine = resident.engine
+            request = await asyncio.get_running_loop().run_in_executor(
+                None, self._submit, engine, req, arrival, load_ms
+            )
+            return engine, request
+        finally:
+            self.pool.checkin(resident)
 
     async def answer(self, engine: Engine, request: Request, req: GenerationRequest) -> None:
         """Stream or send the answer in this route's API (OpenAI's here)."""
