@@ -34,10 +34,12 @@ declare -A ARGS=(
     [calibration_check]=""
     [soak]=""
     [server_memory]=""
+    [model_matrix]=""
+    [overload]=""
 )
 ORDER=(raw_ceiling server_throughput conversations conversations_chat agents capacity protocols spill idle_cells
     ram_tier cache_isolation cache_spread engine_throughput batch_throughput drafts models kv_cache_types
-    contention dask_scale calibration_check server_memory soak)
+    contention dask_scale calibration_check server_memory model_matrix overload soak)
 [ $# -gt 0 ] && ORDER=("$@")
 
 for name in "${ORDER[@]}"; do
