@@ -234,11 +234,11 @@ class MagnitudeServer(LocalServer):
 SERVERS_HELP = "names of the servers to run, each quoted (default: all; llama-server always runs)"
 
 
-def chosen(servers: dict[str, Any], names: list[str] | None) -> dict[str, Any]:
-    """The servers `--servers` names (all by default), llama-server always: the ratios' base."""
+def chosen(servers: dict[str, Any], names: list[str] | None, peer: str = "llama-server") -> dict[str, Any]:
+    """The servers `--servers` names (all by default), the `peer` always: the ratios' base."""
     if not names:
         return servers
-    wanted = set(names) | {"llama-server"}
+    wanted = set(names) | {peer}
     unknown = wanted - set(servers)
     if unknown:
         raise SystemExit(f"unknown server {sorted(unknown)[0]!r}: choose from {', '.join(servers)}")

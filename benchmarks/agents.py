@@ -24,12 +24,23 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import jsonschema
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import TOKEN, LlamaServer, MagnitudeServer, cached_of, run_sessions, session_arguments, table
+from _common import (
+    FLASH_ATTENTION,
+    TOKEN,
+    LlamaServer,
+    MagnitudeServer,
+    cached_of,
+    chosen,
+    run_sessions,
+    session_arguments,
+    table,
+)
 
 from magnitude_jupyter.agent import answer_call, tool_message
 from magnitude_jupyter.calibrate.agent_tools import agent_task
@@ -164,14 +175,22 @@ def main() -> None:
 
     # (start, client_side): llama-server's own tool calling (--jinja) drops the tools of a template that
     # knows none (the bundled model's); given magnitude's prompt and grammar it does the same work.
+    def ours(config: str = "") -> Any:
+        return MagnitudeServer(config, parallel=16, ctx_size=8192, threads=args.threads)
+
     servers = {
-        "magnitude serve": (lambda: MagnitudeServer(parallel=16, ctx_size=8192, threads=args.threads), False),
+        "magnitude serve": (ours, False),
+        # The same server with flash attention forced on (this workload computes long prompts), and
+        # charging every request its whole max_tokens: what each default costs here, this run.
+        "magnitude serve, flash attention": (lambda: ours(FLASH_ATTENTION), False),
+        "magnitude serve, admission reserve": (lambda: ours("engine:\n  admission: reserve\n"), False),
         "llama-server, our prompt+grammar": (lambda: LlamaServer(binary, 16, 8192, args.threads), True),
         "llama-server --jinja, its tools": (
             lambda: LlamaServer(binary, 16, 8192, args.threads, extra_args=("--jinja",)),
             False,
         ),
     }
+    servers = chosen(servers, args.servers, peer="llama-server, our prompt+grammar")
     best: dict[str, Run] = {}
     for repeat in range(args.repeats):
         for name, (start, client_side) in servers.items():
