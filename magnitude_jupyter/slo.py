@@ -146,7 +146,7 @@ class Shed(Exception):
         self.model = model
         super().__init__(
             f"the server is past its TTFT objective ({objective_ms:,.0f} ms): this request would wait about "
-            f"{wait_s:,.1f} s for a slot; retry after that, or send it with priority 'batch' to queue"
+            f"{wait_s:,.1f} s for its first token; retry after that, or send it with priority 'batch' to queue"
         )
         self.retry_after = wait_s
 

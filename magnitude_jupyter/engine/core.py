@@ -315,10 +315,11 @@ class Engine:
         return request
 
     def predicted_wait_s(self, priority: Priority | str = Priority.INTERACTIVE) -> float | None:
-        """How long a new request of `priority` would wait for a slot, from the queue ahead of it and
-        the rate requests have finished at lately; None when it would start now (a free slot and
-        nobody waiting) or nothing has finished to measure the rate by. Batch requests wait behind
-        every interactive one, so only interactive requests are predicted (slo.py sheds by it)."""
+        """How long a new request of `priority` would wait for its first token: for a slot, from the
+        queue ahead of it and the rate requests have finished at lately, then for its prompt, as
+        long as the slowest tenth of recent prompts took; None when it would start now (a free slot
+        and nobody waiting) or nothing has finished to measure by. Batch requests wait behind every
+        interactive one, so only interactive requests are predicted (slo.py sheds by it)."""
         if Priority.parse(priority) is not Priority.INTERACTIVE:
             return None
         now = time.monotonic()
@@ -333,7 +334,9 @@ class Engine:
         done = [f for f in self.metrics.finished_since(now - span) if f.outcome in ("stop", "length")]
         if not done:
             return None
-        return (ahead + 1) / (len(done) / span)
+        prompts = sorted(f.prompt_s for f in done if f.prompt_s is not None)
+        prompt = prompts[int(0.9 * (len(prompts) - 1))] if prompts else 0.0
+        return (ahead + 1) / (len(done) / span) + prompt
 
     def cancel(self, request_id: str, why: str | None = None) -> bool:
         """Cancel a queued or running request; its KV cells are freed before the next step."""

@@ -58,6 +58,7 @@ class Finished:
     e2e_s: float
     decode_tokens_per_s: float | None
     round: bool  # it continued a conversation (its messages held an earlier answer)
+    prompt_s: float | None = None  # from admission to its first token: its prompt's share of TTFT
 
 
 FINISHED_KEPT = 100_000  # finished requests remembered for rolling windows: memory stays bounded
@@ -149,6 +150,11 @@ class EngineMetrics:
                         e2e_s=request.finished_time - request.arrival_time,
                         decode_tokens_per_s=request.timings().decode_tokens_per_s,
                         round=request.continues_conversation,
+                        prompt_s=(
+                            first - request.admitted_time
+                            if first is not None and request.admitted_time is not None
+                            else None
+                        ),
                     )
                 )
 
