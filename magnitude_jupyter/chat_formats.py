@@ -91,7 +91,7 @@ class ChatFormat:
 
     name: str  # a family's name, "file", "config" or "plain"
     source: str  # "file", "config", "family rule: ..." or "none"
-    template: str | None  # None: the file's own (the engine reads it from the model)
+    template: str  # the Jinja template chats are rendered through
     stop_tokens: tuple[str, ...] = ()
     warning: str | None = None
 
@@ -126,7 +126,7 @@ def choose_format(
     if config_template:
         return ChatFormat("config", "config", config_template)
     if file_template:
-        return ChatFormat("file", "file", None)
+        return ChatFormat("file", "file", file_template)
     for family in FAMILIES:
         if all(marker in vocab_markers for marker in family.markers):
             return _family_format(family, f"vocabulary has {' '.join(family.markers)}", vocab_markers)

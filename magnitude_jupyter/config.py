@@ -292,8 +292,8 @@ class SloSettings:
     shed: bool = field(
         default=False,
         metadata=about(
-            "Keep the TTFT objective: an interactive request that would wait longer than it for a slot gets "
-            "503 and Retry-After at once (batch requests queue on). Off by default.",
+            "Keep the TTFT objective: an interactive request predicted to wait longer than it for its first "
+            "token gets 503 and Retry-After at once (batch requests queue on). Off by default.",
             "bool",
         ),
     )
@@ -307,19 +307,16 @@ class SloSettings:
     )
 
     def __post_init__(self) -> None:
-        for item in dataclasses.fields(self):
-            value = getattr(self, item.name)
-            if item.name == "fallback_model":
-                if value is not None and (not isinstance(value, str) or not value):
-                    raise ConfigError(f"slo setting 'fallback_model' must be a model alias, got {value!r}")
-            elif item.name == "window":
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                    raise ConfigError(f"slo setting 'window' must be a positive duration, got {value!r}")
-            elif item.name == "shed":
-                if not isinstance(value, bool):
-                    raise ConfigError(f"slo setting 'shed' must be true or false, got {value!r}")
-            elif value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-                raise ConfigError(f"slo setting {item.name!r} must be a positive number or null, got {value!r}")
+        for name in SLO_OBJECTIVES:
+            value = getattr(self, name)
+            if value is not None and not _positive_number(value):
+                raise ConfigError(f"slo setting {name!r} must be a positive number or null, got {value!r}")
+        if not _positive_number(self.window):
+            raise ConfigError(f"slo setting 'window' must be a positive duration, got {self.window!r}")
+        if not isinstance(self.shed, bool):
+            raise ConfigError(f"slo setting 'shed' must be true or false, got {self.shed!r}")
+        if self.fallback_model is not None and (not isinstance(self.fallback_model, str) or not self.fallback_model):
+            raise ConfigError(f"slo setting 'fallback_model' must be a model alias, got {self.fallback_model!r}")
 
     @property
     def any(self) -> bool:
@@ -327,6 +324,10 @@ class SloSettings:
 
 
 SLO_OBJECTIVES = ("ttft_p95_ms", "e2e_p95_ms", "round_p95_ms", "min_tokens_per_s")
+
+
+def _positive_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
 
 
 def parse_slo(raw: Any, where: str, base: SloSettings | None = None) -> SloSettings:

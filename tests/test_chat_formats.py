@@ -71,7 +71,7 @@ def test_the_config_wins_then_the_file():
     markers = vocab(*GEMMA_TURN)
     assert choose(markers=markers, template="{{ x }}", config="{{ y }}").source == "config"
     file_format = choose(markers=markers, template="{{ x }}")
-    assert (file_format.name, file_format.source, file_format.template) == ("file", "file", None)
+    assert (file_format.name, file_format.source, file_format.template) == ("file", "file", "{{ x }}")
 
 
 CHAT = [

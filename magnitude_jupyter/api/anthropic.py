@@ -393,8 +393,7 @@ class MessageEvents:
         self.text += event.text
         if event.reasoning and not self.block_open:
             if not self.thinking_open:
-                block = {"type": "thinking", "thinking": "", "signature": ""}
-                out.append({"type": "content_block_start", "index": 0, "content_block": block})
+                out.append({"type": "content_block_start", "index": 0, "content_block": _thinking_block("")})
                 self.thinking_open, self.first = True, 1
             delta = {"type": "thinking_delta", "thinking": event.reasoning}
             out.append({"type": "content_block_delta", "index": 0, "delta": delta})
@@ -421,9 +420,7 @@ class MessageEvents:
         else:
             for index, block in enumerate(blocks, start=first):
                 if block["type"] == "text":
-                    out.append(
-                        {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
-                    )
+                    out.append({"type": "content_block_start", "index": index, "content_block": _EMPTY_TEXT})
                     delta = {"type": "text_delta", "text": block["text"]}
                 else:
                     opening = {**block, "input": {}}

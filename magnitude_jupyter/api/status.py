@@ -19,8 +19,9 @@ SETTINGS_SHOWN = (
 )
 
 
-def status_json(stats: EngineStats, pool: ModelPool | None = None) -> dict[str, Any]:
-    """One engine's figures (the shape one-model clients read), and every resident model's summary."""
+def status_json(stats: EngineStats, pool: ModelPool | None = None, engine: Engine | None = None) -> dict[str, Any]:
+    """One engine's figures (the shape one-model clients read), and every resident model's summary;
+    `engine`, the one the figures are of (None: not loaded), judges its objectives."""
     sched = stats.scheduler
     body = {
         "model": stats.model,
@@ -75,7 +76,6 @@ def status_json(stats: EngineStats, pool: ModelPool | None = None) -> dict[str, 
         "recent": [asdict(r) for r in stats.recent],
     }
     if pool is not None:
-        engine = pool.status_engine(stats.model) if stats.state != "unloaded" else None
         body["slo"] = slo_json(pool, engine, stats.model)
         body["default_model"] = pool.default_model
         body["models"] = [resident_json(pool, r) for r in pool.residents()]

@@ -48,9 +48,14 @@ def sessions_table(
             "sessions": int(memory_bytes // per_session) if per_session else 0,
         }
         if turn_charge_tokens is not None and bytes_per_token:
-            row["sessions_admitted"] = int(memory_bytes // ((ctx + turn_charge_tokens) * bytes_per_token))
+            row["sessions_admitted"] = sessions_admitted(memory_bytes, ctx, turn_charge_tokens, bytes_per_token)
         rows.append(row)
     return rows
+
+
+def sessions_admitted(memory_bytes: float, context: int, turn_charge_tokens: int, bytes_per_token: float) -> int:
+    """Sessions of `context` tokens that run at once when each turn is also charged its answer's cells."""
+    return int(memory_bytes // ((context + turn_charge_tokens) * bytes_per_token))
 
 
 def turn_charge(status: dict[str, Any] | None) -> tuple[str | None, int | None]:

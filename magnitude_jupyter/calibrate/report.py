@@ -6,6 +6,7 @@ import itertools
 from typing import Any
 
 from ..models import unbatched_weights
+from .capacity import sessions_admitted
 from .profile import Profile
 from .records import Level, Summary
 
@@ -130,7 +131,7 @@ def turn_charge_text(cap: dict[str, Any]) -> str | None:
     per_session = current.get("context_per_session")
     if per_session:
         bpt = cap["bytes_per_token"]
-        admitted = int(current["kv_bytes"] // ((per_session + charge) * bpt)) if bpt else 0
+        admitted = sessions_admitted(current["kv_bytes"], per_session, charge, bpt) if bpt else 0
         text += f"; {admitted:,} sessions of {per_session:,} tokens fit the engine's cells at once"
     return text
 

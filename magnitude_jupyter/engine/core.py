@@ -109,9 +109,7 @@ class Engine:
         self.chat_format: ChatFormat | None = self.model_info.chat_format(chat_template) if self.model_info else None
         if self.chat_format is not None and self.chat_format.warning and self.model_entry is not None:
             log.warning("%s: %s", self.model_entry.alias, self.chat_format.warning)
-        fmt = self.chat_format
-        file_template = self.model_info.chat_template if self.model_info else None
-        self._chat_template = chat_template or (fmt.template if fmt and fmt.template else file_template)
+        self._chat_template = self.chat_format.template if self.chat_format is not None else chat_template
         self._thinks = thinks(self._chat_template)  # its answers carry a thinking block (reasoning.py)
         self.model_id = self.model_entry.alias if self.model_entry else (str(model) if model else "fake")
         self._verbose = verbose

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .text import held_back
+
 THINK_TAGS = ("<think>", "</think>")
 
 
@@ -65,7 +67,7 @@ class ReasoningSplitter:
                 self.seen_reasoning = self.seen_reasoning or self.inside
                 self._content_started = self._content_started and self.inside
                 continue
-            keep = _tag_prefix_at_end(text, tag)
+            keep = held_back(text, [tag])
             self._emit(out, text[: len(text) - keep])
             self._held = text[len(text) - keep :]
             break
@@ -86,11 +88,3 @@ class ReasoningSplitter:
             text = text.lstrip()
         self._content_started = self._content_started or bool(text)
         out.content += text
-
-
-def _tag_prefix_at_end(text: str, tag: str) -> int:
-    """Length of the longest end of `text` that starts `tag` (it may complete with the next token)."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0

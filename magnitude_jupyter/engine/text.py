@@ -53,11 +53,16 @@ class TextAssembler:
         return best
 
     def _longest_stop_prefix_suffix(self) -> int:
-        text = self._pending
-        longest = 0
-        for stop in self._stop:
-            for n in range(min(len(stop) - 1, len(text)), longest, -1):
-                if text.endswith(stop[:n]):
-                    longest = n
-                    break
-        return longest
+        return held_back(self._pending, self._stop)
+
+
+def held_back(text: str, marks: list[str]) -> int:
+    """Length of the longest end of `text` that starts one of `marks` (it may complete with the next
+    token, so it is not released yet)."""
+    longest = 0
+    for mark in marks:
+        for n in range(min(len(mark) - 1, len(text)), longest, -1):
+            if text.endswith(mark[:n]):
+                longest = n
+                break
+    return longest

@@ -398,7 +398,7 @@ class StatusHandler(ApiMixin):
         except Exception as exc:
             self.send_error_json(exc, "model")
             return
-        self.send_json(status_json(stats, pool))
+        self.send_json(status_json(stats, pool, engine))
 
 
 class MetricsHandler(ApiMixin):
