@@ -213,3 +213,27 @@ def test_the_magic_shows_a_thinking_models_reasoning_folded_above_its_answer(thi
     assert shown["text/plain"] == "[reasoning: 2 words]\nyes"
     assert shown["text/html"].startswith("<details><summary>reasoning (2 words)</summary><pre>a b</pre></details>")
     assert nb.cells[2].outputs[0].data["text/plain"] == "'yes'"  # the answer kept is the answer alone
+
+
+@pytest.mark.model
+def test_a_chat_formats_turn_end_is_end_of_generation_even_where_llama_cpp_does_not_say_so(tmp_path):
+    # llama.cpp itself counts the families' turn ends above as EOG by their text, so the stop test
+    # would pass without the engine's own set: here a plain word is made a turn end, which only the
+    # engine's set can make end an answer.
+    from magnitude_jupyter.engine.runner import LlamaRunner
+    from magnitude_jupyter.tiny_models import vocabulary
+
+    path = write_tiny_model(tmp_path / "tiny-chain.gguf", "qwen2", predicts=THINKING_CHAIN)
+    tokens = vocabulary("chatml")[0]
+    a, b = tokens.index("\u2581a"), tokens.index("\u2581b")
+    plain = LlamaRunner(path, n_ctx=256, n_seq_max=1, n_threads=1, flash_attention=False)
+    try:
+        assert not plain.is_eog(b)
+    finally:
+        plain.close()
+    runner = LlamaRunner(path, n_ctx=256, n_seq_max=1, n_threads=1, flash_attention=False, stop_tokens=frozenset({b}))
+    try:
+        assert runner.is_eog(b) and not runner.is_eog(a)
+        assert b in runner.picker.eog_tokens  # ignore_eos bans it like llama.cpp's own end tokens
+    finally:
+        runner.close()
