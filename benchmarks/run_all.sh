@@ -8,8 +8,6 @@ cd "$(dirname "$0")/.."
 OUT=${1:-$(mktemp -d /tmp/magnitude-benchmarks-XXXX)}
 shift || true
 mkdir -p "$OUT"
-PEER=$(../shared/tools/build-llama-server.sh 2>/dev/null || true)
-BIN=$(dirname "${PEER:-/nonexistent/x}")
 MODEL=$(python -c "from magnitude_jupyter.models import bundled_model_path as p; print(p())")
 
 declare -A ARGS=(
@@ -45,6 +43,8 @@ ORDER=(raw_ceiling server_throughput conversations conversations_chat agents cap
 for name in "${ORDER[@]}"; do
     echo "$(date +%T) $name" >&2
     if [ "$name" = raw_ceiling ]; then
+        PEER=$(../shared/tools/build-llama-server.sh 2>/dev/null || true)
+        BIN=$(dirname "${PEER:-/nonexistent/x}")
         if [ -x "$BIN/llama-batched-bench" ]; then
             for fa in on off; do
                 echo "flash attention $fa"
