@@ -3,10 +3,12 @@ conversation workload against llama.cpp's server on the same file.
 
 For each family the project's tiny random-weight models cover (magnitude_jupyter/tiny_models.py,
 written with the family's own template so both servers render the same prompts), plus the bundled
-model: the KV bytes per cell the plan counts against the buffer llama.cpp reports, the sessions of
-8,192 tokens that fit in 1 GiB, and S sessions x R rounds of conversation (conversations.py's
-workload: each round resends the history) against `magnitude serve` and `llama-server --jinja`,
-one after the other: output tok/s and the share of prompt tokens each server took from its cache.
+model: the KV bytes per cell the plan counts (a sliding-window model's windowed layers at a window per
+sequence) against the buffer llama.cpp reports, the sessions of 8,192 tokens that fit in 1 GiB, and
+S sessions x R rounds of conversation (conversations.py's workload: each round resends the history)
+against `magnitude serve` and `llama-server --jinja`, one after the other: output tok/s and the share
+of prompt tokens each server took from its cache (ours also counts what a sliding window kept from
+being reused).
 
     python benchmarks/model_matrix.py [--sessions 4] [--rounds 4] [--max-tokens 32] [--families a,b]
 """
@@ -20,7 +22,7 @@ from _common import LlamaServer, MagnitudeServer, session_arguments, table
 from conversations import run_workload
 
 from magnitude_jupyter.chat_formats import family_named
-from magnitude_jupyter.kvmath import kv_bytes_per_token
+from magnitude_jupyter.kvmath import kv_layout
 from magnitude_jupyter.models import bundled_model_path, read_model_info
 from magnitude_jupyter.tiny_models import ARCHITECTURES, TinyShape, write_tiny_model
 
@@ -51,13 +53,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="magnitude-matrix-") as tmp:
         for name, path in models(Path(tmp), args.families.split(",")).items():
             info = read_model_info(path)
-            bpt = kv_bytes_per_token(info, "f16")
+            session = kv_layout(info, SESSION_CONTEXT).session_bytes(SESSION_CONTEXT)
             ours = MagnitudeServer(parallel=PARALLEL, ctx_size=CTX, threads=args.threads, model=path)
             try:
                 status = ours.client.status()
                 reported = status.get("kv_buffer_bytes_reported")
-                cells = status["kv_cells_total"]
+                planned, bpt = status["kv_bytes_planned"], status["kv_bytes_per_token"]
+                window = status.get("kv_window")
                 run_ours = run_workload("magnitude serve", ours.url, args.sessions, args.rounds, args.max_tokens)
+                missed = ours.client.status().get("prompt_tokens_window_missed", 0)
             finally:
                 ours.close()
             peer = LlamaServer(args.binary, PARALLEL, CTX, args.threads, ("--jinja",), model=path)
@@ -66,18 +70,21 @@ def main() -> None:
             finally:
                 peer.close()
             swa = f"{info.sliding_window} on {info.sliding_window_layers}/{info.layers}" if info.sliding_window else "-"
+            if window:
+                swa += f", {window['cells']:,} cells"
             rows.append(
                 [
                     name,
                     swa,
                     f"{bpt:,.0f}",
-                    f"{cells * bpt / 2**20:,.2f}",
+                    f"{planned / 2**20:,.2f}",
                     f"{reported / 2**20:,.2f}" if reported else "-",
-                    f"{GIB // (SESSION_CONTEXT * bpt):,.0f}",
+                    f"{GIB // session:,.0f}",
                     f"{run_ours.tokens_per_s:.1f}",
                     f"{run_peer.tokens_per_s:.1f}",
                     f"{run_ours.tokens_per_s / run_peer.tokens_per_s:.2f}×" if run_peer.tokens_per_s else "-",
-                    f"{run_ours.cached_tokens / max(1, run_ours.prompt_tokens):.0%}",
+                    f"{run_ours.cached_tokens / max(1, run_ours.prompt_tokens):.0%}"
+                    + (f" ({missed / max(1, run_ours.prompt_tokens):.0%} window)" if missed else ""),
                     f"{run_peer.cached_tokens / max(1, run_peer.prompt_tokens):.0%}",
                     run_ours.errors + run_peer.errors,
                 ]
@@ -92,7 +99,7 @@ def main() -> None:
             [
                 "model",
                 "sliding window",
-                "KV bytes/cell",
+                "KV bytes/cell (global)",
                 "planned KV MiB",
                 "llama.cpp KV MiB",
                 "8k sessions in 1 GiB",

@@ -66,13 +66,19 @@ def _chat_format_line(fmt: dict[str, Any]) -> str:
 def _model_details(entry: Any, settings: Any) -> dict[str, Any]:
     from dataclasses import replace
 
-    from .kvmath import kv_bytes_per_token
+    from .kvmath import kv_bytes_per_token, kv_layout
 
     info = read_model_info(entry.path)
     details = info.to_json()
     details["kv_bytes_per_token_f16"] = kv_bytes_per_token(info, "f16")
-    details["kv_bytes_per_token"] = {t: kv_bytes_per_token(info, t) for t in ("f16", "q8_0", "q4_0")}
     engine = replace(settings.engine, **settings.model_settings(entry.alias).engine)
+    # One session of the trained context: with windows, its windowed layers hold only the last window.
+    kinds = ("f16", "q8_0", "q4_0")
+    layouts = {t: kv_layout(info, info.trained_context, t, full_windows=engine.swa_full) for t in kinds}
+    details["kv_bytes_per_token"] = {t: layout.bytes_per_cell for t, layout in layouts.items()}
+    details["kv_session_bytes"] = {t: layout.session_bytes(info.trained_context) for t, layout in layouts.items()}
+    details["kv_window_bytes_per_token"] = {t: layout.window_bytes_per_token for t, layout in layouts.items()}
+    details["kv_windowed"] = bool(layouts["f16"].window)
     details["kv_cache_type"] = engine.kv_type_label  # what this model is configured to run with
     details["kv_bytes_per_token_configured"] = kv_bytes_per_token(info, *engine.kv_types)
     details["chat_format"] = info.chat_format(settings.model_settings(entry.alias).chat_template).to_json()
@@ -144,7 +150,14 @@ def list_cmd(as_json: bool, show_details: bool) -> None:
                 *(
                     (
                         f"KV cache ({t})",
-                        f"{bpt:,.0f} bytes/token, {_human_bytes(bpt * d['trained_context'])} for the trained context"
+                        f"{bpt:,.0f} bytes/token"
+                        + (
+                            f" (global layers) + {d['kv_window_bytes_per_token'][t]:,.0f} for the last "
+                            f"{d['sliding_window']:,} (windowed layers)"
+                            if d["kv_windowed"]
+                            else ""
+                        )
+                        + f", {_human_bytes(d['kv_session_bytes'][t])} for the trained context"
                         + ("  (configured)" if t == d["kv_cache_type"] else ""),
                     )
                     for t, bpt in d["kv_bytes_per_token"].items()

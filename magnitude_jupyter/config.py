@@ -93,6 +93,14 @@ class EngineSettings:
         default=True, metadata=about("The prefix cache: start a prompt from cells already computed.", "bool")
     )
     min_prefix_tokens: int = field(default=4, metadata=about("The shortest cached prefix worth copying.", "int"))
+    swa_full: bool = field(
+        default=False,
+        metadata=about(
+            "Sliding-window layers keep every token's cells, as global layers do: more memory, and a cached "
+            "prefix reusable at any point, not only where an entry ends (docs/decisions.md).",
+            "bool",
+        ),
+    )
     prefix_cache_ram_mib: int = field(
         default=256,
         metadata=about("Host memory for evicted cache entries, restored when their conversation returns.", "int"),
@@ -199,8 +207,9 @@ class EngineSettings:
             )
         if not (self.repack is None or isinstance(self.repack, bool)):
             raise ConfigError(f"engine setting 'repack' must be true, false or null, got {self.repack!r}")
-        if not isinstance(self.prefix_reuse, bool):
-            raise ConfigError(f"engine setting 'prefix_reuse' must be true or false, got {self.prefix_reuse!r}")
+        for name in ("prefix_reuse", "swa_full"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"engine setting {name!r} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.prefix_cache_ram_mib, int) or self.prefix_cache_ram_mib < 0:
             raise ConfigError(
                 f"engine setting 'prefix_cache_ram_mib' must be an integer >= 0, got {self.prefix_cache_ram_mib!r}"

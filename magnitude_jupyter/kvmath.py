@@ -4,11 +4,25 @@ Bytes per token count only the KV heads, not the attention heads: with grouped-q
 attention (SmolLM2: 9 heads, 3 KV heads) the common "2 x layers x hidden x bytes" formula
 overstates the cache by the ratio of the two. Pure functions, shared by the engine, the CLI
 and calibration.
+
+Sliding-window layers (Gemma 2/3, gpt-oss, Cohere 2) attend to the last `window` tokens only.
+llama.cpp gives them a cache of their own (llama-kv-cache-iswa.cpp): a window of cells per
+sequence and one batch more, in blocks of 256, never more than the context. So a model's KV
+memory is
+
+    cells x (global layers' bytes per token) + window cells x (windowed layers' bytes per token)
+
+and a session of T tokens costs T x the first plus min(T, window) x the second, where a
+full-attention model costs T x all layers' bytes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
+
+KV_BLOCK = 256  # llama.cpp rounds each cache up to whole blocks of cells
 
 # Bytes per element of each KV cache type llama.cpp accepts (block formats: bytes per block / 32).
 CACHE_TYPE_BYTES: dict[str, float] = {
@@ -32,14 +46,89 @@ class KVShape(Protocol):
     def head_dim_v(self) -> int: ...
 
 
-def kv_bytes_per_token(shape: KVShape, cache_type_k: str = "f16", cache_type_v: str | None = None) -> float:
-    """Bytes one token occupies in the KV cache, over all layers, K and V together."""
+def kv_bytes_per_token(
+    shape: KVShape, cache_type_k: str = "f16", cache_type_v: str | None = None, layers: Sequence[bool] | None = None
+) -> float:
+    """Bytes one token occupies in the KV cache, K and V together, over all layers (or those
+    `layers` marks True)."""
     try:
         bytes_k = CACHE_TYPE_BYTES[cache_type_k]
         bytes_v = CACHE_TYPE_BYTES[cache_type_v or cache_type_k]
     except KeyError as exc:
         raise ValueError(f"unknown KV cache type {exc.args[0]!r}; known: {', '.join(CACHE_TYPE_BYTES)}") from None
-    return float(sum(h * (shape.head_dim_k * bytes_k + shape.head_dim_v * bytes_v) for h in shape.kv_heads_per_layer))
+    heads = shape.kv_heads_per_layer
+    if layers is not None:
+        heads = tuple(h for h, counted in zip(heads, layers, strict=False) if counted)
+    return float(sum(h * (shape.head_dim_k * bytes_k + shape.head_dim_v * bytes_v) for h in heads))
+
+
+def window_cells(window: int, sequences: int, batch: int, cells: int) -> int:
+    """Cells of each sliding-window layer's cache: a window per sequence and a batch, in whole
+    blocks, within the context's `cells` (llama-kv-cache-iswa.cpp)."""
+    return -(-min(cells, window * sequences + batch) // KV_BLOCK) * KV_BLOCK
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """The KV cache of one context: its global layers hold `cells`, its windowed layers `window_cells`."""
+
+    cells: int
+    window_cells: int
+    global_bytes_per_token: float  # the layers that see the whole context
+    window_bytes_per_token: float  # the sliding-window layers (0 for a model without them)
+    window: int | None  # tokens each windowed layer sees; None when the windows are full-size or absent
+
+    @property
+    def bytes(self) -> int:
+        return round(self.cells * self.global_bytes_per_token + self.window_cells * self.window_bytes_per_token)
+
+    @property
+    def bytes_per_cell(self) -> float:
+        """What one more cell of context costs: every layer's bytes, or the global layers' when the
+        windowed layers stop at their windows."""
+        return self.global_bytes_per_token + (0.0 if self.window else self.window_bytes_per_token)
+
+    def window_json(self) -> dict[str, float] | None:
+        """The windowed layers' cache, for /status (None without windows)."""
+        if not self.window:
+            return None
+        return {"window": self.window, "cells": self.window_cells, "bytes_per_token": self.window_bytes_per_token}
+
+    def session_bytes(self, tokens: int) -> float:
+        """What one sequence of `tokens` holds: every token in the global layers, its last window in
+        the windowed ones."""
+        seen = tokens if self.window is None else min(tokens, self.window)
+        return tokens * self.global_bytes_per_token + seen * self.window_bytes_per_token
+
+
+class WindowedShape(KVShape, Protocol):
+    @property
+    def windowed_layers(self) -> tuple[bool, ...]: ...
+    @property
+    def sliding_window(self) -> int | None: ...
+
+
+def kv_layout(
+    shape: WindowedShape,
+    cells: int,
+    cache_type_k: str = "f16",
+    cache_type_v: str | None = None,
+    sequences: int = 1,
+    batch: int = 512,
+    full_windows: bool = False,
+) -> KVLayout:
+    """The cache llama.cpp makes for `cells` over `sequences` (windowed layers at full size when
+    `full_windows`, as llama.cpp's swa_full)."""
+    windowed = shape.windowed_layers if shape.sliding_window else ()
+    if not any(windowed):
+        bpt = kv_bytes_per_token(shape, cache_type_k, cache_type_v)
+        return KVLayout(cells, 0, bpt, 0.0, None)
+    glob = kv_bytes_per_token(shape, cache_type_k, cache_type_v, [not w for w in windowed])
+    swa = kv_bytes_per_token(shape, cache_type_k, cache_type_v, windowed)
+    assert shape.sliding_window is not None
+    if full_windows:
+        return KVLayout(cells, cells, glob, swa, None)
+    return KVLayout(cells, window_cells(shape.sliding_window, sequences, batch, cells), glob, swa, shape.sliding_window)
 
 
 def kv_cache_bytes(shape: KVShape, tokens: int, cache_type_k: str = "f16", cache_type_v: str | None = None) -> int:

@@ -27,7 +27,7 @@ BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Architectures whose files do not say which layers slide: llama.cpp's fixed pattern for each
 # (every n-th layer global, the others windowed; llama-model.cpp, set_swa_pattern).
 SWA_PATTERNS = {"gemma2": 2, "gemma3": 6, "gpt-oss": 2, "cohere2": 4}
-INFO_CACHE_VERSION = 4  # bump when ModelInfo changes shape
+INFO_CACHE_VERSION = 5  # bump when ModelInfo changes shape
 
 # Weight types that llama.cpp (llama-cpp-python 0.3.36) multiplies as a batch on x86 CPUs with AVX2:
 # llamafile's sgemm (F32, F16, BF16, Q8_0, Q4_0, Q5_0, IQ4_NL) and the repacked layouts (Q4_0, Q4_K,
@@ -85,6 +85,7 @@ class ModelInfo:
     eos_token_id: int | None
     weight_types: dict[str, int] = field(default_factory=dict)  # parameters per type, matrices only
     vocab_markers: dict[str, int] = field(default_factory=dict)  # tokens that tell a chat format: text -> id
+    windowed_layers: tuple[bool, ...] = ()  # per layer: attends over the sliding window only
 
     def chat_format(self, config_template: str | None = None) -> ChatFormat:
         """The format this model is served in (chat_formats.py): a config's, its file's, or its family's."""
@@ -102,6 +103,7 @@ class ModelInfo:
     def to_json(self, include_template: bool = False) -> dict[str, Any]:
         data = asdict(self)
         data["kv_heads_per_layer"] = list(self.kv_heads_per_layer)
+        data["windowed_layers"] = list(self.windowed_layers)
         if not include_template:
             data.pop("chat_template")
         return data
@@ -198,14 +200,14 @@ def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
     sliding_window = arch_key("attention.sliding_window")
     pattern = arch_key("attention.sliding_window_pattern", SWA_PATTERNS.get(arch))
     if sliding_window is None:
-        swa_layers = 0
+        windowed = (False,) * layers
     elif isinstance(pattern, list):
-        swa_layers = sum(1 for is_swa in pattern[:layers] if is_swa)
+        windowed = tuple(bool(is_swa) for is_swa in pattern[:layers])
     elif isinstance(pattern, int) and pattern > 1:
         # every `pattern`-th layer is full attention, the others use the window
-        swa_layers = sum(1 for i in range(layers) if (i + 1) % pattern != 0)
+        windowed = tuple((i + 1) % pattern != 0 for i in range(layers))
     else:
-        swa_layers = layers
+        windowed = (True,) * layers
 
     file_type = _field("general.file_type")
     try:
@@ -240,7 +242,8 @@ def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
         embedding_length=embedding,
         vocab_size=vocab_size,
         sliding_window=int(sliding_window) if sliding_window is not None else None,
-        sliding_window_layers=swa_layers,
+        sliding_window_layers=sum(windowed),
+        windowed_layers=windowed,
         has_chat_template=bool(template),
         chat_template=str(template) if template else None,
         vocab_markers=dict(header.vocab_markers),
@@ -268,6 +271,7 @@ def read_model_info(path: str | Path) -> ModelInfo:
     try:
         data = json.loads(cache.read_text(encoding="utf-8"))
         data["kv_heads_per_layer"] = tuple(data["kv_heads_per_layer"])
+        data["windowed_layers"] = tuple(data["windowed_layers"])
         return ModelInfo(**data)
     except (OSError, ValueError, TypeError, KeyError):
         pass

@@ -31,6 +31,7 @@ class FakeRunner:
         self.n_ctx = n_ctx
         self.n_ctx_train = n_ctx_train
         self.kv_buffer_bytes: int | None = None
+        self.sliding_window: int | None = None
         self.repack: bool | None = None
         self.flash_attention: bool | None = None
         self.flash_attention_reason: str | None = None
@@ -132,6 +133,9 @@ class FakeRunner:
 
     def sequence_length(self, seq_id: int) -> int:
         return len(self.seqs.get(seq_id, {}))
+
+    def sequence_start(self, seq_id: int) -> int:
+        return min(self.seqs.get(seq_id) or {-1: 0})
 
     def decode(self, items: list[DecodeItem]) -> list[int | None]:
         self.calls.append(list(items))

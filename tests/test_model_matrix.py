@@ -13,7 +13,7 @@ from magnitude_jupyter.engine import Engine
 from magnitude_jupyter.engine.request import SamplingParams
 from magnitude_jupyter.kvmath import kv_bytes_per_token
 from magnitude_jupyter.models import read_model_info
-from magnitude_jupyter.tiny_models import ARCHITECTURES, write_tiny_model
+from magnitude_jupyter.tiny_models import ARCHITECTURES, WORDS, write_tiny_model
 
 from .listing import listed_details
 
@@ -63,6 +63,10 @@ def test_list_shows_the_format_and_the_sliding_layers(tiny_dir, tmp_path, monkey
     block = output[output.index("tiny-gemma3 ") :]
     # llama.cpp's gemma3 pattern: five windowed layers in six, the sixth global
     assert "sliding window   64 on 5 layers" in block
+    # a session of the trained context (4,096): every token in the global layer, the last 64 in the others
+    assert (
+        "KV cache (f16)   128 bytes/token (global layers) + 640 for the last 64 (windowed layers), 552.0 KiB" in block
+    )
     assert "chat format      gemma (family rule: vocabulary has <start_of_turn> <end_of_turn>)" in block
 
 
@@ -78,12 +82,54 @@ def test_each_family_renders_its_format_stops_at_its_turn_end_and_holds_the_plan
         # The model picks its family's turn end first: the answer ends there, with nothing in it.
         result = engine.generate(messages=CONVERSATION, params=SamplingParams(max_tokens=8, temperature=0))
         assert (result.finish_reason, result.text, result.usage["completion_tokens"]) == ("stop", "", 0)
-        # llama.cpp's KV buffer is what the arithmetic plans (full-size windows: see kvmath).
+        # llama.cpp's KV buffer is what the arithmetic plans (here a window per sequence is more than
+        # the context, so the windowed layers hold the context too: see kvmath)
         stats = engine.stats()
         planned = stats.scheduler.kv_cells_total * kv_bytes_per_token(info, "f16")
-        assert stats.kv_buffer_bytes_reported is not None
+        assert stats.kv_bytes_planned == round(planned) and stats.kv_buffer_bytes_reported is not None
         # llama.cpp logs each buffer in MiB with two decimals
         assert abs(stats.kv_buffer_bytes_reported - planned) <= 0.01 * 2**20
+
+
+@pytest.mark.model
+def test_a_sliding_window_model_holds_a_window_per_sequence_and_reuses_only_what_its_window_keeps(tiny_dir):
+    path = tiny_dir / "tiny-gemma3.gguf"  # window 64 on five layers in six
+    info = read_model_info(path)
+    with Engine(str(path), settings=Settings(), parallel=2, ctx_size=2048, threads=1, prefix_cache_entries=4) as engine:
+        stats = engine.stats()
+        # (2 slots + 4 entries) x 64 + a 512-token batch, in blocks of 256: 1,024 cells, not 2,048
+        assert stats.kv_window == {
+            "window": 64,
+            "cells": 1024,
+            "bytes_per_token": kv_bytes_per_token(info, "f16") / 6 * 5,
+        }
+        glob = kv_bytes_per_token(info, "f16", layers=[not w for w in info.windowed_layers])
+        assert stats.kv_bytes_planned == 2048 * glob + 1024 * stats.kv_window["bytes_per_token"]
+        assert stats.kv_buffer_bytes_reported is not None
+        assert abs(stats.kv_buffer_bytes_reported - stats.kv_bytes_planned) <= 0.01 * 2**20
+
+        # A second turn goes on from the end of the first: reused, and the same as computing it all.
+        greedy = SamplingParams(max_tokens=12, temperature=0)
+        first = engine.prompt_tokens_for(messages=[{"role": "user", "content": " ".join(WORDS)}])
+        answer = engine.generate(prompt_tokens=first, params=greedy)
+        turn = [*first, *answer.token_ids, *engine.tokenize(" say more about the water", add_special=False)]
+        warm = engine.generate(prompt_tokens=turn, params=greedy)
+        cold = engine.generate(
+            prompt_tokens=turn, params=SamplingParams(max_tokens=12, temperature=0, reproducible=True)
+        )
+        assert warm.usage["prompt_tokens_details"]["cached_tokens"] == len(first) + len(answer.token_ids) - 1
+        assert warm.token_ids[:4] == cold.token_ids[:4]
+        # A prompt that parts from the entry inside it, with llama.cpp's cells whole: reused too
+        inside = [*first[:-20], *engine.tokenize(" the other way round", add_special=False)]
+        again = engine.generate(prompt_tokens=inside, params=greedy)
+        alone = engine.generate(
+            prompt_tokens=inside, params=SamplingParams(max_tokens=12, temperature=0, reproducible=True)
+        )
+        assert again.token_ids[:4] == alone.token_ids[:4]
+        status = engine.stats().scheduler
+        reused = again.usage["prompt_tokens_details"]["cached_tokens"]
+        # either reused, or counted as what the window kept from being reused: never wrong cells
+        assert reused == len(first) - 20 or status.prompt_tokens_window_missed >= len(first) - 20
 
 
 # A Qwen3-like template: ChatML whose answers think, and which closes the block itself when asked

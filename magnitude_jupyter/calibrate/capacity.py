@@ -28,12 +28,24 @@ def available_memory() -> int:
     return 0
 
 
+Window = tuple[int, float]  # a sliding-window model's windowed layers: (tokens they see, bytes per token)
+
+
+def session_bytes(tokens: int, bytes_per_token: float, window: Window | None = None) -> float:
+    """KV bytes of one session of `tokens`: every token in the global layers (all layers without
+    windows), its last window in the windowed layers (kvmath.py)."""
+    if window is None:
+        return tokens * bytes_per_token
+    return tokens * bytes_per_token + min(tokens, window[0]) * window[1]
+
+
 def sessions_table(
     bytes_per_token: float,
     memory_bytes: int,
     contexts: tuple[int, ...] = CONTEXTS,
     trained_context: int | None = None,
     turn_charge_tokens: int | None = None,
+    window: Window | None = None,
 ) -> list[dict[str, Any]]:
     """How many sessions of each context length fit the memory budget (KV cache only), and, given
     what admission charges a session's next turn on top of its context, how many run at once."""
@@ -41,21 +53,23 @@ def sessions_table(
     for ctx in contexts:
         if trained_context and ctx > trained_context:
             continue
-        per_session = ctx * bytes_per_token
+        per_session = session_bytes(ctx, bytes_per_token, window)
         row: dict[str, Any] = {
             "context": ctx,
             "bytes_per_session": per_session,
             "sessions": int(memory_bytes // per_session) if per_session else 0,
         }
         if turn_charge_tokens is not None and bytes_per_token:
-            row["sessions_admitted"] = sessions_admitted(memory_bytes, ctx, turn_charge_tokens, bytes_per_token)
+            row["sessions_admitted"] = sessions_admitted(memory_bytes, ctx, turn_charge_tokens, bytes_per_token, window)
         rows.append(row)
     return rows
 
 
-def sessions_admitted(memory_bytes: float, context: int, turn_charge_tokens: int, bytes_per_token: float) -> int:
+def sessions_admitted(
+    memory_bytes: float, context: int, turn_charge_tokens: int, bytes_per_token: float, window: Window | None = None
+) -> int:
     """Sessions of `context` tokens that run at once when each turn is also charged its answer's cells."""
-    return int(memory_bytes // ((context + turn_charge_tokens) * bytes_per_token))
+    return int(memory_bytes // session_bytes(context + turn_charge_tokens, bytes_per_token, window))
 
 
 def turn_charge(status: dict[str, Any] | None) -> tuple[str | None, int | None]:
@@ -81,6 +95,8 @@ class CapacityReport:
     turn_charge_tokens: int | None = None  # ... in cells, on top of the session's context
     current: dict[str, Any] = field(default_factory=dict)  # the engine's setting: parallel, ctx_size, bytes
     reported_kv_buffer_bytes: int | None = None  # what llama.cpp said it allocated
+    window: int | None = None  # tokens a sliding-window layer keeps per session (None: all, or no such layers)
+    window_bytes_per_token: float = 0.0  # ... and what a token costs there; bytes_per_token is then the other layers'
     predicted_kv_buffer_bytes: int | None = None
     probe: dict[str, Any] | None = None
 
@@ -95,6 +111,8 @@ def model_shape(meta: dict[str, Any]) -> Any:
         kv_heads_per_layer = tuple(meta["kv_heads_per_layer"])
         head_dim_k = meta["head_dim_k"]
         head_dim_v = meta["head_dim_v"]
+        windowed_layers = tuple(meta.get("windowed_layers") or ())
+        sliding_window = meta.get("sliding_window")
 
     return Shape
 
@@ -113,7 +131,17 @@ def capacity_report(
     types = cache_type.split("/")
     if len(types) > 2 or any(t not in CACHE_TYPE_BYTES for t in types):
         raise ValueError(f"unknown cache type {cache_type!r}")
-    bpt = kv_bytes_per_token(model_shape(meta), *types)
+    shape = model_shape(meta)
+    # The server says whether its windowed layers keep windows (kv_window); by default llama.cpp's do.
+    kv_window = (status or {}).get("kv_window")
+    windowed = shape.windowed_layers if (kv_window or status is None) and shape.sliding_window else ()
+    window: Window | None = None
+    if any(windowed):
+        k, v = types[0], types[-1]
+        bpt = kv_bytes_per_token(shape, k, v, layers=[not w for w in windowed])
+        window = (int(shape.sliding_window), kv_bytes_per_token(shape, k, v, layers=windowed))
+    else:
+        bpt = kv_bytes_per_token(shape, *types)
     budget = memory_bytes if memory_bytes is not None else available_memory()
     admission, charge = turn_charge(status)
     report = CapacityReport(
@@ -121,9 +149,13 @@ def capacity_report(
         bytes_per_token=bpt,
         memory_budget_bytes=budget,
         tokens_that_fit=tokens_that_fit(budget, bpt),
-        table=sessions_table(bpt, budget, trained_context=meta.get("trained_context"), turn_charge_tokens=charge),
+        table=sessions_table(
+            bpt, budget, trained_context=meta.get("trained_context"), turn_charge_tokens=charge, window=window
+        ),
         admission=admission,
         turn_charge_tokens=charge,
+        window=window[0] if window else None,
+        window_bytes_per_token=window[1] if window else 0.0,
     )
     if status and status.get("kv_cells_total"):
         ctx, parallel = int(status["kv_cells_total"]), int(status["parallel"])
@@ -131,9 +163,9 @@ def capacity_report(
             "parallel": parallel,
             "ctx_size": ctx,
             "context_per_session": ctx // parallel,
-            "kv_bytes": ctx * bpt,
+            "kv_bytes": status.get("kv_bytes_planned") or ctx * bpt,
         }
-        report.predicted_kv_buffer_bytes = round(ctx * bpt)
+        report.predicted_kv_buffer_bytes = round(status.get("kv_bytes_planned") or ctx * bpt)
         report.reported_kv_buffer_bytes = status.get("kv_buffer_bytes_reported")
     return report
 

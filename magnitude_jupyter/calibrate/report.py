@@ -131,7 +131,8 @@ def turn_charge_text(cap: dict[str, Any]) -> str | None:
     per_session = current.get("context_per_session")
     if per_session:
         bpt = cap["bytes_per_token"]
-        admitted = sessions_admitted(current["kv_bytes"], per_session, charge, bpt) if bpt else 0
+        window = (cap["window"], cap["window_bytes_per_token"]) if cap.get("window") else None
+        admitted = sessions_admitted(current["kv_bytes"], per_session, charge, bpt, window) if bpt else 0
         text += f"; {admitted:,} sessions of {per_session:,} tokens fit the engine's cells at once"
     return text
 

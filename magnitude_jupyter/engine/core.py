@@ -29,10 +29,9 @@ import numpy as np
 
 from ..chat_formats import ChatFormat
 from ..config import EngineSettings, Settings, load_settings
-from ..kvmath import kv_bytes_per_token
 from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
 from .gbnf_limits import start_with_grammar_stack
-from .memory import ContextSizing, cache_sequences, resolve_settings
+from .memory import ContextSizing, cache_sequences, plan_kv, resolve_settings
 from .metrics import EngineMetrics
 from .prefix_cache import KVOp
 from .prepare import prepare_params
@@ -153,6 +152,7 @@ class Engine:
             flash_attention=es.flash_attention_choice,
             verbose=self._verbose,
             stop_tokens=self._stop_token_ids(),
+            full_windows=es.swa_full,
         )
 
     def _stop_token_ids(self) -> frozenset[int]:
@@ -432,6 +432,7 @@ class Engine:
             live = tuple(LiveRequest.of(r, now) for r in live_requests)
             recent = tuple(self._recent)
         info = self.model_info
+        layout = plan_kv(info, es) if info and isinstance(es.ctx_size, int) else None
         return EngineStats(
             model=self.model_id,
             state=self.state,
@@ -441,7 +442,9 @@ class Engine:
             trained_context=info.trained_context if info else None,
             default_max_tokens=es.default_max_tokens,
             scheduler=scheduler,
-            kv_bytes_per_token=kv_bytes_per_token(info, *es.kv_types) if info else None,
+            kv_bytes_per_token=layout.bytes_per_cell if layout else None,
+            kv_bytes_planned=layout.bytes if layout else None,
+            kv_window=layout.window_json() if layout else None,
             kv_cache_type=es.kv_type_label,
             flash_attention=es.uses_flash_attention,
             flash_attention_reason=self.flash_attention_reason,
@@ -490,6 +493,8 @@ class Engine:
                 draft_tokens=es.draft_tokens,
                 draft_max_sequences=es.draft_max_sequences,
                 admission=es.admission,
+                sliding_window=self.runner.sliding_window,
+                sequence_start=self.runner.sequence_start,
             )
         except Exception as exc:  # reported through state/load_error, and to wait_ready()
             log.exception("model load failed")

@@ -9,6 +9,10 @@ whole (measured: 256 sequences of the bundled model hold 45 MiB more than 16), w
 cache's sequences are a setting (`prefix_cache_entries`). The prefix cache's RAM tier comes on top,
 filled only as conversations are evicted, up to its limit.
 
+A model with sliding-window layers holds those at a window per sequence (kvmath.py), so for it the KV
+cache is `ctx_size` cells of its global layers plus a fixed block of window cells, and each
+cache sequence costs a window more (unless `swa_full`).
+
 `ctx_size: auto` runs the same arithmetic backwards: from a memory budget, less the weights, the
 buffers and the RAM tier, as many KV cells as the cache type leaves room for, no more than
 `parallel` sequences of the trained context, and no fewer than one.
@@ -23,12 +27,12 @@ from typing import Any
 import psutil
 
 from ..config import ConfigError, EngineSettings, parse_memory_budget
-from ..kvmath import kv_bytes_per_token, kv_cache_bytes
+from ..kvmath import KV_BLOCK, KVLayout, kv_layout, window_cells
 from ..models import ModelInfo
 
 FLOAT_BYTES = 4
 SCORE_BYTES = 5  # an attention score in llama.cpp's compute buffer, measured (see _scores_bytes_per_cell)
-KV_PADDING = 256  # llama.cpp rounds the cache up to whole blocks of cells
+KV_PADDING = KV_BLOCK
 
 
 @dataclass(frozen=True)
@@ -87,12 +91,31 @@ def _scores_bytes_per_cell(info: ModelInfo, es: EngineSettings) -> int:
     return 0 if es.uses_flash_attention else es.n_batch * info.attention_heads * SCORE_BYTES
 
 
+def plan_kv(info: ModelInfo, es: EngineSettings, cells: int | None = None) -> KVLayout:
+    """The KV cache llama.cpp makes for these settings (of `cells`, or the settings' own)."""
+    cells = -(-(es.cells if cells is None else cells) // KV_PADDING) * KV_PADDING
+    sequences = es.parallel + cache_sequences(es)
+    return kv_layout(info, cells, *es.kv_types, sequences=sequences, batch=es.n_batch, full_windows=es.swa_full)
+
+
+def _cells_in(info: ModelInfo, es: EngineSettings, kv_bytes: float, extra_per_cell: float = 0) -> int:
+    """The most context cells `kv_bytes` hold, each cell costing its KV bytes and `extra_per_cell`."""
+    layout = plan_kv(info, es, KV_PADDING)
+    per_cell = layout.global_bytes_per_token + layout.window_bytes_per_token + extra_per_cell
+    if layout.window is None:
+        return int(kv_bytes // per_cell) if per_cell else 0
+    # The windowed layers stop growing at their windows: past that, a cell costs the global layers only.
+    windows = window_cells(layout.window, es.parallel + cache_sequences(es), es.n_batch, 2**40)
+    if kv_bytes >= windows * per_cell:
+        return int((kv_bytes - windows * layout.window_bytes_per_token) // (per_cell - layout.window_bytes_per_token))
+    return int(kv_bytes // per_cell)
+
+
 def plan_memory(info: ModelInfo, es: EngineSettings) -> MemoryPlan:
-    cells = -(-es.cells // KV_PADDING) * KV_PADDING
     return MemoryPlan(
         weights=info.file_size,
-        kv_cache=kv_cache_bytes(info, cells, *es.kv_types),
-        buffers=_buffers(info, es, cells),
+        kv_cache=plan_kv(info, es).bytes,
+        buffers=_buffers(info, es, -(-es.cells // KV_PADDING) * KV_PADDING),
         prefix_cache_ram=es.prefix_cache_ram_mib << 20,
     )
 
@@ -133,34 +156,42 @@ def size_context(
         source = f"{raw:g} of the {mib(free)} free (less the {mib(reserve_bytes)} reserve)"
     else:
         budget, source = raw, "memory_budget"
-    bpt = kv_bytes_per_token(info, *es.kv_types)
+    unit = plan_kv(info, es, KV_PADDING)
+    bpt = unit.bytes_per_cell
     buffers, ram = _buffers(info, es), es.prefix_cache_ram_mib << 20
     left = max(0, budget - info.file_size - buffers - ram)
-    fits = int(left // bpt)
+    fits = _cells_in(info, es, left)
     scores = _scores_bytes_per_cell(info, es)
     if scores:  # past some size the scores outgrow the logits' part of the compute buffer
         room = budget - info.file_size - ram - _output_buffer(info, es)
-        fits = min(fits, int(max(0, room) // (bpt + scores)))
+        fits = min(fits, _cells_in(info, es, max(0, room), scores))
     fits = fits // KV_PADDING * KV_PADDING
     ceiling = es.parallel * info.trained_context
     cells = min(fits, ceiling)
     need = info.trained_context
+    windows = f" + windowed layers {unit.window_bytes_per_token:,.0f} bytes/token per window" if unit.window else ""
     if cells < need:
         raise ConfigError(
             f"ctx_size auto: a memory budget of {mib(budget)} ({source}) leaves {mib(left)} for the KV cache "
             f"after the weights ({mib(info.file_size)}), buffers ({mib(buffers)}) and the prefix cache's RAM tier "
-            f"({mib(ram)}): {fits:,} cells at {bpt:,.0f} bytes/token ({es.kv_type_label})"
+            f"({mib(ram)}): {fits:,} cells at {bpt:,.0f} bytes/token{windows} ({es.kv_type_label})"
             + (f" and {scores:,} bytes/cell of attention scores (flash_attention off)" if scores else "")
             + f", but one sequence of the trained context needs {need:,} cells "
-            f"({mib(need * bpt + _buffers(info, es, need) - buffers)}). "
+            f"({mib(plan_kv(info, es, need).bytes + _buffers(info, es, need) - buffers)}). "
             "Give a larger memory_budget, a smaller cache_type, or a ctx_size in tokens."
         )
     why = "parallel x trained context" if cells == ceiling else "what the budget leaves for the cache"
+    layout = plan_kv(info, es, cells)
+    kv = f"{cells:,} x {bpt:,.0f} bytes/token"
+    if layout.window:
+        kv += (
+            f" + {layout.window_cells:,} window cells x {layout.window_bytes_per_token:,.0f} bytes/token "
+            f"(window {layout.window} x {es.parallel + cache_sequences(es)} sequences + a batch)"
+        )
     reason = (
         f"ctx_size auto: {cells:,} cells ({why}); budget {mib(budget)} ({source}): weights {mib(info.file_size)}, "
         f"buffers {mib(_buffers(info, es, cells))}, RAM tier {mib(ram)}, KV cache "
-        f"{cells:,} x {bpt:,.0f} bytes/token ({es.kv_type_label}) = {mib(cells * bpt)}; "
-        + ADMISSION_CHARGE[es.admission]
+        f"{kv} ({es.kv_type_label}) = {mib(layout.bytes)}; " + ADMISSION_CHARGE[es.admission]
     )
     return ContextSizing(cells, budget, bpt, reason)
 

@@ -14,6 +14,16 @@ siblings stays. With a RAM tier the
 evicted sequence's state is saved first (`llama_state_seq_get_data`), so a conversation that comes
 back is restored instead of recomputed.
 
+Sliding windows: on a model whose windowed layers see each sequence's last `window` tokens only,
+llama.cpp reuses a sequence's older cells in those layers when it needs room, from the oldest up
+(with `swa_full` too: only the cache's size differs), and a saved state leaves them out.
+A request can go on from position p of an entry only if the entry's windowed layers still hold
+the window before p. Each leaf knows from where its windowed cells were whole when it was made
+(`window_floor`: a leaf built from the tree's cells and a request's has a gap where the request
+had already dropped some), and llama.cpp says where they start now (`sequence_start`); a match
+whose window is not there is not reused (counted in `window_missed_tokens`, shown in /status)
+and the prompt is computed instead. At its very end an entry always has its window.
+
 This module only decides. It speaks to llama.cpp through the KV operations it returns (copy,
 clear, save, restore), which the engine hands to the runner in order.
 """
@@ -55,10 +65,12 @@ class TrimSequence:
 
 @dataclass
 class SaveSequence:
-    """Save the state of `seq_id` (its `tokens`) to the RAM tier before it is cleared."""
+    """Save the state of `seq_id` (its `tokens`) to the RAM tier before it is cleared (its windowed
+    layers' cells whole from `window_floor`)."""
 
     seq_id: int
     tokens: tuple[int, ...]
+    window_floor: int = 0
 
 
 @dataclass
@@ -104,6 +116,8 @@ class Node:
     parent: Node | None = None
     children: dict[int, Node] = field(default_factory=dict)
     seq_id: int | None = None  # leaves only: the sequence holding every cell from the root to here
+    window_floor: int = 0  # leaves only: its windowed layers' cells were whole from here to its end when made
+    plan: int = 0  # PrefixCache.plan when it was made: llama.cpp has its cells from the next plan on
     last_used: int = 0
     used_at_row: int = 0  # PrefixCache.rows when it was last used
 
@@ -131,30 +145,37 @@ class RamTier:
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
         self.entries: OrderedDict[tuple[int, ...], SavedState] = OrderedDict()
+        self.floors: dict[tuple[int, ...], int] = {}  # where each one's windowed cells are whole from
         self.bytes = 0
 
-    def put(self, tokens: tuple[int, ...], data: SavedState) -> None:
+    def put(self, tokens: tuple[int, ...], data: SavedState, window_floor: int = 0) -> None:
         if len(data) > self.capacity_bytes:
             return
         self.pop(tokens)
         self.entries[tokens] = data
+        self.floors[tokens] = window_floor
         self.bytes += len(data)
         while self.bytes > self.capacity_bytes:
-            _, dropped = self.entries.popitem(last=False)
+            gone, dropped = self.entries.popitem(last=False)
+            del self.floors[gone]
             self.bytes -= len(dropped)
 
     def pop(self, tokens: tuple[int, ...]) -> SavedState | None:
         data = self.entries.pop(tokens, None)
         if data is not None:
+            del self.floors[tokens]
             self.bytes -= len(data)
         return data
 
-    def best(self, prompt: Sequence[int], limit: int) -> tuple[tuple[int, ...], int]:
-        """The saved entry that shares the longest prefix with `prompt` (at most `limit` tokens)."""
+    def best(
+        self, prompt: Sequence[int], limit: int, usable: Callable[[int, int], bool] | None = None
+    ) -> tuple[tuple[int, ...], int]:
+        """The saved entry that shares the longest prefix with `prompt` (at most `limit` tokens; with
+        `usable`, only where it says the prefix's length and the entry's window floor can be used)."""
         best: tuple[tuple[int, ...], int] = ((), 0)
         for tokens in self.entries:
             n = common_prefix_len(tokens, prompt, limit)
-            if n > best[1]:
+            if n > best[1] and (usable is None or usable(n, self.floors[tokens])):
                 best = (tokens, n)
         return best
 
@@ -175,8 +196,20 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int], limit: int | None = No
 class PrefixCache:
     """The tree, its sequence ids, and the cells it holds (`cells`, counted once however shared)."""
 
-    def __init__(self, seq_ids: Sequence[int], ram_bytes: int = 0, spill_after_rows: int = SPILL_AFTER_ROWS) -> None:
+    def __init__(
+        self,
+        seq_ids: Sequence[int],
+        ram_bytes: int = 0,
+        spill_after_rows: int = SPILL_AFTER_ROWS,
+        window: int = 0,
+        sequence_start: Callable[[int], int] | None = None,
+    ) -> None:
+        """`window`: the tokens a windowed layer keeps per sequence, and `sequence_start` where
+        llama.cpp says a sequence's windowed cells start now (see "Sliding windows"); 0: all kept."""
         self.root = Node(tokens=[])
+        self.window = window
+        self.sequence_start = sequence_start
+        self.plan = 0  # the scheduler's plans so far: a leaf made in this one has no cells in llama.cpp yet
         self.free_seq_ids = list(seq_ids)
         self.cells = 0
         self.ram = RamTier(ram_bytes) if ram_bytes > 0 else None
@@ -190,6 +223,7 @@ class PrefixCache:
         self.restored_tokens = 0
         self.respelled_tokens = 0  # cached tokens reused where the prompt spelled the same text otherwise
         self.spilled_entries = 0  # entries moved to the RAM tier for being idle (SPILL_AFTER_ROWS)
+        self.window_missed_tokens = 0  # cached prompt tokens not reused: the window had moved past them (scheduler)
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -222,6 +256,45 @@ class PrefixCache:
             node = child
         seq_id = path[-1].any_leaf().seq_id if path else None
         return Match(matched, path, seq_id)
+
+    def window_start(self, length: int) -> int:
+        """The first position whose windowed cells a request going on from `length` needs."""
+        return max(0, length - self.window + 1)
+
+    def _floor_now(self, leaf: Node) -> int:
+        """From where a leaf's windowed cells are whole now: its floor, or higher where llama.cpp has
+        taken its oldest cells since (known once its cells are there, after the plan that made it)."""
+        if self.sequence_start is None or leaf.plan == self.plan or leaf.seq_id is None:
+            return leaf.window_floor
+        return max(leaf.window_floor, self.sequence_start(leaf.seq_id))
+
+    def continuable(self, match: Match) -> Match:
+        """`match` with a sequence a request can go on from at its end, else no match (see "Sliding
+        windows")."""
+        if not self.window or not match.path:
+            return match
+        start = self.window_start(match.length)
+        stack = [match.path[-1]]
+        while stack:
+            node = stack.pop()
+            if node.is_leaf and self._floor_now(node) <= start:
+                return Match(match.length, match.path, node.seq_id)
+            stack.extend(node.children.values())
+        return Match(0, [], None)
+
+    def _saved_floor(self, leaf: Node, length: int) -> int:
+        """From where a leaf's saved state holds its windowed cells whole: llama.cpp leaves out the cells
+        its end's window has passed when it saves a sequence (ggml-org/llama.cpp#25295)."""
+        return max(self._floor_now(leaf), self.window_start(length)) if self.window else 0
+
+    def _made_floor(self, taken: int, src_seq: int, below: int) -> int:
+        """The window floor of an entry whose cells from `taken` on come from `src_seq` (a request's
+        sequence, whole down to where llama.cpp says it starts), and below `taken` from an entry whose
+        cells are whole from `below`."""
+        if not self.window or self.sequence_start is None:
+            return 0
+        start = self.sequence_start(src_seq)
+        return max(start, below) if start <= taken else start
 
     def respelled(
         self, tokens: Sequence[int], match: Match, spell: Callable[[int], bytes], window: int = RESPELL_WINDOW
@@ -300,23 +373,37 @@ class PrefixCache:
         now = next(self._clock)
         if parent.is_leaf and parent.seq_id is not None:
             # The request continued an entry (the next turn of a conversation): the entry grows.
+            parent.window_floor = self._made_floor(match.length, src_seq, self._floor_now(parent))
             ops.append(CopyCells(src_seq, parent.seq_id, match.length, len(tokens)))
             parent.tokens += new
             parent.last_used, parent.used_at_row = now, self.rows
             self.cells += len(new)
             return
+        holder = parent.any_leaf() if match.length else None
+        # Below the match its cells are the holder's, whole from the holder's floor up to its end.
+        floor = self._made_floor(match.length, src_seq, self._floor_now(holder) if holder else 0)
         seq_id = self.free_seq_ids.pop(0)
-        if match.length:
-            ops.append(CopyCells(self._holder(parent), seq_id, 0, match.length))
+        if holder is not None:
+            ops.append(CopyCells(self._holder(holder), seq_id, 0, match.length))
         ops.append(CopyCells(src_seq, seq_id, match.length, len(tokens)))
-        parent.children[new[0]] = Node(tokens=new, parent=parent, seq_id=seq_id, last_used=now, used_at_row=self.rows)
+        parent.children[new[0]] = Node(
+            tokens=new,
+            parent=parent,
+            seq_id=seq_id,
+            last_used=now,
+            used_at_row=self.rows,
+            window_floor=floor,
+            plan=self.plan,
+        )
         self.cells += len(new)
 
     @staticmethod
     def _end(path: list[Node]) -> int:
         return sum(len(node.tokens) for node in path)
 
-    def restore(self, tokens: tuple[int, ...], data: SavedState, ops: list[KVOp], pinned: Pins = ()) -> bool:
+    def restore(
+        self, tokens: tuple[int, ...], data: SavedState, ops: list[KVOp], pinned: Pins = (), window_floor: int = 0
+    ) -> bool:
         """Bring a saved entry back from the RAM tier as a leaf; False if the tree holds it all already or
         no sequence id can be freed."""
         have = self.match(tokens, len(tokens)).length
@@ -330,6 +417,8 @@ class PrefixCache:
         holder = self._holder(parent) if match.length else None
         ops.append(RestoreSequence(seq_id, data, shared=match.length, shared_from=holder))
         new = list(tokens[match.length :])
+        # The saved cells are whole from its floor (_saved_floor); below the match the tree's replace them.
+        floor = max(window_floor, match.length) if self.window else 0
         if parent.is_leaf:
             # The saved entry continues a leaf the tree has: one sequence holds the whole path now.
             assert parent.seq_id is not None
@@ -337,10 +426,17 @@ class PrefixCache:
             self.free_seq_ids.append(parent.seq_id)
             parent.tokens += new
             parent.seq_id = seq_id
+            parent.window_floor, parent.plan = floor, self.plan
             parent.last_used, parent.used_at_row = next(self._clock), self.rows
         else:
             parent.children[new[0]] = Node(
-                tokens=new, parent=parent, seq_id=seq_id, last_used=next(self._clock), used_at_row=self.rows
+                tokens=new,
+                parent=parent,
+                seq_id=seq_id,
+                last_used=next(self._clock),
+                used_at_row=self.rows,
+                window_floor=floor,
+                plan=self.plan,
             )
         self.cells += len(new)
         self.restored_tokens += len(new)
@@ -450,7 +546,7 @@ class PrefixCache:
         assert leaf.seq_id is not None and 0 < keep < len(leaf.tokens)
         path = self._path_tokens(leaf)
         if self.ram is not None:
-            ops.append(SaveSequence(leaf.seq_id, path))
+            ops.append(SaveSequence(leaf.seq_id, path, self._saved_floor(leaf, len(path))))
         cut = len(leaf.tokens) - keep
         ops.append(TrimSequence(leaf.seq_id, len(path) - cut))
         del leaf.tokens[keep:]
@@ -475,7 +571,8 @@ class PrefixCache:
     def _drop(self, leaf: Node, ops: list[KVOp], save: bool = True) -> None:
         assert leaf.seq_id is not None and leaf.parent is not None
         if self.ram is not None and save:
-            ops.append(SaveSequence(leaf.seq_id, self._path_tokens(leaf)))
+            path = self._path_tokens(leaf)
+            ops.append(SaveSequence(leaf.seq_id, path, self._saved_floor(leaf, len(path))))
         ops.append(ClearSequence(leaf.seq_id))
         self.free_seq_ids.append(leaf.seq_id)
         parent = leaf.parent
@@ -510,9 +607,10 @@ class PrefixCache:
                 return True
             if not self.free_seq_ids or self.cells + len(tokens) - have > cells_limit:
                 continue
+            floor = self.ram.floors[tokens]
             data = self.ram.pop(tokens)
             assert data is not None
-            if self.restore(tokens, data, ops):
+            if self.restore(tokens, data, ops, window_floor=floor):
                 return True
-            self.ram.put(tokens, data)
+            self.ram.put(tokens, data, floor)
         return False

@@ -150,9 +150,12 @@ class LlamaRunner:
         flash_attention: bool | None = True,
         verbose: bool = False,
         stop_tokens: frozenset[int] = frozenset(),
+        full_windows: bool = False,
     ) -> None:
         """`flash_attention` None: measured now, on this machine (attention_probe.py); `stop_tokens`: the
-        chat format's turn ends, end of generation beside llama.cpp's own (chat_formats.py)."""
+        chat format's turn ends, end of generation beside llama.cpp's own (chat_formats.py);
+        `full_windows`: sliding-window layers keep every cell (llama.cpp's swa_full), else a window
+        per sequence (kvmath.py)."""
         _init_backend(verbose)
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = gpu_layers
@@ -168,6 +171,9 @@ class LlamaRunner:
             raise RunnerError(f"llama.cpp could not load the model file {model_path}")
         self.cache_types = cache_types
         self._n_threads = n_threads
+        self._full_windows = full_windows
+        n_swa = int(llama_cpp.llama_model_n_swa(self.model))
+        self.sliding_window: int | None = n_swa if n_swa > 0 else None
         self.flash_attention, self.flash_attention_reason = self._choose_attention(
             model_path, flash_attention, n_ctx, n_seq_max, n_batch
         )
@@ -204,7 +210,9 @@ class LlamaRunner:
         self._last_ctx = self.ctx  # where the last decode's logits are
         self._closed = False
 
-    def _new_context(self, n_ctx: int, n_seq_max: int, n_batch: int, flash_attention: bool) -> Any:
+    def _new_context(
+        self, n_ctx: int, n_seq_max: int, n_batch: int, flash_attention: bool, full_windows: bool | None = None
+    ) -> Any:
         """A context on the loaded weights (the main one, a lane, or the attention probe's)."""
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx
@@ -214,11 +222,16 @@ class LlamaRunner:
         cparams.n_threads = self._n_threads
         cparams.n_threads_batch = self._n_threads
         cparams.kv_unified = True
+        cparams.swa_full = self._full_windows if full_windows is None else full_windows
         enabled, disabled = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED, llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.flash_attn_type = enabled if flash_attention else disabled
         cparams.type_k, cparams.type_v = (GGML_TYPES[t] for t in self.cache_types)
         cparams.no_perf = True
         return llama_cpp.llama_init_from_model(self.model, cparams)
+
+    def _probe_context(self, n_ctx: int, n_seq_max: int, n_batch: int, flash_attention: bool) -> Any:
+        """The attention probe's context: its windowed layers keep every cell, as it measures attention over all."""
+        return self._new_context(n_ctx, n_seq_max, n_batch, flash_attention, full_windows=True)
 
     def _choose_attention(
         self, model_path: str | Path, given: bool | None, n_ctx: int, n_seq_max: int, n_batch: int
@@ -233,7 +246,7 @@ class LlamaRunner:
             vocab = llama_cpp.llama_model_get_vocab(self.model)
             n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
             try:
-                choice = attention_probe.measure(self._new_context, n_vocab, cells, rows, n_batch)
+                choice = attention_probe.measure(self._probe_context, n_vocab, cells, rows, n_batch)
             except RuntimeError as exc:  # the model still loads, with the kind that needs no probe
                 log.warning("the attention probe failed (%s): flash attention off", exc)
                 return False, f"flash attention off: the probe failed ({exc})"
@@ -375,6 +388,11 @@ class LlamaRunner:
     def sequence_length(self, seq_id: int) -> int:
         """Tokens this sequence holds in the KV cache (0 when empty)."""
         return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id)) + 1
+
+    def sequence_start(self, seq_id: int) -> int:
+        """The first position this sequence holds in every layer: its sliding-window layers drop older
+        cells when llama.cpp needs room (-1 when it holds none)."""
+        return int(llama_cpp.llama_memory_seq_pos_min(self.memory, seq_id))
 
     # -- compute ---------------------------------------------------------------------------
 

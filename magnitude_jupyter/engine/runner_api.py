@@ -37,6 +37,9 @@ class Runner(Protocol):
     bos_token: str
     eos_token: str
     kv_buffer_bytes: int | None  # what llama.cpp reports its KV buffer holds (None: not reported)
+    # tokens a sliding-window layer sees (None: the model has none): llama.cpp drops a sequence's older
+    # cells in those layers, so a prefix is reused only where its window is there (prefix_cache.py)
+    sliding_window: int | None
 
     @property
     def repack(self) -> bool | None:
@@ -67,6 +70,7 @@ class Runner(Protocol):
     def resume_sequence(self, seq_id: int, key: str, state: SavedState | None, cells: int) -> None: ...
     def forget_suspended(self, key: str) -> None: ...
     def sequence_length(self, seq_id: int) -> int: ...
+    def sequence_start(self, seq_id: int) -> int: ...
     def decode(self, items: list[DecodeItem]) -> list[int | None]: ...
     def sample(self, seq_id: int, row: int) -> int: ...
     def token_logprobs(self, row: int, token: int, top_n: int) -> TokenLogprob: ...
@@ -94,7 +98,7 @@ def apply_kv_ops(runner: Runner, ops: list[KVOp], ram: RamTier | None) -> None:
             runner.drop_cells(op.seq_id, op.start, -1)
         elif isinstance(op, SaveSequence):
             if ram is not None:
-                ram.put(op.tokens, runner.save_sequence(op.seq_id))
+                ram.put(op.tokens, runner.save_sequence(op.seq_id), op.window_floor)
         elif isinstance(op, SuspendSequence):
             op.keep(runner.suspend_sequence(op.seq_id, op.key))
         elif isinstance(op, ForgetSuspended):

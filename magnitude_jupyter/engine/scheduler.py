@@ -139,6 +139,7 @@ class SchedulerStats:
     prompt_tokens_cached: int  # ... of which came from the cache instead of being computed
     prompt_tokens_restored: int  # ... of which the RAM tier brought back
     prompt_tokens_respelled: int = 0  # ... of which where the prompt spelled a cached answer's text otherwise
+    prompt_tokens_window_missed: int = 0  # cached but not reused: a sliding window had moved past them
     prefix_cache_spilled: int = 0  # entries moved to the RAM tier for being idle (prefix_cache.SPILL_AFTER_ROWS)
     admission: str = "estimate"
     preemptions: int = 0  # running requests whose cells were taken back, since the engine started
@@ -166,7 +167,11 @@ class Scheduler:
         draft_tokens: int = 0,
         draft_max_sequences: int = 0,
         admission: str = "estimate",
+        sliding_window: int | None = None,
+        sequence_start: Callable[[int], int] | None = None,
     ) -> None:
+        """`sliding_window`: the tokens the runner's windowed layers see, and `sequence_start` where a
+        sequence's cells start now (Runner.sliding_window, .sequence_start)."""
         if admission not in ADMISSION_MODES:
             raise ValueError(f"admission must be one of {', '.join(ADMISSION_MODES)}, got {admission!r}")
         self.ctx_size = ctx_size
@@ -192,8 +197,12 @@ class Scheduler:
         # Sequence ids after the request slots belong to cache entries (see prefix_cache.py).
         cache_ids = range(max_running, max_running + cache_sequences)
         self.cache = (
-            PrefixCache(cache_ids, cache_ram_bytes, cache_spill_rows) if prefix_reuse and cache_sequences else None
+            PrefixCache(cache_ids, cache_ram_bytes, cache_spill_rows, sliding_window or 0, sequence_start)
+            if prefix_reuse and cache_sequences
+            else None
         )
+        self.sliding_window = sliding_window
+        self._window_missed = 0
         self.min_prefix_tokens = min_prefix_tokens
         self.pending_kv_ops: list[KVOp] = []  # from finish(): to apply before the finished sequences are cleared
         self._rows_scheduled = 0  # rows of the last step planned: the cache's idle clock (spill_idle)
@@ -267,6 +276,7 @@ class Scheduler:
                 if self.cache is not None and not head.params.reproducible and not resumed:
                     self.cache.lookup_tokens += len(head.prompt_tokens)
                     self.cache.hit_tokens += shared
+                    self.cache.window_missed_tokens += self._window_missed
                 self.running.append(head)
                 out.admitted.append(head)
             if queue:
@@ -315,6 +325,7 @@ class Scheduler:
         """(sequence to copy from, tokens to copy, whether they are the cache's) for the longest prompt
         prefix already in the KV cache: a cache entry (restored from RAM if that covers more), or the
         computed prompt of a running request (rows of a batch that start together)."""
+        self._window_missed = 0  # cached tokens a sliding window keeps from being reused, counted at admission
         if request.params.reproducible:
             return None, 0, False  # computed its own way, always: see Request.reproducible
         context = request.context_tokens
@@ -329,6 +340,9 @@ class Scheduler:
             resumed = bool(request.output_tokens)
             if match.seq_id is not None and match.length >= self.min_prefix_tokens and self.spell and not resumed:
                 match, limit = self._respell(request, match, limit)
+            kept = self.cache.continuable(match)
+            self._window_missed += match.length - kept.length
+            match = kept
             if match.seq_id is not None:
                 best = (match.seq_id, match.length, True)
                 self.cache.touch(match)
@@ -336,6 +350,8 @@ class Scheduler:
             if other.params.reproducible or other.seq_id is None or other.cache_scope != request.cache_scope:
                 continue
             n = common_prefix_len(other.context_tokens, context, min(limit, other.num_computed_tokens))
+            if self.sliding_window and n < other.num_computed_tokens:
+                continue  # its windowed layers hold only the cells near its end (prefix_cache.py)
             if n > best[1]:
                 best = (other.seq_id, n, False)
         return best if best[1] >= self.min_prefix_tokens else (None, 0, False)
@@ -359,7 +375,13 @@ class Scheduler:
     def _restore_from_ram(self, request: Request, have: int, limit: int, out: SchedulerOutput) -> Match | None:
         """Bring back a saved entry that covers more of the prompt than the tree does; the new match."""
         assert self.cache is not None and self.cache.ram is not None
-        tokens, n = self.cache.ram.best(request.cache_context_tokens, limit)
+        cache, ram, prompt = self.cache, self.cache.ram, request.cache_context_tokens
+        if cache.window:
+            # Where the tree's cells replace the saved ones below `have`, the window must lie above them.
+            tokens, n = ram.best(prompt, limit, lambda n, floor: cache.window_start(n) >= max(floor, have))
+            self._window_missed = max(0, ram.best(prompt, limit)[1] - max(have, n))
+        else:
+            tokens, n = ram.best(prompt, limit)
         if n < have + RAM_RESTORE_GAIN:
             return None
         # llama.cpp loads the whole saved sequence before the shared part is swapped for the tree's,
@@ -367,10 +389,11 @@ class Scheduler:
         need = len(tokens) + max(0, self.charge(request) - n)
         if not self._make_room(need, out, (request.cache_context_tokens, have)):
             return None
+        floor = self.cache.ram.floors[tokens]
         data = self.cache.ram.pop(tokens)
         assert data is not None
-        if not self.cache.restore(tokens, data, out.kv_ops, self._pins()):
-            self.cache.ram.put(tokens, data)
+        if not self.cache.restore(tokens, data, out.kv_ops, self._pins(), window_floor=floor):
+            self.cache.ram.put(tokens, data, floor)
             return None
         self._sync_cache_budget()
         return self.cache.match(request.cache_context_tokens, limit)
@@ -414,6 +437,7 @@ class Scheduler:
             prompt_tokens_cached=cache.hit_tokens if cache else 0,
             prompt_tokens_restored=cache.restored_tokens if cache else 0,
             prompt_tokens_respelled=cache.respelled_tokens if cache else 0,
+            prompt_tokens_window_missed=cache.window_missed_tokens if cache else 0,
             prefix_cache_spilled=cache.spilled_entries if cache else 0,
             admission=self.admission,
             preemptions=self.preemptions,
@@ -435,6 +459,8 @@ class Scheduler:
     def schedule(self, now: float | None = None) -> SchedulerOutput:
         now = time.monotonic() if now is None else now
         out = SchedulerOutput()
+        if self.cache is not None:
+            self.cache.plan += 1  # what earlier plans made is in llama.cpp now
         if self.admission == "estimate":  # running requests get the cells they grow into first
             self._grow_or_preempt(now, out)
         self._admit(now, out)

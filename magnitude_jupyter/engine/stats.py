@@ -74,7 +74,7 @@ class EngineStats:
     threads: int  # llama.cpp threads in use now
     trained_context: int | None
     scheduler: SchedulerStats
-    kv_bytes_per_token: float | None
+    kv_bytes_per_token: float | None  # what a cell of context costs (the global layers' alone, with windows)
     kv_buffer_bytes_reported: int | None
     kv_cache_type: str  # "f16", "q8_0", or "K/V" when they differ
     flash_attention: bool  # llama.cpp's attention kernel in the main context (EngineSettings.uses_flash_attention)
@@ -91,6 +91,9 @@ class EngineStats:
     drafts: dict[str, Any] | None = None  # what the draft policy measured (DraftPolicy.snapshot), if drafting
     steps: StepCounts | None = None  # where the engine thread's time went (metrics.StepCounts)
     default_max_tokens: int | None = None  # the cap of a request that gives none: `reserve` charges it
+    kv_bytes_planned: int | None = None  # the KV cache the arithmetic plans (engine/memory.py)
+    # the sliding-window layers' cache, when they keep windows: tokens seen, cells, bytes per token
+    kv_window: dict[str, Any] | None = None
 
 
 def rss_bytes() -> int:

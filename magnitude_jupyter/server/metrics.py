@@ -110,6 +110,11 @@ class PoolCollector:
                 "Cached answer tokens reused where the prompt's tokens spelled the same text otherwise.",
                 sched.prompt_tokens_respelled,
             ),
+            (
+                "magnitude_prompt_cache_window_missed_tokens",
+                "Cached prompt tokens not reused because a sliding window had moved past them.",
+                sched.prompt_tokens_window_missed,
+            ),
         ):
             family(CounterMetricFamily, counter_name, counter_help).add_metric([model], count)
         for name, help_text, hist in (

@@ -1,0 +1,102 @@
+"""The prefix cache on a model with sliding-window layers (prefix_cache.py, "Sliding windows"): a
+match is reused only where the window before its end is still in llama.cpp's cells, no model needed.
+`starts` stands for llama.cpp: where each sequence's windowed cells begin now."""
+
+from __future__ import annotations
+
+from magnitude_jupyter.engine.prefix_cache import KVOp, Match, PrefixCache
+from magnitude_jupyter.engine.runner_api import apply_kv_ops
+from magnitude_jupyter.engine.scheduler import DecodeItem
+
+from .fakes import FakeRunner, assert_cache_exact
+from .test_prefix_cache import REQUEST_SEQ, apply
+
+WINDOW = 8
+
+
+def windowed_cache(starts: dict[int, int], ram_bytes: int = 0) -> PrefixCache:
+    return PrefixCache(range(10, 20), ram_bytes=ram_bytes, window=WINDOW, sequence_start=lambda s: starts.get(s, 0))
+
+
+def finish(runner: FakeRunner, cache: PrefixCache, tokens: list[int], match: Match | None = None) -> None:
+    """A request computes `tokens` from the end of `match` and ends; its entry goes into the tree."""
+    runner.end_sequence(REQUEST_SEQ)
+    shared = match.length if match is not None and match.seq_id is not None else 0
+    if shared:
+        assert match is not None and match.seq_id is not None
+        runner.copy_cells(match.seq_id, REQUEST_SEQ, 0, shared)
+    runner.decode([DecodeItem(REQUEST_SEQ, tokens[shared:], shared, True)])
+    ops: list[KVOp] = []
+    cache.insert(tokens, REQUEST_SEQ, ops)
+    apply(runner, cache, ops)
+    runner.end_sequence(REQUEST_SEQ)
+    cache.plan += 1  # the scheduler's next plan: the entry's cells are in llama.cpp now
+
+
+def test_a_match_is_reused_while_the_window_before_its_end_is_held():
+    runner, starts = FakeRunner(step_seconds=0), {}
+    cache = windowed_cache(starts)
+    turn = list(range(100, 140))
+    finish(runner, cache, turn)
+    leaf = cache.match(turn, 99).seq_id
+    assert leaf is not None
+    # Its end, and inside it while llama.cpp still holds every cell of the entry
+    assert cache.continuable(cache.match([*turn, 5], 99)).length == 40
+    assert cache.continuable(cache.match([*turn[:30], 7], 99)).length == 30
+    # llama.cpp took the entry's oldest windowed cells for room: a match needs [length - 7, length)
+    starts[leaf] = 26
+    assert cache.continuable(cache.match([*turn[:30], 7], 99)).length == 0
+    assert cache.continuable(cache.match([*turn[:33], 7], 99)).length == 33
+    assert cache.continuable(cache.match([*turn, 5], 99)).length == 40
+
+
+def test_an_entry_built_from_the_trees_cells_and_a_request_whose_own_start_moved_keeps_the_gap():
+    runner, starts = FakeRunner(step_seconds=0), {}
+    cache = windowed_cache(starts)
+    system = list(range(1, 21))
+    finish(runner, cache, [*system, 30, 31, 32])
+    # The next request copies the system prompt, computes 40 tokens of its own, and llama.cpp has
+    # dropped its windowed cells below position 50 meanwhile: below 50 the new entry has a gap.
+    branch = [*system, *range(200, 240)]
+    match = cache.continuable(cache.match(branch, 20))
+    assert match.length == 20
+    starts[REQUEST_SEQ] = 50
+    finish(runner, cache, branch, match)
+    starts[REQUEST_SEQ] = 0
+    assert cache.continuable(cache.match([*branch[:52], 9], 99)).length == 0  # needs 45..51
+    assert cache.continuable(cache.match([*branch[:57], 9], 99)).length == 57  # needs 50..56
+    assert cache.continuable(cache.match([*branch, 9], 99)).length == len(branch)
+    # The shared system prompt is still reused through the first entry, whose cells are whole
+    assert cache.continuable(cache.match([*system, 77], 99)).length == 20
+    assert_cache_exact(runner, cache)
+
+
+def test_a_saved_entry_comes_back_holding_only_the_window_at_its_end():
+    runner, starts = FakeRunner(step_seconds=0), {}
+    cache = windowed_cache(starts, ram_bytes=1 << 20)
+    talk = list(range(100, 160))
+    finish(runner, cache, talk)
+    ops: list[KVOp] = []
+    cache.clear(ops)
+    apply(runner, cache, ops)
+    assert cache.ram is not None and cache.ram.floors[tuple(talk)] == len(talk) - WINDOW + 1
+    # llama.cpp leaves the cells the window has passed out of a saved state: only its end is of use
+    partial = [*talk[:50], 3]
+    usable = lambda n, floor: cache.window_start(n) >= floor  # noqa: E731 - as the scheduler asks
+    assert cache.ram.best(partial, 99, usable) == ((), 0)
+    tokens, n = cache.ram.best([*talk, 3], 99, usable)
+    assert n == len(talk)
+    floor = cache.ram.floors[tokens]
+    data = cache.ram.pop(tokens)
+    assert data is not None and cache.restore(tokens, data, ops, window_floor=floor)
+    apply_kv_ops(runner, ops, cache.ram)
+    assert cache.continuable(cache.match([*talk, 3], 99)).length == len(talk)
+    assert cache.continuable(cache.match(partial, 99)).length == 0
+    assert_cache_exact(runner, cache)
+
+
+def test_without_a_window_every_match_is_reused():
+    runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 20))
+    turn = list(range(100, 140))
+    finish(runner, cache, turn)
+    assert cache.continuable(cache.match([*turn[:3], 7], 99)).length == 3
