@@ -4,6 +4,8 @@ match is reused only where the window before its end is still in llama.cpp's cel
 
 from __future__ import annotations
 
+import pytest
+
 from magnitude_jupyter.engine.prefix_cache import KVOp, Match, PrefixCache
 from magnitude_jupyter.engine.runner_api import apply_kv_ops
 from magnitude_jupyter.engine.scheduler import DecodeItem
@@ -100,3 +102,56 @@ def test_without_a_window_every_match_is_reused():
     turn = list(range(100, 140))
     finish(runner, cache, turn)
     assert cache.continuable(cache.match([*turn[:3], 7], 99)).length == 3
+
+
+def test_ctx_size_auto_gives_the_windowed_layers_their_windows_and_the_rest_to_context(tmp_path):
+    import dataclasses
+
+    from magnitude_jupyter.config import ConfigError, EngineSettings
+    from magnitude_jupyter.engine.memory import KV_PADDING, _buffers, plan_kv, plan_memory, size_context
+    from magnitude_jupyter.models import read_model_info
+    from magnitude_jupyter.tiny_models import write_tiny_model
+
+    info = read_model_info(write_tiny_model(tmp_path / "tiny-gemma3.gguf", "gemma3"))  # window 64, 5 of 6 layers
+    es = EngineSettings(
+        parallel=2, prefix_cache_entries=4, prefix_cache_ram_mib=0, ctx_size="auto", flash_attention=True
+    )
+    layout = plan_kv(info, dataclasses.replace(es, ctx_size=4096))
+    assert (layout.window, layout.window_cells) == (64, 1024)  # (2 + 4) x 64 + 512, in blocks of 256
+    assert layout.bytes == 4096 * layout.global_bytes_per_token + 1024 * layout.window_bytes_per_token
+    budget = info.file_size + _buffers(info, es) + 1024 * layout.window_bytes_per_token + 6000 * 128
+    sizing = size_context(info, dataclasses.replace(es, memory_budget=int(budget)), 0)
+    fits = [
+        c
+        for c in range(KV_PADDING, 8193, KV_PADDING)
+        if plan_kv(info, es, c).bytes <= budget - info.file_size - _buffers(info, es)
+    ]
+    assert sizing.cells == fits[-1] == 5888
+    assert "window cells" in sizing.reason and "(window 64 x 6 sequences + a batch)" in sizing.reason
+    plan = plan_memory(info, dataclasses.replace(es, ctx_size=sizing.cells))
+    assert plan.kv_cache == plan_kv(info, es, sizing.cells).bytes and plan.resident <= budget
+    # With full-size windows every layer holds every cell: the same budget holds 1,792, short of one sequence
+    with pytest.raises(ConfigError, match="1,792 cells at 768 bytes/token"):
+        size_context(info, dataclasses.replace(es, memory_budget=int(budget), swa_full=True), 0)
+
+
+def test_calibrations_capacity_counts_a_window_per_session(tmp_path):
+    from magnitude_jupyter.calibrate.capacity import capacity_report
+    from magnitude_jupyter.models import read_model_info
+    from magnitude_jupyter.tiny_models import write_tiny_model
+
+    meta = read_model_info(write_tiny_model(tmp_path / "tiny-gemma3.gguf", "gemma3")).to_json()
+    window = {"window": 64, "cells": 1024, "bytes_per_token": 640.0}
+    status = {"kv_cells_total": 2048, "parallel": 2, "kv_window": window, "kv_bytes_planned": 2048 * 128 + 1024 * 640}
+    report = capacity_report(meta, status, memory_bytes=2**20)
+    assert report is not None and (report.bytes_per_token, report.window, report.window_bytes_per_token) == (
+        128,
+        64,
+        640,
+    )
+    row = report.table[0]  # sessions of 512 tokens: each in the global layer, the last 64 in the windowed ones
+    assert row["bytes_per_session"] == 512 * 128 + 64 * 640 and row["sessions"] == 2**20 // (512 * 128 + 64 * 640)
+    assert report.predicted_kv_buffer_bytes == 2048 * 128 + 1024 * 640
+    # A server that keeps full-size windows (no kv_window) is counted as full attention
+    full = capacity_report(meta, {**status, "kv_window": None}, memory_bytes=2**20)
+    assert full is not None and full.bytes_per_token == 768 and full.table[0]["bytes_per_session"] == 512 * 768
