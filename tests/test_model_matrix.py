@@ -197,6 +197,16 @@ def test_a_thinking_models_reasoning_comes_apart_through_the_openai_sdk(thinking
     )
     assert off.usage.prompt_tokens > answer.usage.prompt_tokens  # the template closed the block in the prompt
 
+    # A budget of one reasoning token: the engine closes the block after "a", and the model answers
+    capped = client.chat.completions.create(
+        model="tiny-think", messages=messages, max_tokens=16, temperature=0, extra_body={"thinking_token_budget": 1}
+    )
+    message = capped.choices[0].message
+    assert (message.content, message.model_extra["reasoning_content"].strip()) == ("yes", "a")
+    assert capped.usage.completion_tokens_details.reasoning_tokens == 1
+    with pytest.raises(openai.BadRequestError, match="'thinking_token_budget' must be an integer"):
+        client.chat.completions.create(model="tiny-think", messages=messages, extra_body={"thinking_token_budget": -1})
+
     with pytest.raises(openai.BadRequestError, match=r"chat_template_kwargs\.add_vision_id is not supported"):
         client.chat.completions.create(
             model="tiny-think", messages=messages, extra_body={"chat_template_kwargs": {"add_vision_id": True}}
@@ -222,6 +232,10 @@ def test_a_thinking_models_reasoning_is_a_thinking_block_through_the_anthropic_s
         return usage.input_tokens + usage.cache_read_input_tokens
 
     assert prompt(off.usage) > prompt(message.usage)  # the template closed the block in the prompt
+    capped = client.messages.create(
+        model="tiny-think", messages=messages, max_tokens=16, thinking={"type": "enabled", "budget_tokens": 1}
+    )
+    assert (capped.content[0].thinking.strip(), capped.content[1].text) == ("a", "yes")  # closed after one token
 
 
 @pytest.mark.model

@@ -267,18 +267,21 @@ def parse_messages(data: dict[str, Any]) -> GenerationRequest:
             del body["tools"], body["tool_choice"], body["parallel_tool_calls"]
     elif data.get("tool_choice") is not None and _tool_choice(data["tool_choice"])[0] != "none":
         raise _bad("'tool_choice' needs 'tools'", "tool_choice")
-    body["chat_template_kwargs"] = _thinking(data.get("thinking"))
+    body["chat_template_kwargs"], body["thinking_token_budget"] = _thinking(data.get("thinking"))
     return parse_generation(body, "chat")
 
 
-def _thinking(config: Any) -> dict[str, Any] | None:
-    """`thinking`: enabled (the model thinks as its template lets it; a budget is not enforced),
-    adaptive (the same) or disabled (the template is asked not to think)."""
+def _thinking(config: Any) -> tuple[dict[str, Any] | None, int | None]:
+    """`thinking`: enabled (the model thinks as its template lets it, its reasoning closed after
+    `budget_tokens`), adaptive (thinks as it likes) or disabled (the template is asked not to think)."""
     if config is None:
-        return None
+        return None, None
     if not isinstance(config, dict) or config.get("type") not in ("enabled", "disabled", "adaptive"):
         raise _bad('\'thinking\' must be {"type": "enabled" | "adaptive" | "disabled", ...}', "thinking")
-    return {"enable_thinking": config["type"] != "disabled"}
+    budget = config.get("budget_tokens") if config["type"] == "enabled" else None
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+        raise _bad("'thinking.budget_tokens' must be a positive integer", "thinking.budget_tokens")
+    return {"enable_thinking": config["type"] != "disabled"}, budget
 
 
 def count_tokens_body(data: dict[str, Any]) -> GenerationRequest:

@@ -92,9 +92,11 @@ CHAT_FIELDS = COMMON_FIELDS | {
     "parallel_tool_calls",
     "reasoning_format",  # llama.cpp's server's: "none" leaves a thinking model's reasoning in the content
     "chat_template_kwargs",  # vLLM's and llama.cpp's server's; here only {"enable_thinking": bool}
+    "thinking_token_budget",  # vLLM's: a thinking model's reasoning is closed after this many tokens
 }
 REASONING_FORMATS = {"none": False, "auto": True, "deepseek": True}  # -> reasoning apart from content
 TEMPLATE_KWARGS = {"enable_thinking"}
+MAX_THINKING_BUDGET = 1 << 20
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt"}
 NOT_SUPPORTED = {
     "tools": "tools are for /v1/chat/completions",
@@ -251,7 +253,15 @@ def _thinking(data: dict[str, Any]) -> Thinking:
     enabled = kwargs.get("enable_thinking")
     if enabled is not None and not isinstance(enabled, bool):
         raise bad_param("chat_template_kwargs", "chat_template_kwargs.enable_thinking must be true or false")
-    return Thinking(split=REASONING_FORMATS[fmt], enabled=enabled)
+    budget = data.get("thinking_token_budget")
+    if budget is not None:
+        if not isinstance(budget, int) or isinstance(budget, bool) or not 0 <= budget <= MAX_THINKING_BUDGET:
+            raise bad_param(
+                "thinking_token_budget", f"'thinking_token_budget' must be an integer from 0 to {MAX_THINKING_BUDGET}"
+            )
+        if budget == 0:  # no thinking at all: the template is asked not to
+            enabled, budget = False, None
+    return Thinking(split=REASONING_FORMATS[fmt], enabled=enabled, budget_tokens=budget)
 
 
 def _is_text_format(response_format: Any) -> bool:

@@ -270,8 +270,8 @@ class Engine:
             tokens = list(prompt_tokens)
         elif messages is not None:
             tokens, text = chat_prompt(runner, messages, self._chat_template, tools, thinking.enabled)
-            if self._thinks and thinking.split:
-                splitter = ReasoningSplitter(inside=prompt_opens_thinking(text))
+            if self._thinks:
+                splitter = ReasoningSplitter(inside=prompt_opens_thinking(text), inline=not thinking.split)
         else:
             tokens = self.prompt_tokens_for(prompt)
         if not tokens:
@@ -298,6 +298,7 @@ class Engine:
             client=user,
             origin=origin,
             reasoning=splitter,
+            thinking_budget=thinking.budget_tokens if splitter is not None else None,
             continues_conversation=isinstance(messages, list)
             and any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages),
         )
@@ -627,7 +628,7 @@ class Engine:
             first = len(request.output_tokens) - len(picks)
             for i, pick in enumerate(picks):
                 generated += 1
-                seq_id = self._on_token(request, pick, now, first + i + 1)
+                seq_id = self._on_token(request, pick, now, first + i + 1, last=i == len(picks) - 1)
                 if request.is_finished:
                     if seq_id is not None:
                         ended.append(seq_id)
@@ -635,9 +636,12 @@ class Engine:
         self.metrics.record_step(generated, now)
         return ended
 
-    def _on_token(self, request: Request, sample: Sampled, now: float, answer_tokens: int) -> int | None:
-        """Turn one sampled token, the answer's `answer_tokens`-th, into stream events; returns a seq id
-        to clear if the request ended (tokens sampled after that one in the same step are dropped)."""
+    def _on_token(
+        self, request: Request, sample: Sampled, now: float, answer_tokens: int, last: bool = True
+    ) -> int | None:
+        """Turn one sampled token, the answer's `answer_tokens`-th (`last` of its step), into stream
+        events; returns a seq id to clear if the request ended (tokens sampled after that one in the
+        same step are dropped)."""
         assert self.runner is not None and request.text is not None and request.stream is not None
         token = sample.token
         if request.first_token_time is None:
@@ -659,7 +663,27 @@ class Engine:
         request.output_text += content
         request.output_reasoning += reasoning
         request.stream.append("token", text=content, reasoning=reasoning, token_ids=(token,), logprobs=logprobs)
+        if last and request.thinking_budget is not None and request.reasoning_tokens >= request.thinking_budget:
+            self._close_thinking(request)
         return None
+
+    def _close_thinking(self, request: Request) -> None:
+        """A request whose reasoning has used its budget: the block's closing tag goes into its answer
+        as if the model had written it (the next step computes it), and the model answers from there.
+        Only where the answer has room for it after, and once a step's drafts are settled (`last`)."""
+        assert self.runner is not None and request.reasoning is not None and request.text is not None
+        if not request.reasoning.inside:
+            return
+        forced = self.runner.tokenize(f"\n{request.reasoning.close_tag}", add_special=False)  # the model goes on
+        if len(request.output_tokens) + len(forced) >= request.max_tokens:
+            return  # the cap comes first: the answer ends with "length" inside its reasoning
+        request.output_tokens.extend(forced)
+        delta = "".join(request.text.push(self.runner.token_to_piece(t)) for t in forced)
+        reasoning, content = _split(request, delta)
+        request.output_text += content
+        request.output_reasoning += reasoning
+        assert request.stream is not None
+        request.stream.append("token", text=content, reasoning=reasoning, token_ids=tuple(forced))
 
     def _finish(
         self,

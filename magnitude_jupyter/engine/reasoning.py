@@ -30,11 +30,13 @@ def prompt_opens_thinking(prompt: str) -> bool:
 @dataclass(frozen=True)
 class Thinking:
     """What a request asks of a thinking model: its reasoning apart from the answer (`split`, as
-    clients expect) or inline as written; and thinking on or off where the template reads
-    `enable_thinking` (None: the template's default)."""
+    clients expect) or inline as written; thinking on or off where the template reads
+    `enable_thinking` (None: the template's default); and at most `budget_tokens` of it, after which
+    the engine closes the block for the model and it answers (None: no cap)."""
 
     split: bool = True
     enabled: bool | None = None
+    budget_tokens: int | None = None
 
 
 @dataclass
@@ -44,16 +46,22 @@ class Split:
 
 
 class ReasoningSplitter:
-    """Final text in, (reasoning, content) out; `inside` while the answer is in a thinking block."""
+    """Final text in, (reasoning, content) out; `inside` while the answer is in a thinking block.
+    `inline`: everything stays content, as written, and the splitter only follows the block."""
 
-    def __init__(self, inside: bool = False, tags: tuple[str, str] = THINK_TAGS) -> None:
+    def __init__(self, inside: bool = False, tags: tuple[str, str] = THINK_TAGS, inline: bool = False) -> None:
         self.open_tag, self.close_tag = tags
+        self.inline = inline
         self.inside = inside
         self.seen_reasoning = inside
         self._held = ""
         self._content_started = False  # the blank lines templates put after </think> are not content
 
     def push(self, text: str) -> Split:
+        out = self._push(text)
+        return Split(content=text) if self.inline else out  # (_push follows the block all the same)
+
+    def _push(self, text: str) -> Split:
         out = Split()
         text = self._held + text
         self._held = ""
@@ -78,7 +86,7 @@ class ReasoningSplitter:
         out = Split()
         self._emit(out, self._held)
         self._held = ""
-        return out
+        return Split() if self.inline else out
 
     def _emit(self, out: Split, text: str) -> None:
         if self.inside:

@@ -231,6 +231,7 @@ class Request:
     reasoning: ReasoningSplitter | None = None  # a thinking model's answer: its reasoning kept apart
     output_reasoning: str = ""
     reasoning_tokens: int = 0  # answer tokens generated inside a thinking block
+    thinking_budget: int | None = None  # past this many, the engine closes the block (Thinking.budget_tokens)
     continues_conversation: bool = False  # its messages hold an earlier answer: a round (slo.py)
     origin: str | None = None  # where it came from, as its client says (a notebook cell, a batch row...)
 
