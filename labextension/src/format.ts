@@ -26,6 +26,56 @@ export function requestLine(item: RequestSummary, running: boolean): string {
   return item.origin ? `${item.origin} · ${what}` : what;
 }
 
+/** What the panel lists: one request, or the rows of one batch together (cancelled together). */
+export interface RequestGroup {
+  text: string;
+  ids: string[];
+  title: string;
+}
+
+// A batch row's origin: "BATCH · row LABEL · N rows" (batch.py), BATCH naming the notebook cell and DataFrame.
+const BATCH_ROW = /^(.*) · row (.+) · (\d+) rows$/;
+
+/** Requests as the panel lists them: a batch's rows in one line with how many of its rows they are,
+ * led by where they came from; every other request on a line of its own. Order is kept (a batch
+ * where its first row is). */
+export function groupRequests(items: RequestSummary[], running: boolean): RequestGroup[] {
+  const groups: RequestGroup[] = [];
+  const batches = new Map<string, { group: RequestGroup; rows: RequestSummary[]; total: number; labels: string[] }>();
+  for (const item of items) {
+    const match = BATCH_ROW.exec(item.origin ?? '');
+    if (!match) {
+      groups.push({ text: requestLine(item, running), ids: [item.id], title: item.origin ?? '' });
+      continue;
+    }
+    const [, batch, label, total] = match;
+    let entry = batches.get(batch);
+    if (!entry) {
+      entry = { group: { text: '', ids: [], title: '' }, rows: [], total: Number(total), labels: [] };
+      batches.set(batch, entry);
+      groups.push(entry.group);
+    }
+    entry.rows.push(item);
+    entry.labels.push(label);
+    entry.group.ids.push(item.id);
+  }
+  for (const [batch, { group, rows, total, labels }] of batches) {
+    const tokens = rows.reduce((sum, r) => sum + r.completion_tokens, 0);
+    const what = running ? 'running' : 'finished lately';
+    let text = `${batch} · ${rows.length} of ${total} rows ${what} · ${tokens} token${tokens === 1 ? '' : 's'}`;
+    if (!running) {
+      const reasons = new Map<string, number>();
+      for (const r of rows) {
+        reasons.set(r.finish_reason ?? '?', (reasons.get(r.finish_reason ?? '?') ?? 0) + 1);
+      }
+      text += ` · ${Array.from(reasons, ([reason, n]) => `${reason} ${n}`).join(', ')}`;
+    }
+    group.text = text;
+    group.title = `rows ${labels.join(', ')}`;
+  }
+  return groups;
+}
+
 /** A model resident on the server (`/status`'s `models`). */
 export interface ResidentModel {
   id: string;
@@ -222,6 +272,34 @@ export function statusLine(status: EngineStatus | null): string {
   return `${line} · SLO ${broken ? `${broken} broken` : 'ok'}`;
 }
 
+/** The status bar item's tooltip: model, slots, queue, KV cache and the objectives, one a line. */
+export function statusTooltip(status: EngineStatus | null): string {
+  if (!status) {
+    return 'Magnitude: the server does not answer. Click to open the panel.';
+  }
+  const lines = [
+    `model: ${status.model} (${status.state})`,
+    `slots: ${status.running} of ${status.parallel} in use, ${status.waiting} waiting`,
+    `KV cache: ${Math.round(kvPercent(status))}% reserved (${status.kv_cells_reserved} of ${status.kv_cells_total} cells)`,
+    `tokens/s: ${formatRate(status.recent_tokens_per_s)}`
+  ];
+  for (const o of status.slo?.objectives ?? []) {
+    lines.push(objectiveLine(o));
+  }
+  lines.push('Click to open the Magnitude panel.');
+  return lines.join('\n');
+}
+
+/** What the sparkline shows, in words: its span and its scale (its top is the peak). */
+export function sparklineCaption(history: number[], pollSeconds = 1): string {
+  if (!history.length) {
+    return 'tokens/s: no figures yet';
+  }
+  const peak = Math.max(...history);
+  const span = Math.round(history.length * pollSeconds);
+  return `tokens/s over the last ${span} s · top of the line: ${formatRate(peak)} · now ${formatRate(history[history.length - 1])}`;
+}
+
 /** Keep the last `size` values (a rolling window for the sparkline). */
 export function pushHistory(history: number[], value: number, size = 60): number[] {
   const next = [...history, Number.isFinite(value) ? value : 0];
@@ -277,4 +355,18 @@ export function chosenModel(picked: string | null, status: EngineStatus | null):
 /** A model's state in words: "unloaded" is a model not yet in memory, which loads when first used. */
 export function stateLine(state: string): string {
   return state === 'unloaded' ? 'no model loaded yet (loads on the first request)' : state;
+}
+
+/** The id of an open document whose file is called `name` (in any folder), if one is open. */
+export function openDocumentNamed(
+  widgets: Iterable<{ id: string; context?: { path?: string } }>,
+  name: string
+): string | null {
+  for (const widget of widgets) {
+    const path = widget.context?.path ?? '';
+    if (path === name || path.endsWith(`/${name}`)) {
+      return widget.id;
+    }
+  }
+  return null;
 }

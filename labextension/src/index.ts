@@ -10,7 +10,15 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Poll } from '@lumino/polling';
 
-import { EngineStatus, chosenModel, pushHistory, sloColor, statusLine } from './format';
+import {
+  EngineStatus,
+  chosenModel,
+  openDocumentNamed,
+  pushHistory,
+  sloColor,
+  statusLine,
+  statusTooltip
+} from './format';
 import { MagnitudePanel, MagnitudeStatusItem } from './panel';
 
 const POLL_MS = 1000;
@@ -50,7 +58,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
   ) => {
     const panel = new MagnitudePanel({
       openCalibration: async () => {
-        // The server copies the workshop notebook (shipped in the package) into the Jupyter root once.
+        // The notebook a participant has open already, wherever it lies; else the server copies the
+        // workshop's (shipped in the package) into the Jupyter root once.
+        const open = openDocumentNamed(shell.widgets('main'), CALIBRATION_NOTEBOOK);
+        if (open) {
+          shell.activateById(open);
+          return;
+        }
         const { path } = await requestAPI<{ path: string }>(`workshop/${CALIBRATION_NOTEBOOK}`, { method: 'POST' });
         await app.commands.execute('docmanager:open', { path });
       },
@@ -69,7 +83,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     shell.add(panel, 'left', { rank: 900 });
     restorer?.add(panel, 'magnitude-panel');
 
-    const item = new MagnitudeStatusItem();
+    const item = new MagnitudeStatusItem(() => shell.activateById(panel.id));
     statusBar?.registerStatusItem('magnitude-jupyter:status', { item, align: 'left', rank: 100 });
 
     let history: number[] = [];
@@ -83,10 +97,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
           picked = chosenModel(picked, status); // a model that was unloaded: back to the default
           history = pushHistory(history, status.recent_tokens_per_s);
           panel.render(status, history);
-          item.setText(statusLine(status), sloColor(status));
+          item.setText(statusLine(status), sloColor(status), statusTooltip(status));
         } catch (reason) {
           panel.render(null, history, String((reason as Error).message ?? reason));
-          item.setText(statusLine(null));
+          item.setText(statusLine(null), null, statusTooltip(null));
           throw reason; // a rejection makes the Poll back off
         }
       },

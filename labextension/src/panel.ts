@@ -8,12 +8,13 @@ import {
   EngineStatus,
   RequestSummary,
   cacheLine,
+  groupRequests,
   formatRate,
   kvLine,
   objectiveLine,
-  requestLine,
   kvShares,
   residentLine,
+  sparklineCaption,
   sparklinePoints,
   stateLine,
   stepsLine,
@@ -44,6 +45,7 @@ export class MagnitudePanel extends Widget {
   private readonly kvFill: HTMLElement;
   private readonly kvCache: HTMLElement;
   private readonly spark: SVGPolylineElement;
+  private readonly sparkCaption: HTMLElement;
   private readonly running: HTMLElement;
   private readonly recent: HTMLElement;
   private readonly modelSelect: HTMLSelectElement;
@@ -109,6 +111,8 @@ export class MagnitudePanel extends Widget {
     this.spark = document.createElementNS('http://www.w3.org/2000/svg', 'polyline');
     svg.appendChild(this.spark);
     this.node.appendChild(svg);
+    this.sparkCaption = el('div', 'mg-spark-caption', sparklineCaption([]));
+    this.node.appendChild(this.sparkCaption);
 
     // Service-level objectives, as the server judges them over its window (slo: in the config).
     this.node.appendChild(el('h3', 'mg-subtitle', 'Objectives'));
@@ -156,6 +160,7 @@ export class MagnitudePanel extends Widget {
     this.fields.kv.textContent = kvLine(status);
     this.fields.cache.textContent = cacheLine(status);
     this.spark.setAttribute('points', sparklinePoints(history, SPARK_W, SPARK_H));
+    this.sparkCaption.textContent = sparklineCaption(history);
     this.renderList(this.running, status.requests ?? [], true);
     this.renderList(this.recent, status.recent ?? [], false);
     this.renderObjectives(status);
@@ -194,30 +199,37 @@ export class MagnitudePanel extends Widget {
 
   private renderList(list: HTMLElement, items: RequestSummary[], cancellable: boolean): void {
     list.replaceChildren(
-      ...items.slice(0, 10).map(item => {
-        const row = el('li', 'mg-request');
-        row.appendChild(el('span', 'mg-request-text', requestLine(item, cancellable)));
-        if (cancellable) {
-          const cancel = el('button', 'jp-Button mg-cancel', 'cancel');
-          cancel.onclick = () => this.actions.cancel(item.id);
-          row.appendChild(cancel);
-        }
-        return row;
-      })
+      ...groupRequests(items, cancellable)
+        .slice(0, 10)
+        .map(group => {
+          const row = el('li', 'mg-request');
+          const text = el('span', 'mg-request-text', group.text);
+          text.title = group.title;
+          row.appendChild(text);
+          if (cancellable) {
+            const cancel = el('button', 'jp-Button mg-cancel', group.ids.length > 1 ? 'cancel all' : 'cancel');
+            cancel.onclick = () => group.ids.forEach(id => this.actions.cancel(id));
+            row.appendChild(cancel);
+          }
+          return row;
+        })
     );
   }
 }
 
-/** The status bar item: tok/s and KV %. */
+/** The status bar item: tok/s and KV %, the rest in its tooltip; a click opens the panel. */
 export class MagnitudeStatusItem extends Widget {
-  constructor() {
+  constructor(onClick: () => void = () => undefined) {
     super();
     this.addClass('mg-statusbar');
     this.node.textContent = 'Magnitude';
+    this.node.style.cursor = 'pointer';
+    this.node.onclick = onClick;
   }
 
-  setText(line: string, color: string | null = null): void {
+  setText(line: string, color: string | null = null, tooltip = ''): void {
     this.node.textContent = line;
+    this.node.title = tooltip;
     for (const c of ['green', 'amber', 'red', 'grey']) {
       this.node.classList.toggle(`mg-slo-${c}`, c === color);
     }

@@ -6,15 +6,19 @@ import {
   kvLine,
   kvShares,
   formatRate,
+  groupRequests,
   kvPercent,
   objectiveLine,
+  openDocumentNamed,
   pushHistory,
   requestLine,
   residentLine,
   sloColor,
+  sparklineCaption,
   sparklinePoints,
   stateLine,
   statusLine,
+  statusTooltip,
   stepsLine,
   tokensLine
 } from '../format';
@@ -187,5 +191,58 @@ describe('requestLine', () => {
     );
     const done = { ...running, finish_reason: 'length', ttft_ms: 1100, completion_tokens: 8, origin: '01_first_prompts.ipynb · cell 3' };
     expect(requestLine(done, false)).toBe('01_first_prompts.ipynb · cell 3 · length · TTFT 1.1 s · 8 tokens');
+  });
+});
+
+describe('the panel names things', () => {
+  const row = (id: string, label: string, tokens: number, finish?: string) => ({
+    id,
+    status: 'running',
+    priority: 'batch',
+    prompt_tokens: 20,
+    completion_tokens: tokens,
+    finish_reason: finish,
+    origin: `02_prompts.ipynb · cell 7 · reviews · row ${label} · 40 rows`
+  });
+
+  it("groups a batch's rows under their batch, with how many of its rows they are", () => {
+    const lone = { id: 'x', status: 'running', priority: 'interactive', prompt_tokens: 5, completion_tokens: 2 };
+    const groups = groupRequests([row('a', '3', 4), lone, row('b', '4', 1)], true);
+    expect(groups.map(g => g.text)).toEqual([
+      '02_prompts.ipynb · cell 7 · reviews · 2 of 40 rows running · 5 tokens',
+      'running · interactive · 2 tokens'
+    ]);
+    expect(groups[0].ids).toEqual(['a', 'b']);
+    expect(groups[0].title).toBe('rows 3, 4');
+    const done = groupRequests([row('a', '3', 4, 'stop'), row('b', '4', 8, 'length'), row('c', '5', 2, 'stop')], false);
+    expect(done[0].text).toBe('02_prompts.ipynb · cell 7 · reviews · 3 of 40 rows finished lately · 14 tokens · stop 2, length 1');
+  });
+
+  it('gives the status bar a tooltip with the model, slots, queue, KV cache and objectives', () => {
+    const tip = statusTooltip({ ...ready, slo: { window_s: 300, objectives: [] } });
+    expect(tip.split('\n')).toEqual([
+      'model: smollm2-135m (ready)',
+      'slots: 2 of 8 in use, 1 waiting',
+      'KV cache: 25% reserved (2048 of 8192 cells)',
+      'tokens/s: 57.3 tok/s',
+      'Click to open the Magnitude panel.'
+    ]);
+    expect(statusTooltip(null)).toContain('does not answer');
+  });
+
+  it('says what the sparkline spans and what its top stands for', () => {
+    expect(sparklineCaption([])).toBe('tokens/s: no figures yet');
+    expect(sparklineCaption([10, 40, 20])).toBe('tokens/s over the last 3 s · top of the line: 40.0 tok/s · now 20.0 tok/s');
+  });
+
+  it('finds the calibration notebook where a participant has it open', () => {
+    const widgets = [
+      { id: 'launcher' },
+      { id: 'nb-1', context: { path: 'workshop/01_first_prompts.ipynb' } },
+      { id: 'nb-3', context: { path: 'workshop/03_calibration.ipynb' } }
+    ];
+    expect(openDocumentNamed(widgets, '03_calibration.ipynb')).toBe('nb-3');
+    expect(openDocumentNamed(widgets, '07_agents.ipynb')).toBeNull();
+    expect(openDocumentNamed([{ id: 'root', context: { path: '03_calibration.ipynb' } }], '03_calibration.ipynb')).toBe('root');
   });
 });
