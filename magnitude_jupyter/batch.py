@@ -267,8 +267,9 @@ def score_dataframe(
 
     Options are `BatchOptions` fields; `origin` names the batch in the server's panel, each row as
     "ORIGIN · row INDEX · N rows" (the panel groups them by ORIGIN). Rows go out with the engine's
-    batch priority, so interactive cells stay responsive while a batch runs. A dask DataFrame is scored on the Dask workers' own
-    engines by `dask.score_dask_dataframe` (dask builds on this module, never the other way).
+    batch priority, so interactive cells stay responsive while a batch runs. A dask DataFrame is
+    scored on the Dask workers' own engines by `dask.score_dask_dataframe` (dask builds on this
+    module, never the other way).
     """
     import pandas as pd
     from tqdm.auto import tqdm
@@ -306,7 +307,13 @@ def score_dataframe(
     def submit(i: Any) -> Future:
         messages, body = requests[i]
         return pool.submit(
-            _score_row, worker, messages, {**body, "origin": f"{origin} · row {i} · {len(df)} rows"}, opts, stop, inflight
+            _score_row,
+            worker,
+            messages,
+            {**body, "origin": f"{origin} · row {i} · {len(df)} rows"},
+            opts,
+            stop,
+            inflight,
         )
 
     futures: dict[Future, Any] = {submit(i): i for i in todo}

@@ -121,6 +121,22 @@ def test_engine_loop_batches_and_finishes_with_usage():
         assert any(len({i.seq_id for i in call}) > 1 for call in engine.fake.calls)
 
 
+def test_the_panel_sees_where_a_request_came_from_and_the_first_words_it_asks():
+    from magnitude_jupyter.engine.request import prompt_head
+
+    with fake_engine() as engine:
+        engine.generate("1 2", params=SamplingParams(max_tokens=2, temperature=0), origin="02.ipynb · cell 4")
+        finished = engine.stats().recent[0]
+        assert (finished.origin, finished.prompt_head) == ("02.ipynb · cell 4", "1 2")
+    long = "Name   three uses\nof a paperclip, one per line, and say which one is the oddest of them all"
+    assert prompt_head(long, None) == "Name three uses of a paperclip, one per line, and say which…"
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+    ]
+    assert prompt_head(None, messages) == "hi" and prompt_head(None, None) is None
+
+
 def test_engine_stop_string_and_cancel_frees_kv():
     with fake_engine() as engine:
         result = engine.generate("1", params=SamplingParams(max_tokens=10, temperature=0, stop=["4"]))

@@ -14,6 +14,7 @@ export interface RequestSummary {
   ttft_ms?: number | null;
   total_ms?: number | null;
   origin?: string | null;
+  prompt_head?: string | null;
 }
 
 /** One request in the panel's Running or Recent list, led by where it came from (a notebook cell, a
@@ -45,7 +46,8 @@ export function groupRequests(items: RequestSummary[], running: boolean): Reques
   for (const item of items) {
     const match = BATCH_ROW.exec(item.origin ?? '');
     if (!match) {
-      groups.push({ text: requestLine(item, running), ids: [item.id], title: item.origin ?? '' });
+      const title = [item.origin, item.prompt_head ? `“${item.prompt_head}”` : null].filter(Boolean).join('\n');
+      groups.push({ text: requestLine(item, running), ids: [item.id], title });
       continue;
     }
     const [, batch, label, total] = match;
@@ -71,7 +73,8 @@ export function groupRequests(items: RequestSummary[], running: boolean): Reques
       text += ` · ${Array.from(reasons, ([reason, n]) => `${reason} ${n}`).join(', ')}`;
     }
     group.text = text;
-    group.title = `rows ${labels.join(', ')}`;
+    const first = rows[0].prompt_head ? `\nfirst: “${rows[0].prompt_head}”` : '';
+    group.title = `rows ${labels.join(', ')}${first}`;
   }
   return groups;
 }

@@ -36,7 +36,7 @@ from .metrics import EngineMetrics
 from .prefix_cache import KVOp
 from .prepare import prepare_params
 from .reasoning import ReasoningSplitter, Thinking, prompt_opens_thinking, thinks
-from .request import FinishReason, Priority, Request, SamplingParams
+from .request import FinishReason, Priority, Request, SamplingParams, prompt_head
 from .runner_api import Runner, Sampled, apply_kv_ops, chat_prompt, chat_prompt_tokens
 from .scheduler import PromptTooLongError, ScheduledChunk, Scheduler, SchedulerOutput, SchedulerStats
 from .stats import EngineStats, FinishedRequest, LiveRequest, rss_bytes
@@ -297,6 +297,7 @@ class Engine:
             cache_scope=self._cache_scope(cache_salt, user),
             client=user,
             origin=origin,
+            prompt_head=prompt_head(prompt, messages),
             reasoning=splitter,
             thinking_budget=thinking.budget_tokens if splitter is not None else None,
             continues_conversation=isinstance(messages, list)

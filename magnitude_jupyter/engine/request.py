@@ -234,6 +234,7 @@ class Request:
     thinking_budget: int | None = None  # past this many, the engine closes the block (Thinking.budget_tokens)
     continues_conversation: bool = False  # its messages hold an earlier answer: a round (slo.py)
     origin: str | None = None  # where it came from, as its client says (a notebook cell, a batch row...)
+    prompt_head: str | None = None  # the first words it asks, for the panel (prompt_head())
 
     @property
     def cache_tokens(self) -> list[int]:
@@ -294,3 +295,31 @@ class Request:
                 if later_tokens > 0 and t.decode_ms > 0:
                     t.decode_tokens_per_s = later_tokens / (t.decode_ms / 1000)
         return t
+
+
+PROMPT_HEAD_CHARS = 60
+
+
+def prompt_head(prompt: str | None, messages: Any) -> str | None:
+    """The first words of a request's question (its last user message, or its prompt), for the panel
+    to show on hover: at most PROMPT_HEAD_CHARS, cut at a word, whitespace folded."""
+    text = prompt
+    if isinstance(messages, list):
+        text = next(
+            (_message_text(m) for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), None
+        )
+    if not text:
+        return None
+    words = " ".join(text.split())
+    if len(words) <= PROMPT_HEAD_CHARS:
+        return words
+    return words[:PROMPT_HEAD_CHARS].rsplit(" ", 1)[0] + "…"
+
+
+def _message_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""

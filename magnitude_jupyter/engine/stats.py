@@ -23,6 +23,7 @@ class LiveRequest:
     completion_tokens: int
     age_s: float
     origin: str | None = None  # where it came from: a notebook cell, a batch row, a calibration level, a user
+    prompt_head: str | None = None  # the first words of what it asks (Request.prompt_head)
 
     @classmethod
     def of(cls, request: Request, now: float) -> LiveRequest:
@@ -34,6 +35,7 @@ class LiveRequest:
             prompt_tokens=len(request.prompt_tokens),
             completion_tokens=len(request.output_tokens),
             age_s=round(now - request.arrival_time, 2),
+            prompt_head=request.prompt_head,
         )
 
 
@@ -49,6 +51,7 @@ class FinishedRequest:
     ttft_ms: float | None
     total_ms: float | None
     origin: str | None = None
+    prompt_head: str | None = None
 
     @classmethod
     def of(cls, request: Request) -> FinishedRequest:
@@ -62,6 +65,7 @@ class FinishedRequest:
             completion_tokens=len(request.output_tokens),
             ttft_ms=round(timings.ttft_ms, 1) if timings.ttft_ms is not None else None,
             total_ms=round(timings.total_ms, 1) if timings.total_ms is not None else None,
+            prompt_head=request.prompt_head,
         )
 
 

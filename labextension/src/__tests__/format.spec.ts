@@ -206,12 +206,21 @@ describe('the panel names things', () => {
   });
 
   it("groups a batch's rows under their batch, with how many of its rows they are", () => {
-    const lone = { id: 'x', status: 'running', priority: 'interactive', prompt_tokens: 5, completion_tokens: 2 };
+    const lone = {
+      id: 'x',
+      status: 'running',
+      priority: 'interactive',
+      prompt_tokens: 5,
+      completion_tokens: 2,
+      origin: 'ada',
+      prompt_head: 'Name three uses of a paperclip'
+    };
     const groups = groupRequests([row('a', '3', 4), lone, row('b', '4', 1)], true);
     expect(groups.map(g => g.text)).toEqual([
       '02_prompts.ipynb · cell 7 · reviews · 2 of 40 rows running · 5 tokens',
-      'running · interactive · 2 tokens'
+      'ada · running · interactive · 2 tokens'
     ]);
+    expect(groups[1].title).toBe('ada\n“Name three uses of a paperclip”');
     expect(groups[0].ids).toEqual(['a', 'b']);
     expect(groups[0].title).toBe('rows 3, 4');
     const done = groupRequests([row('a', '3', 4, 'stop'), row('b', '4', 8, 'length'), row('c', '5', 2, 'stop')], false);
