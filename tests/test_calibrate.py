@@ -79,6 +79,27 @@ def test_recommendation_and_saturation():
     assert saturated([level(4, 120), level(8, 125)], None) is None
 
 
+def test_two_runs_are_compared_level_by_level_within_their_intervals():
+    from dataclasses import replace
+
+    from magnitude_jupyter.calibrate.report import agreement_text
+
+    def run(*figures):
+        return [replace(level(c, tps), output_tokens_per_s_ci95=ci) for c, tps, ci in figures]
+
+    cell = run((1, 11.4, 0.8), (2, 11.9, 0.9), (4, 12.1, 0.7))
+    widget = run((1, 8.8, 0.5), (2, 11.0, 0.9), (4, 13.4, 0.8))
+    text = agreement_text(cell, widget, "the cell's run")
+    assert text == (
+        "At concurrency 2, 4 this run and the cell's run agree within their 95% intervals; at 1: 8.8 ± 0.5 tok/s "
+        "now, 11.4 ± 0.8 then: more apart than their intervals, so the machine did other work during one of them "
+        "(run both again with nothing else running)."
+    )
+    same = agreement_text(cell, run((1, 11.0, 0.5), (2, 12.0, 0.5)))
+    assert same is not None and same.endswith("where their knees differ, the figures cannot tell the two apart.")
+    assert agreement_text(cell, run((8, 13.0, 1.0))) is None  # no level in common
+
+
 def test_capacity_arithmetic_for_the_bundled_model():
     meta = read_model_info(bundled_model_path()).to_json()
     status = {"kv_cells_total": 8192, "parallel": 8, "kv_buffer_bytes_reported": 180 * 2**20}
@@ -189,6 +210,16 @@ def test_widget_updates_traces_and_honours_stop(server):
     assert stopped.stopped_because == "stopped"
     assert 1 <= len(stopped.levels) < 4
     assert widget.stop_button.disabled is True
+    # The first run stays on the plot, greyed, and the verdict compares the two where they overlap
+    earlier = [t for t in widget.throughput.data if t.name == "run 1 (earlier)"]
+    assert len(earlier) == 1 and list(earlier[0].x) == [1, 2]
+    assert widget.verdict.value.startswith("This run: ") and "run 1" in widget.verdict.value  # agree or not
+
+    # A profile measured in a cell above is the first run of a new widget
+    cell = CalibrationWidget(client, SweepConfig(concurrency=(1, 2)), probe=False, earlier=profile)
+    first = [t for t in cell.throughput.data if t.name == "the cell's run (earlier)"]
+    assert len(first) == 1 and list(first[0].y) == [lv.output_tokens_per_s for lv in profile.levels]
+    assert cell.verdict.value.startswith("The cell's run: knee")
 
 
 @pytest.mark.model

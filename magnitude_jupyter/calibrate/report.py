@@ -21,6 +21,41 @@ def _percent(share: float | None) -> float | None:
     return None if share is None else share * 100
 
 
+def agreement_text(earlier: list[Level], now: list[Level], earlier_name: str = "the earlier run") -> str | None:
+    """Whether two sweeps of the same levels agree, level by level, within their 95% intervals: two
+    runs on a machine doing other work differ, and so may their knees, and the page says why."""
+    then = {lv.concurrency: lv for lv in earlier if lv.output_tokens_per_s_ci95 is not None}
+    pairs = [
+        (then[lv.concurrency], lv) for lv in now if lv.concurrency in then and lv.output_tokens_per_s_ci95 is not None
+    ]
+    if not pairs:
+        return None
+    agree = [n for b, n in pairs if abs(b.output_tokens_per_s - n.output_tokens_per_s) <= _ci(b) + _ci(n)]
+    differ = [(b, n) for b, n in pairs if n not in agree]
+    parts = []
+    if agree:
+        levels = ", ".join(_fmt(n.concurrency, "g") for n in agree)
+        parts.append(f"at concurrency {levels} this run and {earlier_name} agree within their 95% intervals")
+    if differ:
+        figures = "; ".join(
+            f"at {_fmt(n.concurrency, 'g')}: {n.output_tokens_per_s:.1f} ± {_ci(n):.1f} tok/s now, "
+            f"{b.output_tokens_per_s:.1f} ± {_ci(b):.1f} then"
+            for b, n in differ
+        )
+        parts.append(
+            f"{figures}: more apart than their intervals, so the machine did other work during one of them "
+            "(run both again with nothing else running)"
+        )
+    text = "; ".join(parts)
+    if agree and not differ:
+        text += ": where their knees differ, the figures cannot tell the two apart"
+    return text[0].upper() + text[1:] + "."
+
+
+def _ci(level: Level) -> float:
+    return level.output_tokens_per_s_ci95 or 0.0
+
+
 def knee_text(summary: Summary) -> str:
     if summary.knee_not_reached:
         return f"knee not reached (still rising at concurrency {_fmt(summary.peak_concurrency, 'g')}: try higher)"

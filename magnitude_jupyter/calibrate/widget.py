@@ -2,7 +2,9 @@
 
 The sweep runs on a background thread, so the Stop button (and the rest of the notebook) stays
 live; each finished level updates the figures (`batch_update`) and draws them again. Several models picked
-are swept one after the other, each with a line of its own on the throughput and TTFT plots.
+are swept one after the other, each with a line of its own on the throughput and TTFT plots. Earlier
+runs stay on the plots, greyed (a profile measured in a cell above can be the first of them), and the
+verdict says, level by level, whether the runs agree within their 95% intervals.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import plotly.graph_objects as go
 
 from ..client import Client, discover
 from .figures import (
+    PERCENTILE_STYLE,
     capacity_figure,
+    capacity_title,
     capacity_traces,
     concurrency_axis,
     figure_bundle,
@@ -27,15 +31,24 @@ from .figures import (
 )
 from .profile import Profile
 from .records import Level
-from .report import knee_text
+from .report import agreement_text, knee_text
 from .run import calibrate
 from .sweep import SweepConfig, parse_levels
 
 SERVER_DEFAULT = "(server default)"
+EARLIER = {"color": "rgba(140, 140, 140, 0.55)"}  # an earlier run's lines
+WIDE = {"description_width": "initial"}  # a control's whole label, never cut
 
 
 class CalibrationWidget:
-    def __init__(self, client: Client | None = None, config: SweepConfig | None = None, probe: bool = True) -> None:
+    def __init__(
+        self,
+        client: Client | None = None,
+        config: SweepConfig | None = None,
+        probe: bool = True,
+        earlier: Profile | None = None,
+    ) -> None:
+        """`earlier`: a profile measured before (a cell above), drawn greyed as the first run."""
         self.client = client or discover()
         config = config or SweepConfig()
         self._base_config = config
@@ -44,6 +57,8 @@ class CalibrationWidget:
         self.profiles: list[Profile] = []  # one per model swept, in order
         self.error: str | None = None
         self.levels: list[Level] = []
+        self._first_levels: list[Level] = []  # this run's levels of the first model: kept greyed by the next run
+        self._earlier: list[tuple[str, list[Level]]] = [("the cell's run", earlier.levels)] if earlier else []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -55,17 +70,24 @@ class CalibrationWidget:
             description="models",
         )
         self._line = 0  # the throughput trace of the model being swept
-        self.concurrency = w.Text(",".join(map(str, config.concurrency)), description="concurrency")
-        self.requests = w.BoundedIntText(config.requests_per_level, min=1, max=10_000, description="requests/level")
-        self.max_tokens = w.BoundedIntText(config.max_tokens, min=1, max=32_768, description="max tokens")
-        self.prompt = w.Textarea(
-            config.prompt or "", description="prompt", placeholder="(empty: a distinct prompt for every request)"
+        self.concurrency = w.Text(",".join(map(str, config.concurrency)), description="concurrency", style=WIDE)
+        self.requests = w.BoundedIntText(
+            config.requests_per_level, min=1, max=10_000, description="requests/level", style=WIDE
         )
-        self.target = w.FloatText(config.latency_target_ms or 0.0, description="target ms")
+        self.max_tokens = w.BoundedIntText(config.max_tokens, min=1, max=32_768, description="max tokens", style=WIDE)
+        self.prompt = w.Textarea(
+            config.prompt or "",
+            description="prompt",
+            placeholder="(empty: a distinct prompt for every request)",
+            style=WIDE,
+        )
+        self.target = w.FloatText(config.latency_target_ms or 0.0, description="p95 target ms", style=WIDE)
         self.start_button = w.Button(description="Start", button_style="primary", icon="play")
         self.stop_button = w.Button(description="Stop", button_style="warning", icon="stop", disabled=True)
         self.progress = w.IntProgress(value=0, min=0, max=len(config.concurrency), description="levels")
-        self.status = w.Label("ready")
+        self.status = w.Label("ready", layout=w.Layout(width="auto"))
+        # The verdict, in sentences that wrap: the knee, and how this run compares with the earlier ones.
+        self.verdict = w.HTML("", layout=w.Layout(width="100%"))
         self.start_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
 
@@ -93,7 +115,7 @@ class CalibrationWidget:
             legend={"orientation": "h", "y": -0.25},
         )
         for stat in ("p50", "p95", "p99"):
-            self.latency.add_scatter(x=[], y=[], mode="lines+markers", name=f"TTFT {stat}")
+            self.latency.add_scatter(x=[], y=[], mode="lines+markers", name=f"TTFT {stat}", **PERCENTILE_STYLE[stat])
         self.capacity = go.Figure(capacity_figure(_Empty()))
         self.capacity.update_layout(height=320, autosize=True, margin={"l": 60, "r": 20, "t": 50, "b": 50})
 
@@ -103,6 +125,7 @@ class CalibrationWidget:
                 w.HBox([self.max_tokens, self.target]),
                 self.prompt,
                 w.HBox([self.start_button, self.stop_button, self.progress, self.status]),
+                self.verdict,
             ]
         )
         self._views = {id(fig): _view() for fig in (self.throughput, self.latency, self.capacity)}
@@ -111,7 +134,12 @@ class CalibrationWidget:
             layout=w.Layout(display="flex", flex_flow="row wrap", width="100%"),
         )
         self.box = w.VBox([controls, plots, self._views[id(self.capacity)]], layout=w.Layout(width="100%"))
-        self._draw(self.throughput, self.latency, self.capacity)
+        self._reset_traces(self.models())  # an earlier profile's lines, greyed, from the start
+        if earlier is not None:
+            self.verdict.value = (
+                f"The cell's run: {knee_text(earlier.summary)}. Press Start to measure again beside it."
+            )
+        self._draw(self.capacity)
 
     def _draw(self, *figures: go.Figure) -> None:
         """Show each figure as it is now, as plain plotly output inside an Output widget.
@@ -172,7 +200,9 @@ class CalibrationWidget:
             return None
         models = self.models()
         self._stop.clear()
-        self.levels = []
+        if self._first_levels:  # the last run stays on the plots, greyed
+            self._earlier.append((f"run {len(self._earlier) + 1}", self._first_levels))
+        self.levels, self._first_levels = [], []
         self.profiles = []
         self.error = None
         self.progress.max, self.progress.value = len(config.concurrency) * len(models), 0
@@ -200,12 +230,26 @@ class CalibrationWidget:
             assert self.profile is not None
             why = self.profile.stopped_because
             done = sum(len(p.levels) for p in self.profiles)
-            self.status.value = f"done: {done} levels; {knee_text(self.profile.summary)}" + (f" ({why})" if why else "")
+            self.status.value = f"done: {done} levels" + (f" ({why})" if why else "")
+            self.verdict.value = self._verdict()
         except Exception as exc:  # shown in the widget: the sweep runs on a thread with no traceback to see
             self.error = self.status.value = f"failed: {exc}"
         finally:
             self.start_button.disabled, self.stop_button.disabled = False, True
         return self.profile
+
+    def _verdict(self) -> str:
+        """The knee, and whether this run agrees with the last earlier one, in sentences."""
+        if not self._first_levels:
+            return "Stopped before a level finished: nothing was measured."
+        assert self.profiles
+        text = f"This run: {knee_text(self.profiles[0].summary)}."
+        if self._earlier:
+            name, levels = self._earlier[-1]
+            agreement = agreement_text(levels, self._first_levels, name)
+            if agreement:
+                text += f" {agreement}"
+        return text
 
     def _client_for(self, model: str | None) -> Client:
         """The client on `model`; a magnitude server loads it first, so the sweep does not time a load."""
@@ -235,6 +279,17 @@ class CalibrationWidget:
                 trace.x, trace.y = [], []
             for name in names[1:]:
                 self.throughput.add_scatter(x=[], y=[], mode="lines+markers", name=name)
+            for name, levels in self._earlier:  # after this run's traces, whose places stay fixed
+                t = throughput_traces(levels)
+                self.throughput.add_scatter(
+                    x=t["x"],
+                    y=t["y"],
+                    error_y={"type": "data", "array": t["err"], "visible": True, "color": EARLIER["color"]},
+                    mode="lines+markers",
+                    name=f"{name} (earlier)",
+                    line=EARLIER,
+                    marker=EARLIER,
+                )
         with self.latency.batch_update():
             self.latency.data = self.latency.data[:3]
             for trace, stat in zip(self.latency.data, ("p50", "p95", "p99"), strict=True):
@@ -242,11 +297,22 @@ class CalibrationWidget:
                 trace.name = f"TTFT {stat}" + (f" ({names[0]})" if len(names) > 1 else "")
             for name in names[1:]:
                 self.latency.add_scatter(x=[], y=[], mode="lines+markers", name=f"TTFT p95 ({name})")
+            for name, levels in self._earlier:
+                lat = latency_traces(levels, "ttft_ms")
+                self.latency.add_scatter(
+                    x=lat["x"],
+                    y=lat["p95"],
+                    mode="lines+markers",
+                    name=f"TTFT p95, {name}",
+                    line=EARLIER,
+                    marker=EARLIER,
+                )
         self._draw(self.throughput, self.latency)
 
     def _on_capacity(self, capacity: dict[str, Any]) -> None:
         t = capacity_traces(capacity)
         with self.capacity.batch_update():
+            self.capacity.layout.title = {"text": capacity_title(capacity)}
             self.capacity.data[0].x, self.capacity.data[0].y = t["x"], t["y"]
             self.capacity.data[0].name = t["name"]
             self.capacity.data[1].x, self.capacity.data[1].y = t["current_x"], t["current_y"]
@@ -258,6 +324,8 @@ class CalibrationWidget:
 
     def _on_level(self, level: Level) -> None:
         self.levels.append(level)
+        if self._line == 0:
+            self._first_levels = list(self.levels)
         t = throughput_traces(self.levels)
         lat = latency_traces(self.levels, "ttft_ms")
         line = 0 if self._line == 0 else self._line + 1  # trace 1 is the knee

@@ -215,6 +215,9 @@ class Calibrate(LineArgs):
     summary = "measure this server: tokens/s, latency percentiles, the knee (a live widget)"
     options: CalibrateOptions = field(default_factory=CalibrateOptions)
     start: bool = arg("--start", default=False, help="start the sweep at once")
+    compare: str | None = arg(
+        "--compare", help="a profile in the notebook (a variable's name), drawn greyed as the first run to compare with"
+    )
 
 
 @dataclass(frozen=True)

@@ -33,13 +33,25 @@ def calibrate(client: Client, args: Calibrate, user_ns: dict[str, Any]) -> Any:
     if options.workflow:
         return _workflow(client, options, user_ns)
     config = options.sweep_config(model=client.model)
-    widget = CalibrationWidget(client, config, probe=not options.no_probe)
+    widget = CalibrationWidget(client, config, probe=not options.no_probe, earlier=_profile(args.compare, user_ns))
     if client.model in widget.model.options:
         widget.model.value = (client.model,)
     user_ns[CALIBRATION_VARIABLE] = widget
     if args.start:
         widget.start()
     return widget
+
+
+def _profile(name: str | None, user_ns: dict[str, Any]) -> Any:
+    """The notebook's profile called `name` (None: no name given)."""
+    from ..calibrate.profile import Profile
+
+    if name is None:
+        return None
+    found = user_ns.get(name)
+    if not isinstance(found, Profile):
+        raise MagnitudeError(f"--compare {name}: the notebook has no calibration profile called {name!r}")
+    return found
 
 
 def _workflow(client: Client, options: CalibrateOptions, user_ns: dict[str, Any]) -> None:
