@@ -81,6 +81,7 @@ def test_the_cli_gate_fails_a_tiny_slo_and_passes_a_huge_one(server, tmp_path):
 
     tiny, huge = gate("1"), gate("600000")
     assert tiny.returncode == 1 and "no number of sessions met the SLO" in tiny.stdout, tiny.stdout + tiny.stderr
+    assert "ask for fewer tokens per answer (max_tokens), set an objective this machine can keep" in tiny.stdout
     assert huge.returncode == 0 and "2 sessions meets it" in huge.stdout, huge.stdout + huge.stderr
     saved = json.loads((tmp_path / "w600000.json").read_text())
     assert saved["workflow"]["passed"] and saved["workflow"]["largest_sessions_within_slo"] == 2

@@ -133,10 +133,30 @@ class WorkflowResult:
         )
         return cls(data["slo_round_p95_ms"], data["rounds"], data["max_tokens"], levels, data.get("agent", False))
 
+    def _what_next(self) -> str:
+        """What to change when even the fewest sessions miss the objective, from what they measured:
+        more sessions only make every round slower, so the round itself must get shorter, or the
+        objective looser."""
+        fewest = min(self.levels, key=lambda lv: lv.sessions, default=None)
+        worst = fewest.worst_round_p95_ms() if fewest is not None else None
+        if fewest is None or worst is None or not fewest.output_tokens:
+            return ""
+        per_token_ms = 1000 * fewest.seconds * fewest.sessions / fewest.output_tokens
+        return (
+            f". Even {fewest.sessions} session{'s' if fewest.sessions > 1 else ''} took {worst:.0f} ms at p95 for its "
+            f"slowest round, and more sessions only slow every round down. A round is its new prompt plus up to "
+            f"{self.max_tokens} tokens written one at a time (about {per_token_ms:.0f} ms each here), so: ask for "
+            f"fewer tokens per answer (max_tokens), set an objective this machine can keep (at least {worst:.0f} ms), "
+            "or serve a smaller model or a faster machine"
+        )
+
     def verdict(self) -> str:
         largest = self.largest_sessions_within_slo
         if largest is None:
-            return f"no number of sessions met the SLO (p95 round latency <= {self.slo_round_p95_ms:.0f} ms)"
+            return (
+                f"no number of sessions met the SLO (p95 round latency <= {self.slo_round_p95_ms:.0f} ms)"
+                + self._what_next()
+            )
         gate = "meets" if self.passed else "FAILS"
         top = max(lv.sessions for lv in self.levels)
         return (
