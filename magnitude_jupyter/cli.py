@@ -399,23 +399,18 @@ def calibrate(
 
 def _apply(profile: Any, yes: bool) -> None:
     """Show what the calibration recommends as a diff of the config file, and write it (asked first)."""
-    from .calibrate.apply import config_diff, recommendations
+    from .calibrate.apply import proposal, write_config
     from .config import config_path
 
-    changes = recommendations(profile)
-    if not changes["engine"]:
-        click.echo("--apply: nothing to write: no concurrency met the latency target", err=True)
-        return
     path = config_path()
-    new, diff = config_diff(path, changes)
+    what, diff, new = proposal(profile, path)
     if not diff:
-        click.echo(f"--apply: {path} already holds the recommended settings", err=True)
+        click.echo(f"--apply: {what}", err=True)
         return
     click.echo(diff)
     if not yes and not click.confirm(f"write these changes to {path}?", default=False):
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(new)
+    write_config(path, new)
     click.echo(f"wrote {path}: restart magnitude serve (or JupyterLab) to run with it", err=True)
 
 

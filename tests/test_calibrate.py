@@ -185,7 +185,9 @@ def test_real_short_sweep_with_confirmed_probe(server, tmp_path):
 
 
 @pytest.mark.model
-def test_widget_updates_traces_and_honours_stop(server):
+def test_widget_updates_traces_and_honours_stop(server, tmp_path):
+    import yaml
+
     from magnitude_jupyter.calibrate.widget import CalibrationWidget
 
     client = Client(server.url, server.token)
@@ -194,6 +196,20 @@ def test_widget_updates_traces_and_honours_stop(server):
     )
     profile = widget.run()
     assert widget.error is None and len(profile.levels) == 2
+    # Apply: the diff first, then the second button writes the recommended settings into the config
+    config = tmp_path / "config.yaml"
+    config.write_text("models_dir: ~/models\n")
+    assert widget.apply_button.disabled is False and widget.write_button.disabled is True
+    diff = widget.propose(config)
+    recommended = profile.summary.recommended_parallel
+    if recommended:  # a level met the 3 s target (6-token answers: every machine this runs on)
+        assert f"+  parallel: {recommended}" in diff and widget.write_button.disabled is False
+        assert widget.write() == config
+        written = yaml.safe_load(config.read_text())
+        assert written["engine"]["parallel"] == recommended and written["models_dir"] == "~/models"
+        assert widget.propose(config) == "" and "already holds" in widget.apply_text.value
+    else:
+        assert diff == "" and "nothing to write" in widget.apply_text.value
     assert list(widget.throughput.data[0].x) == [1, 2]
     assert list(widget.throughput.data[0].y) == [lv.output_tokens_per_s for lv in profile.levels]
     assert len(widget.latency.data[1].y) == 2 and widget.progress.value == 2

@@ -58,3 +58,20 @@ def config_diff(path: Path, changes: dict[str, dict[str, Any]]) -> tuple[str, st
     new = applied(old, changes)
     diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), str(path), str(path)))
     return new, diff
+
+
+def proposal(profile: Profile, path: Path) -> tuple[str, str, str]:
+    """(what to say, the diff, the new text) for applying `profile` to the config at `path`: the diff
+    and text empty where there is nothing to write, and the sentence says why."""
+    changes = recommendations(profile)
+    if not changes["engine"]:
+        return "nothing to write: no concurrency met the latency target", "", ""
+    new, diff = config_diff(path, changes)
+    if not diff:
+        return f"{path} already holds the recommended settings", "", ""
+    return f"the calibration recommends these changes to {path}:", diff, new
+
+
+def write_config(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)

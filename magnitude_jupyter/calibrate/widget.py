@@ -9,8 +9,10 @@ verdict says, level by level, whether the runs agree within their 95% intervals.
 
 from __future__ import annotations
 
+import html
 import threading
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 import ipywidgets as w
@@ -88,6 +90,13 @@ class CalibrationWidget:
         self.status = w.Label("ready", layout=w.Layout(width="auto"))
         # The verdict, in sentences that wrap: the knee, and how this run compares with the earlier ones.
         self.verdict = w.HTML("", layout=w.Layout(width="100%"))
+        # What the run recommends, into the config: the diff first, then a second button writes it.
+        self.apply_button = w.Button(description="Apply to config…", icon="file", disabled=True)
+        self.write_button = w.Button(description="Write it", button_style="danger", icon="check", disabled=True)
+        self.apply_text = w.HTML("", layout=w.Layout(width="100%"))
+        self._pending_config: tuple[Path, str] | None = None
+        self.apply_button.on_click(lambda _: self.propose())
+        self.write_button.on_click(lambda _: self.write())
         self.start_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
 
@@ -126,6 +135,8 @@ class CalibrationWidget:
                 self.prompt,
                 w.HBox([self.start_button, self.stop_button, self.progress, self.status]),
                 self.verdict,
+                w.HBox([self.apply_button, self.write_button]),
+                self.apply_text,
             ]
         )
         self._views = {id(fig): _view() for fig in (self.throughput, self.latency, self.capacity)}
@@ -208,6 +219,8 @@ class CalibrationWidget:
         self.progress.max, self.progress.value = len(config.concurrency) * len(models), 0
         self._reset_traces(models)
         self.start_button.disabled, self.stop_button.disabled = True, False
+        self.apply_button.disabled = self.write_button.disabled = True
+        self.apply_text.value, self._pending_config = "", None
         self.status.value = "measuring capacity…" if self.run_probe else "warming up…"
         self.latency.layout.shapes = ()
         if config.latency_target_ms:
@@ -232,11 +245,41 @@ class CalibrationWidget:
             done = sum(len(p.levels) for p in self.profiles)
             self.status.value = f"done: {done} levels" + (f" ({why})" if why else "")
             self.verdict.value = self._verdict()
+            self.apply_button.disabled = not self.profiles
         except Exception as exc:  # shown in the widget: the sweep runs on a thread with no traceback to see
             self.error = self.status.value = f"failed: {exc}"
         finally:
             self.start_button.disabled, self.stop_button.disabled = False, True
         return self.profile
+
+    def propose(self, path: Path | None = None) -> str:
+        """Show what applying the last run would change in the config file (its diff); the Write
+        button then writes it. Returns the diff (empty: nothing to write, and the text says why)."""
+        from ..config import config_path
+        from .apply import proposal
+
+        if not self.profiles:
+            return ""
+        path = path or config_path()
+        what, diff, new = proposal(self.profiles[0], path)
+        self._pending_config = (path, new) if diff else None
+        self.write_button.disabled = not diff
+        body = f"<pre>{html.escape(diff)}</pre>" if diff else ""
+        self.apply_text.value = f"{html.escape(what)}{body}"
+        return diff
+
+    def write(self) -> Path | None:
+        """Write the changes `propose` showed; the server runs with them from its next start."""
+        from .apply import write_config
+
+        if self._pending_config is None:
+            return None
+        path, text = self._pending_config
+        write_config(path, text)
+        self._pending_config = None
+        self.write_button.disabled = True
+        self.apply_text.value = f"wrote {html.escape(str(path))}: restart the server (or JupyterLab) to run with it"
+        return path
 
     def _verdict(self) -> str:
         """The knee, and whether this run agrees with the last earlier one, in sentences."""
