@@ -1,0 +1,66 @@
+// One workshop notebook as a participant meets it in JupyterLab: Run All Cells, then what they must
+// see: no traceback, no "Error displaying widget", no output wider than its cell. Where the notebook
+// has a calibration widget, press its Start, and its verdict names the knee and compares this run with
+// the cell's above it. Prints a JSON result (a screenshot of the page where it fails).
+import assert from 'node:assert/strict';
+import path from 'node:path';
+import { chromium } from 'playwright-core';
+
+const labUrl = process.env.LAB_URL; // ends with '/'
+const token = process.env.LAB_TOKEN;
+const shots = process.env.SCREENSHOT_DIR;
+const notebook = process.env.NOTEBOOK; // a path under the Jupyter root
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+  args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run', '--disable-background-networking']
+});
+try {
+  const page = await browser.newPage({ viewport: { width: 1440, height: 900 } });
+  page.setDefaultTimeout(Number(process.env.UI_TIMEOUT_MS ?? 900_000));
+  await page.goto(`${labUrl}lab/tree/${notebook}?token=${token}`);
+  await page.waitForSelector('.jp-Notebook .jp-Cell');
+  await page.waitForFunction(() => /\|\s*Idle/.test(document.querySelector('.jp-StatusBar-Widget')?.textContent ?? ''));
+  await page.locator('.lm-MenuBar-itemLabel', { hasText: /^Run$/ }).click();
+  await page.locator('.lm-Menu-itemLabel', { hasText: /^Run All Cells$/ }).click();
+  // Done: every code cell has its execution count, and the kernel is idle again.
+  await page.waitForFunction(() => {
+    const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')].map(p => p.textContent ?? '');
+    const idle = /\|\s*Idle/.test(document.querySelector('.jp-StatusBar-Widget')?.textContent ?? '');
+    return idle && prompts.length > 0 && prompts.every(p => /\[\d+\]/.test(p));
+  });
+  await page.waitForTimeout(2000);
+  let verdict = null;
+  const start = page.locator('.jp-OutputArea button', { hasText: /^Start$/ });
+  if (await start.count()) {
+    await start.first().click();
+    await page.waitForFunction(() => /This run: knee|Stopped before/.test(document.querySelector('.jp-Notebook')?.textContent ?? ''));
+    verdict = await page.evaluate(() => {
+      const html = [...document.querySelectorAll('.widget-html-content')].map(e => e.textContent ?? '');
+      return html.find(t => t.startsWith('This run:')) ?? null;
+    });
+  }
+  const found = await page.evaluate(() => {
+    const outputs = [...document.querySelectorAll('.jp-OutputArea-output')];
+    const text = outputs.map(o => o.textContent ?? '').join('\n');
+    const wide = outputs
+      .filter(o => o.scrollWidth > o.clientWidth + 2 && !o.querySelector('pre, table, .js-plotly-plot'))
+      .map(o => (o.textContent ?? '').slice(0, 80));
+    return {
+      tracebacks: outputs.filter(o => /Traceback \(most recent call last\)/.test(o.textContent ?? '')).length,
+      widgetErrors: (text.match(/Error displaying widget/g) ?? []).length,
+      wide,
+      cells: document.querySelectorAll('.jp-CodeCell').length
+    };
+  });
+  assert.equal(found.tracebacks, 0, 'a traceback in an output');
+  assert.equal(found.widgetErrors, 0, 'a widget failed to display');
+  assert.deepEqual(found.wide, [], 'an output wider than its cell');
+  console.log(JSON.stringify({ ok: true, verdict, ...found }));
+} catch (error) {
+  const [context] = browser.contexts();
+  const [page] = context ? context.pages() : [];
+  if (page && shots) await page.screenshot({ path: path.join(shots, 'failure.png') }).catch(() => {});
+  throw error;
+} finally {
+  await browser.close();
+}
