@@ -155,3 +155,20 @@ def test_calibrations_capacity_counts_a_window_per_session(tmp_path):
     # A server that keeps full-size windows (no kv_window) is counted as full attention
     full = capacity_report(meta, {**status, "kv_window": None}, memory_bytes=2**20)
     assert full is not None and full.bytes_per_token == 768 and full.table[0]["bytes_per_session"] == 512 * 768
+
+
+def test_an_entry_that_branches_off_takes_the_trees_whole_cells_below_the_branch():
+    runner, starts = FakeRunner(step_seconds=0), {}
+    cache = windowed_cache(starts)
+    system = list(range(1, 21))
+    finish(runner, cache, [*system, *range(30, 60)])
+    # A short answer after the shared prompt: the request's own cells start at 10 (llama.cpp took
+    # older ones), but below the branch (20) the new entry's cells are the first entry's, whole
+    branch = [*system, 7, 8, 9]
+    starts[REQUEST_SEQ] = 10
+    finish(runner, cache, branch, cache.continuable(cache.match(branch, 20)))
+    starts[REQUEST_SEQ] = 0
+    match = cache.continuable(cache.match([*branch, 5], 99))
+    leaf = cache.match(branch, 99).path[-1]
+    assert match.length == 23 and match.seq_id == leaf.seq_id and leaf.window_floor == 0
+    assert_cache_exact(runner, cache)

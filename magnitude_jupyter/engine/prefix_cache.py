@@ -294,7 +294,8 @@ class PrefixCache:
         if not self.window or self.sequence_start is None:
             return 0
         start = self.sequence_start(src_seq)
-        return max(start, below) if start <= taken else start
+        # Whole below `taken` from `below` (or nowhere there, if the entry's whole part starts above it)
+        return min(below, taken) if start <= taken else start
 
     def respelled(
         self, tokens: Sequence[int], match: Match, spell: Callable[[int], bytes], window: int = RESPELL_WINDOW
