@@ -10,6 +10,7 @@ from magnitude_jupyter.client import ClientError
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine
 from magnitude_jupyter.engine.request import Priority, Request, SamplingParams
+from magnitude_jupyter.engine.runner_api import NoRoomForBatch
 from magnitude_jupyter.engine.scheduler import DecodeItem
 from magnitude_jupyter.engine.streams import TokenLogprob
 
@@ -32,6 +33,7 @@ class FakeRunner:
         self.n_ctx_train = n_ctx_train
         self.kv_buffer_bytes: int | None = None
         self.sliding_window: int | None = None
+        self.no_room_once = False  # the next decode finds no cells (tests of the engine's retry)
         self.repack: bool | None = None
         self.flash_attention: bool | None = None
         self.flash_attention_reason: str | None = None
@@ -138,6 +140,9 @@ class FakeRunner:
         return min(self.seqs.get(seq_id) or {-1: 0})
 
     def decode(self, items: list[DecodeItem]) -> list[int | None]:
+        if self.no_room_once:  # llama.cpp's 1: no cells for the batch, nothing computed
+            self.no_room_once = False
+            raise NoRoomForBatch("no KV cells for the batch")
         self.calls.append(list(items))
         time.sleep(self.step_seconds)
         rows: list[int | None] = []

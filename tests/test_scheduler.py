@@ -137,6 +137,17 @@ def test_the_panel_sees_where_a_request_came_from_and_the_first_words_it_asks():
     assert prompt_head(None, messages) == "hi" and prompt_head(None, None) is None
 
 
+def test_a_step_llama_cpp_finds_no_cells_for_runs_again_once_idle_entries_are_given_back():
+    with fake_engine() as engine:
+        first = engine.generate("1 2 3", params=SamplingParams(max_tokens=4, temperature=0))
+        assert engine.stats().scheduler.prefix_cache_entries == 1  # its tokens stay as an entry
+        engine.fake.no_room_once = True
+        again = engine.generate("7 8 9", params=SamplingParams(max_tokens=4, temperature=0))
+        assert (first.text, again.text) == ("4 5 6 7 ", "10 11 12 13 ")  # nothing lost, nothing failed
+        assert engine.fake.no_room_once is False
+        assert engine.stats().scheduler.prefix_cache_entries == 1  # the idle entry went; the new one stays
+
+
 def test_engine_stop_string_and_cancel_frees_kv():
     with fake_engine() as engine:
         result = engine.generate("1", params=SamplingParams(max_tokens=10, temperature=0, stop=["4"]))

@@ -608,7 +608,18 @@ class Engine:
     def _execute(self, runner: Runner, out: SchedulerOutput) -> list[list[Sampled]]:
         drafts = self.scheduler.drafts if self.scheduler is not None else None
         solo_one_thread = self._threads > 1 and self.engine_settings.uses_flash_attention
-        return execute_plan(runner, out, self.metrics, drafts, self._threads if solo_one_thread else None)
+        threads = self._threads if solo_one_thread else None
+        return execute_plan(runner, out, self.metrics, drafts, threads, lambda: self._make_room(runner))
+
+    def _make_room(self, runner: Runner) -> bool:
+        """llama.cpp found no cells for a step: the cache gives back every entry no request runs on
+        (saved to the RAM tier), and the step runs again. Whether anything was given back."""
+        assert self.scheduler is not None
+        with self._lock:
+            ops = self.scheduler.release_idle_cache()
+        log.warning("llama.cpp found no KV cells for a step: %d cache operations free idle entries", len(ops))
+        self._apply_kv_ops(runner, ops)
+        return bool(ops)
 
     def _chunks(self, out: SchedulerOutput) -> list[ScheduledChunk]:
         return out.batched + out.solo

@@ -25,6 +25,7 @@ from .embeddings import Embedder
 from .memory import KV_PADDING
 from .prefix_cache import SavedState
 from .request import SamplingParams
+from .runner_api import NoRoomForBatch
 from .sampling import TokenPicker
 from .scheduler import DecodeItem
 from .streams import TokenLogprob
@@ -433,6 +434,8 @@ class LlamaRunner:
             return rows
         status = llama_cpp.llama_decode(ctx, batch)
         self._last_ctx = ctx
+        if status == 1:
+            raise NoRoomForBatch(f"llama.cpp found no KV cells for a batch of {n} tokens")
         if status != 0:
             raise RunnerError(f"llama_decode failed with status {status} ({n} tokens)")
         return rows

@@ -29,6 +29,12 @@ from .streams import TokenLogprob
 from .tools import ToolRequest
 
 
+class NoRoomForBatch(RuntimeError):
+    """llama.cpp found no cells for a step's batch (`llama_decode` 1): nothing was computed, and the
+    step can run again once cells are freed (a sliding-window cache can run short where sequences
+    share old cells; docs/decisions.md, "Sliding-window layers")."""
+
+
 class Runner(Protocol):
     """What the engine needs from a model runner (`LlamaRunner`, or a fake in scheduler tests)."""
 

@@ -406,6 +406,15 @@ class Scheduler:
         if self.cache is not None and self.cache.bring_back_one(self.ctx_size // 2, out.kv_ops):
             self._sync_cache_budget()
 
+    def release_idle_cache(self) -> list[KVOp]:
+        """Evict every cache entry no running request shares (each saved to the RAM tier first), when
+        llama.cpp found no cells for a step; the operations that do it."""
+        ops: list[KVOp] = []
+        if self.cache is not None:
+            self.cache.evict(self.cache.cells + 1, ops, self._pins())
+            self._sync_cache_budget()
+        return ops
+
     def reset_cache(self) -> list[KVOp]:
         """Forget every cache entry without saving it, when llama.cpp's cells may no longer be what the
         tree says (a cache operation failed); the operations that clear their sequences."""

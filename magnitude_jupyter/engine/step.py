@@ -4,10 +4,11 @@ or cut). Engine thread only; what the picks mean for each request is the engine'
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from .draft_policy import DraftPolicy
 from .metrics import EngineMetrics
-from .runner_api import Runner, Sampled
+from .runner_api import NoRoomForBatch, Runner, Sampled
 from .scheduler import DecodeItem, ScheduledChunk, SchedulerOutput
 
 
@@ -17,12 +18,15 @@ def execute_plan(
     metrics: EngineMetrics,
     drafts: DraftPolicy | None,
     solo_threads: int | None,
+    make_room: Callable[[], bool] = lambda: False,
 ) -> list[list[Sampled]]:
     """Decode the plan: the batched chunks in one call, each reproducible chunk in its own. Per
     chunk, the tokens sampled after it: none for a prompt chunk that does not end its prompt, one
     for a decode step, and with a draft, one more for each draft token the picks confirm.
     `solo_threads`: the thread count to restore after a reproducible one-token step run on one
-    thread (None: such steps run on the usual threads, see `decode_solo`)."""
+    thread (None: such steps run on the usual threads, see `decode_solo`). When llama.cpp finds no
+    cells for the batched call, `make_room` frees what the cache can spare and the call runs once
+    more (nothing was computed the first time); it returns False when nothing was freed."""
     sampled: list[list[Sampled]] = []
     groups = ([out.batched] if out.batched else []) + [[chunk] for chunk in out.solo]
     for group in groups:
@@ -31,7 +35,12 @@ def execute_plan(
         prompt_rows = sum(len(chunk.tokens) for chunk in group if not chunk.request.prompt_done)
         started = time.perf_counter()
         if group is out.batched:
-            rows = runner.decode(items)
+            try:
+                rows = runner.decode(items)
+            except NoRoomForBatch:
+                if not make_room():
+                    raise
+                rows = runner.decode(items)
             seconds = time.perf_counter() - started
             # Only steps of decode rows teach the policy what a draft row costs: prompt rows are
             # cheaper per token (they fill the step in one matrix product) and would hide the price.
