@@ -90,7 +90,12 @@ class EngineSettings:
         default=100_000, metadata=about("Events kept over all finished streams.", "int", per_model=False)
     )
     prefix_reuse: bool = field(
-        default=True, metadata=about("The prefix cache: start a prompt from cells already computed.", "bool")
+        default=True,
+        metadata=about(
+            "Start a prompt from cells already computed: the prefix cache's, or a running request's (rows "
+            "that start together); off, every prompt is computed whole.",
+            "bool",
+        ),
     )
     min_prefix_tokens: int = field(default=4, metadata=about("The shortest cached prefix worth copying.", "int"))
     swa_full: bool = field(

@@ -202,6 +202,7 @@ class Scheduler:
             else None
         )
         self.sliding_window = sliding_window
+        self.prefix_reuse = prefix_reuse  # off: every prompt is computed, none copied (not even from a running one)
         self._window_missed = 0
         self.min_prefix_tokens = min_prefix_tokens
         self.pending_kv_ops: list[KVOp] = []  # from finish(): to apply before the finished sequences are cleared
@@ -326,7 +327,7 @@ class Scheduler:
         prefix already in the KV cache: a cache entry (restored from RAM if that covers more), or the
         computed prompt of a running request (rows of a batch that start together)."""
         self._window_missed = 0  # cached tokens a sliding window keeps from being reused, counted at admission
-        if request.params.reproducible:
+        if request.params.reproducible or not self.prefix_reuse:
             return None, 0, False  # computed its own way, always: see Request.reproducible
         context = request.context_tokens
         # The last prompt token is always computed: it gives the logits. A resumed request's next
