@@ -22,9 +22,8 @@ import pandas as pd
 from _common import table
 from distributed import Client, LocalCluster
 
-from magnitude_jupyter.batch import score_dataframe
 from magnitude_jupyter.calibrate.sweep import SweepConfig
-from magnitude_jupyter.dask import ClusterCalibration, EnginePlugin, calibrate_cluster
+from magnitude_jupyter.dask import ClusterCalibration, EnginePlugin, calibrate_cluster, score_dask_dataframe
 
 TEMPLATE = "Is this review positive or negative? Answer with one word. Review: {{ review }}"
 
@@ -53,9 +52,10 @@ def cluster(workers: int, threads: int) -> tuple[LocalCluster, Client]:
 
 def rows_per_s(df: pd.DataFrame, partitions: int) -> float:
     ddf = dd.from_pandas(df, npartitions=partitions, sort=False)
-    score_dataframe(dd.from_pandas(df.head(8), npartitions=2, sort=False), TEMPLATE, max_tokens=8).compute()  # warm
+    warm = dd.from_pandas(df.head(8), npartitions=2, sort=False)
+    score_dask_dataframe(warm, TEMPLATE, max_tokens=8).compute()
     started = time.perf_counter()
-    out = score_dataframe(ddf, TEMPLATE, max_tokens=8, concurrency=8).compute()
+    out = score_dask_dataframe(ddf, TEMPLATE, max_tokens=8, concurrency=8).compute()
     seconds = time.perf_counter() - started
     assert out["error"].isna().all(), out["error"].dropna().head()
     return len(out) / seconds
