@@ -98,6 +98,8 @@ def test_two_runs_are_compared_level_by_level_within_their_intervals():
     same = agreement_text(cell, run((1, 11.0, 0.5), (2, 12.0, 0.5)))
     assert same is not None and same.endswith("where their knees differ, the figures cannot tell the two apart.")
     assert agreement_text(cell, run((8, 13.0, 1.0))) is None  # no level in common
+    few = agreement_text(run((1, 9.0, None)), run((1, 11.0, None)), "run 1")
+    assert few is not None and few.startswith("This run and run 1 both measured concurrency 1, with too few requests")
 
 
 def test_capacity_arithmetic_for_the_bundled_model():

@@ -29,7 +29,14 @@ def agreement_text(earlier: list[Level], now: list[Level], earlier_name: str = "
         (then[lv.concurrency], lv) for lv in now if lv.concurrency in then and lv.output_tokens_per_s_ci95 is not None
     ]
     if not pairs:
-        return None
+        common = sorted(c for c in {lv.concurrency for lv in earlier} & {lv.concurrency for lv in now} if c is not None)
+        if not common:
+            return None
+        return (
+            f"This run and {earlier_name} both measured concurrency {', '.join(_fmt(c, 'g') for c in common)}, with "
+            "too few requests for a 95% interval: two figures alone cannot tell whether the runs differ "
+            "(more requests per level can)."
+        )
     agree = [n for b, n in pairs if abs(b.output_tokens_per_s - n.output_tokens_per_s) <= _ci(b) + _ci(n)]
     differ = [(b, n) for b, n in pairs if n not in agree]
     parts = []
