@@ -92,8 +92,8 @@ def test_two_runs_are_compared_level_by_level_within_their_intervals():
     text = agreement_text(cell, widget, "the cell's run")
     assert text == (
         "At concurrency 2, 4 this run and the cell's run agree within their 95% intervals; at 1: 8.8 ± 0.5 tok/s "
-        "now, 11.4 ± 0.8 then: more apart than their intervals, so the machine did other work during one of them "
-        "(run both again with nothing else running)."
+        "now, 11.4 ± 0.8 in the cell's run: more apart than their intervals, so the machine did other work "
+        "during one of them (run both again with nothing else running)."
     )
     same = agreement_text(cell, run((1, 11.0, 0.5), (2, 12.0, 0.5)))
     assert same is not None and same.endswith("where their knees differ, the figures cannot tell the two apart.")

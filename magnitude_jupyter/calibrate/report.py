@@ -46,7 +46,7 @@ def agreement_text(earlier: list[Level], now: list[Level], earlier_name: str = "
     if differ:
         figures = "; ".join(
             f"at {_fmt(n.concurrency, 'g')}: {n.output_tokens_per_s:.1f} ± {_ci(n):.1f} tok/s now, "
-            f"{b.output_tokens_per_s:.1f} ± {_ci(b):.1f} then"
+            f"{b.output_tokens_per_s:.1f} ± {_ci(b):.1f} in {earlier_name}"
             for b, n in differ
         )
         parts.append(
