@@ -3,20 +3,11 @@
 // has a calibration widget, press its Start, and its verdict names the knee and compares this run with
 // the cell's above it. Prints a JSON result (a screenshot of the page where it fails).
 import assert from 'node:assert/strict';
-import path from 'node:path';
-import { chromium } from 'playwright-core';
+import { inLab, labUrl, token } from './lab.mjs';
 
-const labUrl = process.env.LAB_URL; // ends with '/'
-const token = process.env.LAB_TOKEN;
-const shots = process.env.SCREENSHOT_DIR;
 const notebook = process.env.NOTEBOOK; // a path under the Jupyter root
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-  args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run', '--disable-background-networking']
-});
-try {
-  const page = await browser.newPage({ viewport: { width: 1440, height: 900 } });
-  page.setDefaultTimeout(Number(process.env.UI_TIMEOUT_MS ?? 900_000));
+
+await inLab(Number(process.env.UI_TIMEOUT_MS ?? 900_000), async page => {
   await page.goto(`${labUrl}lab/tree/${notebook}?token=${token}`);
   await page.waitForSelector('.jp-Notebook .jp-Cell');
   await page.waitForFunction(() => /\|\s*Idle/.test(document.querySelector('.jp-StatusBar-Widget')?.textContent ?? ''));
@@ -56,11 +47,4 @@ try {
   assert.equal(found.widgetErrors, 0, 'a widget failed to display');
   assert.deepEqual(found.wide, [], 'an output wider than its cell');
   console.log(JSON.stringify({ ok: true, verdict, ...found }));
-} catch (error) {
-  const [context] = browser.contexts();
-  const [page] = context ? context.pages() : [];
-  if (page && shots) await page.screenshot({ path: path.join(shots, 'failure.png') }).catch(() => {});
-  throw error;
-} finally {
-  await browser.close();
-}
+});

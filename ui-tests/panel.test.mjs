@@ -2,21 +2,11 @@
 // streamed answer in the output and the panel's counters move. Saves screenshots for the README.
 import assert from 'node:assert/strict';
 import path from 'node:path';
-import { chromium } from 'playwright-core';
+import { inLab, labUrl, shots, token } from './lab.mjs';
 
-const labUrl = process.env.LAB_URL; // ends with '/'
-const token = process.env.LAB_TOKEN;
-const shots = process.env.SCREENSHOT_DIR;
 const TIMEOUT = Number(process.env.UI_TIMEOUT_MS ?? 180_000);
 
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
-         '--disable-component-update', '--disable-sync', '--disable-dev-shm-usage']
-});
-try {
-  const page = await browser.newPage({ viewport: { width: 1440, height: 900 } });
-  page.setDefaultTimeout(TIMEOUT);
+await inLab(TIMEOUT, async page => {
   await page.goto(`${labUrl}lab/tree/demo.ipynb?token=${token}`);
   await page.waitForSelector('.jp-Notebook .jp-Cell');
 
@@ -102,14 +92,4 @@ try {
       shown
     })
   );
-} catch (error) {
-  // Leave a picture of what the browser showed when it failed.
-  const [context] = browser.contexts();
-  const [page] = context ? context.pages() : [];
-  if (page && shots) {
-    await page.screenshot({ path: path.join(shots, 'failure.png') }).catch(() => {});
-  }
-  throw error;
-} finally {
-  await browser.close();
-}
+});

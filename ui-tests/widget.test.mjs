@@ -2,23 +2,15 @@
 // running) it comes back with the data it had, as a plain ipywidget does. Saves a screenshot.
 import assert from 'node:assert/strict';
 import path from 'node:path';
-import { chromium } from 'playwright-core';
+import { inLab, labUrl, shots, token } from './lab.mjs';
 
-const labUrl = process.env.LAB_URL; // ends with '/'
-const token = process.env.LAB_TOKEN;
-const shots = process.env.SCREENSHOT_DIR;
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-  args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run', '--disable-background-networking']
-});
 // Every plotly plot on the page: its width and the number of points of each trace.
 const plots = page => page.evaluate(() => [...document.querySelectorAll('.js-plotly-plot')].map(e => ({
   width: e.getBoundingClientRect().width,
   points: (e.data || []).map(t => (t.x || []).length)
 })));
-try {
-  const page = await browser.newPage({ viewport: { width: 1440, height: 900 } });
-  page.setDefaultTimeout(Number(process.env.UI_TIMEOUT_MS ?? 180_000));
+
+await inLab(Number(process.env.UI_TIMEOUT_MS ?? 180_000), async page => {
   const problems = [];
   page.on('console', m => { if (/Failed to initialize model|model not found/i.test(m.text())) problems.push(m.text()); });
   await page.goto(`${labUrl}lab/tree/widget.ipynb?token=${token}`);
@@ -61,11 +53,4 @@ try {
     await page.locator('.jp-Cell').nth(1).screenshot({ path: path.join(shots, 'calibration-widget.png') });
   }
   console.log(JSON.stringify({ ok: true, cell, before, after }));
-} catch (error) {
-  const [context] = browser.contexts();
-  const [page] = context ? context.pages() : [];
-  if (page && shots) await page.screenshot({ path: path.join(shots, 'failure.png') }).catch(() => {});
-  throw error;
-} finally {
-  await browser.close();
-}
+});
