@@ -66,21 +66,24 @@ def _chat_format_line(fmt: dict[str, Any]) -> str:
 def _model_details(entry: Any, settings: Any) -> dict[str, Any]:
     from dataclasses import replace
 
-    from .kvmath import kv_bytes_per_token, kv_layout
+    from .kvmath import kv_layout
 
     info = read_model_info(entry.path)
     details = info.to_json()
-    details["kv_bytes_per_token_f16"] = kv_bytes_per_token(info, "f16")
     engine = replace(settings.engine, **settings.model_settings(entry.alias).engine)
+
+    def layout(k: str, v: str | None = None) -> Any:
+        return kv_layout(info, info.trained_context, k, v, full_windows=engine.swa_full)
+
     # One session of the trained context: with windows, its windowed layers hold only the last window.
-    kinds = ("f16", "q8_0", "q4_0")
-    layouts = {t: kv_layout(info, info.trained_context, t, full_windows=engine.swa_full) for t in kinds}
+    layouts = {t: layout(t) for t in ("f16", "q8_0", "q4_0")}
     details["kv_bytes_per_token"] = {t: layout.bytes_per_cell for t, layout in layouts.items()}
+    details["kv_bytes_per_token_f16"] = details["kv_bytes_per_token"]["f16"]
     details["kv_session_bytes"] = {t: layout.session_bytes(info.trained_context) for t, layout in layouts.items()}
     details["kv_window_bytes_per_token"] = {t: layout.window_bytes_per_token for t, layout in layouts.items()}
     details["kv_windowed"] = bool(layouts["f16"].window)
     details["kv_cache_type"] = engine.kv_type_label  # what this model is configured to run with
-    details["kv_bytes_per_token_configured"] = kv_bytes_per_token(info, *engine.kv_types)
+    details["kv_bytes_per_token_configured"] = layout(*engine.kv_types).bytes_per_cell
     details["chat_format"] = info.chat_format(settings.model_settings(entry.alias).chat_template).to_json()
     share, types = info.unbatched_weights()
     details["unbatched_weight_share_x86"] = round(share, 4)

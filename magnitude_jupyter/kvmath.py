@@ -62,6 +62,17 @@ def kv_bytes_per_token(
     return float(sum(h * (shape.head_dim_k * bytes_k + shape.head_dim_v * bytes_v) for h in heads))
 
 
+Window = tuple[int, float]  # a model's windowed layers: (tokens they see, bytes a token costs there)
+
+
+def session_bytes(tokens: int, bytes_per_token: float, window: Window | None = None) -> float:
+    """KV bytes of one sequence of `tokens`: every token at `bytes_per_token` (the global layers', or
+    every layer's without windows), and its last window in the windowed layers."""
+    if window is None:
+        return tokens * bytes_per_token
+    return tokens * bytes_per_token + min(tokens, window[0]) * window[1]
+
+
 def window_cells(window: int, sequences: int, batch: int, cells: int) -> int:
     """Cells of each sliding-window layer's cache: a window per sequence and a batch, in whole
     blocks, within the context's `cells` (llama-kv-cache-iswa.cpp)."""
@@ -94,11 +105,15 @@ class KVLayout:
             return None
         return {"window": self.window, "cells": self.window_cells, "bytes_per_token": self.window_bytes_per_token}
 
+    @property
+    def windowed(self) -> Window | None:
+        """(tokens, bytes per token) of the windowed layers where they keep windows, for session_bytes."""
+        return (self.window, self.window_bytes_per_token) if self.window else None
+
     def session_bytes(self, tokens: int) -> float:
         """What one sequence of `tokens` holds: every token in the global layers, its last window in
         the windowed ones."""
-        seen = tokens if self.window is None else min(tokens, self.window)
-        return tokens * self.global_bytes_per_token + seen * self.window_bytes_per_token
+        return session_bytes(tokens, self.bytes_per_cell, self.windowed)
 
 
 class WindowedShape(KVShape, Protocol):

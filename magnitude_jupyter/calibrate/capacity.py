@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from ..client import Client, ClientError
-from ..kvmath import CACHE_TYPE_BYTES, kv_bytes_per_token, tokens_that_fit
+from ..kvmath import CACHE_TYPE_BYTES, Window, kv_layout, session_bytes, tokens_that_fit
 
 CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -26,17 +26,6 @@ def available_memory() -> int:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
     return 0
-
-
-Window = tuple[int, float]  # a sliding-window model's windowed layers: (tokens they see, bytes per token)
-
-
-def session_bytes(tokens: int, bytes_per_token: float, window: Window | None = None) -> float:
-    """KV bytes of one session of `tokens`: every token in the global layers (all layers without
-    windows), its last window in the windowed layers (kvmath.py)."""
-    if window is None:
-        return tokens * bytes_per_token
-    return tokens * bytes_per_token + min(tokens, window[0]) * window[1]
 
 
 def sessions_table(
@@ -131,17 +120,11 @@ def capacity_report(
     types = cache_type.split("/")
     if len(types) > 2 or any(t not in CACHE_TYPE_BYTES for t in types):
         raise ValueError(f"unknown cache type {cache_type!r}")
-    shape = model_shape(meta)
     # The server says whether its windowed layers keep windows (kv_window); by default llama.cpp's do.
-    kv_window = (status or {}).get("kv_window")
-    windowed = shape.windowed_layers if (kv_window or status is None) and shape.sliding_window else ()
-    window: Window | None = None
-    if any(windowed):
-        k, v = types[0], types[-1]
-        bpt = kv_bytes_per_token(shape, k, v, layers=[not w for w in windowed])
-        window = (int(shape.sliding_window), kv_bytes_per_token(shape, k, v, layers=windowed))
-    else:
-        bpt = kv_bytes_per_token(shape, *types)
+    windows_kept = bool((status or {}).get("kv_window")) or status is None
+    # Only its per-token figures are read: no context size here.
+    layout = kv_layout(model_shape(meta), 0, types[0], types[-1], full_windows=not windows_kept)
+    bpt, window = layout.bytes_per_cell, layout.windowed
     budget = memory_bytes if memory_bytes is not None else available_memory()
     admission, charge = turn_charge(status)
     report = CapacityReport(

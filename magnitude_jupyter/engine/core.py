@@ -31,7 +31,7 @@ from ..chat_formats import ChatFormat
 from ..config import EngineSettings, Settings, load_settings
 from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
 from .gbnf_limits import start_with_grammar_stack
-from .memory import ContextSizing, cache_sequences, plan_kv, resolve_settings
+from .memory import ContextSizing, cache_sequences, context_sequences, plan_kv, resolve_settings
 from .metrics import EngineMetrics
 from .prefix_cache import KVOp
 from .prepare import prepare_params
@@ -141,7 +141,7 @@ class Engine:
         return LlamaRunner(
             self.model_entry.path,
             n_ctx=es.cells,
-            n_seq_max=es.parallel + cache_sequences(es),
+            n_seq_max=context_sequences(es),
             n_batch=es.n_batch,
             n_threads=es.n_threads,
             gpu_layers=es.gpu_layers,

@@ -27,12 +27,13 @@ from typing import Any
 import psutil
 
 from ..config import ConfigError, EngineSettings, parse_memory_budget
-from ..kvmath import KV_BLOCK, KVLayout, kv_layout, window_cells
+from ..kvmath import KV_BLOCK, KVLayout, kv_layout
 from ..models import ModelInfo
 
 FLOAT_BYTES = 4
 SCORE_BYTES = 5  # an attention score in llama.cpp's compute buffer, measured (see _scores_bytes_per_cell)
 KV_PADDING = KV_BLOCK
+UNBOUNDED_CELLS = 1 << 40  # a context no window block reaches
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,11 @@ def cache_sequences(es: EngineSettings) -> int:
     return min(es.prefix_cache_entries, LLAMA_MAX_SEQ - es.parallel) if es.prefix_reuse else 0
 
 
+def context_sequences(es: EngineSettings) -> int:
+    """Every sequence of the context (llama.cpp's n_seq_max): the request slots and the cache's entries."""
+    return es.parallel + cache_sequences(es)
+
+
 def _buffers(info: ModelInfo, es: EngineSettings, cells: int = 0) -> int:
     """The output buffer and the compute buffer of one step: its logits and a few activations per
     token of the embedding; without flash attention, or the step's attention scores over `cells`,
@@ -81,7 +87,7 @@ def _buffers(info: ModelInfo, es: EngineSettings, cells: int = 0) -> int:
 
 
 def _output_buffer(info: ModelInfo, es: EngineSettings) -> int:
-    return (es.parallel + cache_sequences(es)) * info.vocab_size * FLOAT_BYTES
+    return context_sequences(es) * info.vocab_size * FLOAT_BYTES
 
 
 def _scores_bytes_per_cell(info: ModelInfo, es: EngineSettings) -> int:
@@ -94,28 +100,29 @@ def _scores_bytes_per_cell(info: ModelInfo, es: EngineSettings) -> int:
 def plan_kv(info: ModelInfo, es: EngineSettings, cells: int | None = None) -> KVLayout:
     """The KV cache llama.cpp makes for these settings (of `cells`, or the settings' own)."""
     cells = -(-(es.cells if cells is None else cells) // KV_PADDING) * KV_PADDING
-    sequences = es.parallel + cache_sequences(es)
+    sequences = context_sequences(es)
     return kv_layout(info, cells, *es.kv_types, sequences=sequences, batch=es.n_batch, full_windows=es.swa_full)
 
 
 def _cells_in(info: ModelInfo, es: EngineSettings, kv_bytes: float, extra_per_cell: float = 0) -> int:
     """The most context cells `kv_bytes` hold, each cell costing its KV bytes and `extra_per_cell`."""
-    layout = plan_kv(info, es, KV_PADDING)
+    layout = plan_kv(info, es, UNBOUNDED_CELLS)  # the windowed layers' whole block, whatever the context
     per_cell = layout.global_bytes_per_token + layout.window_bytes_per_token + extra_per_cell
     if layout.window is None:
         return int(kv_bytes // per_cell) if per_cell else 0
     # The windowed layers stop growing at their windows: past that, a cell costs the global layers only.
-    windows = window_cells(layout.window, es.parallel + cache_sequences(es), es.n_batch, 2**40)
+    windows = layout.window_cells
     if kv_bytes >= windows * per_cell:
         return int((kv_bytes - windows * layout.window_bytes_per_token) // (per_cell - layout.window_bytes_per_token))
     return int(kv_bytes // per_cell)
 
 
 def plan_memory(info: ModelInfo, es: EngineSettings) -> MemoryPlan:
+    kv = plan_kv(info, es)
     return MemoryPlan(
         weights=info.file_size,
-        kv_cache=plan_kv(info, es).bytes,
-        buffers=_buffers(info, es, -(-es.cells // KV_PADDING) * KV_PADDING),
+        kv_cache=kv.bytes,
+        buffers=_buffers(info, es, kv.cells),
         prefix_cache_ram=es.prefix_cache_ram_mib << 20,
     )
 
@@ -186,7 +193,7 @@ def size_context(
     if layout.window:
         kv += (
             f" + {layout.window_cells:,} window cells x {layout.window_bytes_per_token:,.0f} bytes/token "
-            f"(window {layout.window} x {es.parallel + cache_sequences(es)} sequences + a batch)"
+            f"(window {layout.window} x {context_sequences(es)} sequences + a batch)"
         )
     reason = (
         f"ctx_size auto: {cells:,} cells ({why}); budget {mib(budget)} ({source}): weights {mib(info.file_size)}, "
