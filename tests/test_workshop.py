@@ -37,6 +37,8 @@ def test_notebook_runs_top_to_bottom(path, server, monkeypatch, tmp_path):
         text = "\n".join(o.get("text", "") for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs)
         assert re.search(r"model accuracy \d+%; always-the-majority baseline 50%", text), text
         assert "8 of 8 rows embedded" in text, text
+        # the schema lesson: extraction measured against the product column
+        assert re.search(r"item names the product in \d of 8 rows; \d+% of the key words", text), text
     if path.stem.startswith("07"):  # the agent: a real call of a notebook function, and what it cost
         text = "\n".join(o.get("text", "") for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs)
         assert re.search(r"→ (population|add)\(\{.*\}\)  ← ", text) and "agent workflow" in text, text
