@@ -166,3 +166,43 @@ def test_with_a_fallback_model_the_request_the_objective_would_shed_is_answered_
         finally:
             client.cancel(busy.headers["X-Completion-Id"])
             busy.close()
+
+
+@pytest.mark.model
+def test_a_second_calibration_against_the_applied_config_meets_what_the_first_recommended(tmp_path, monkeypatch):
+    """calibrate --apply writes the recommendation; a server started from that file runs it, and a second
+    calibration there finds the recommended level within the objective the first one wrote."""
+    import json
+
+    import yaml
+    from click.testing import CliRunner
+
+    from magnitude_jupyter.cli import main
+    from magnitude_jupyter.client import Client
+    from magnitude_jupyter.runtime import LocalServer
+
+    # A target any level meets on any machine: the test is about the loop, not about this machine's speed.
+    sweep = ("--requests", "4", "--max-tokens", "8", "--warmup", "0", "--no-probe", "--no-archive")
+    sweep += ("--latency-target-ms", "600000")
+    config = tmp_path / "config.yaml"
+    config.write_text("engine:\n  parallel: 2\n  ctx_size: 2048\n")
+    monkeypatch.setenv("MAGNITUDE_CONFIG", str(config))  # where --apply writes
+    with LocalServer(token="apply-token", config=config.read_text()) as first:
+        args = ["calibrate", "--url", first.url, "--token", "apply-token", "--concurrency", "1,2", *sweep]
+        result = CliRunner().invoke(main, [*args, "--apply", "--yes"])
+    assert result.exit_code == 0, result.output
+    applied = yaml.safe_load(config.read_text())
+    parallel = applied["engine"]["parallel"]
+    assert parallel in (1, 2) and applied["engine"]["max_waiting"] == 2 * parallel
+    assert applied["engine"]["ctx_size"] == 2048  # what the file held stays
+    assert applied["slo"]["e2e_p95_ms"] == 600000.0 and applied["slo"]["ttft_p95_ms"] > 0
+
+    with LocalServer(token="apply-token", config=config.read_text()) as second:
+        client = Client(second.url, second.token)
+        assert client.status()["parallel"] == parallel
+        args = ["calibrate", "--url", second.url, "--token", "apply-token", "--concurrency", str(parallel), *sweep]
+        result = CliRunner().invoke(main, [*args, "--json", str(tmp_path / "second.json")])
+        assert result.exit_code == 0, result.output
+        assert json.loads((tmp_path / "second.json").read_text())["summary"]["recommended_parallel"] == parallel
+        e2e = next(o for o in client.status()["slo"]["objectives"] if o["name"] == "e2e_p95_ms")
+        assert e2e["holds"] is True and e2e["requests"] >= 4
