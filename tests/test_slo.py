@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -50,6 +52,19 @@ def test_only_the_window_counts_and_unset_objectives_are_not_judged():
     [state] = evaluate(settings, metrics.finished_since, now=9.0)
     assert (state.requests, state.holds) == (5, True)  # the five slow ones are older than the window
     assert evaluate(SloSettings(), metrics.finished_since) == []
+
+
+def test_a_cold_server_predicts_the_slot_wait_from_the_answers_running_now():
+    from magnitude_jupyter.engine.core import cold_wait_s
+    from magnitude_jupyter.engine.metrics import StepCounts
+
+    steps = StepCounts(decode_calls=10, decode_rows=40, decode_prompt_rows=8, decode_seconds=0.9, step_seconds=1.0)
+    assert cold_wait_s([30, 50], whole_answer=100, ahead=0, steps=steps) == pytest.approx(3.0)  # the first to end
+    assert cold_wait_s([30, 50], whole_answer=100, ahead=1, steps=steps) == pytest.approx(5.0)
+    # further back: after the running answers, whole answers shared over the two slots
+    assert cold_wait_s([30, 50], whole_answer=100, ahead=3, steps=steps) == pytest.approx(5.0 + 2 * 100 / 2 * 0.1)
+    assert cold_wait_s([], whole_answer=100, ahead=0, steps=steps) is None  # nothing runs
+    assert cold_wait_s([30], whole_answer=100, ahead=0, steps=StepCounts(0, 0, 0, 0.0, 0.0)) is None  # no step yet
 
 
 def test_slo_settings_in_the_config_per_model_and_as_flags(tmp_path):
@@ -112,7 +127,8 @@ def test_a_server_judges_its_objectives_live_on_status_metrics_and_the_cli():
 
 
 @pytest.mark.model
-def test_with_shedding_on_an_interactive_request_that_would_wait_past_the_objective_is_told_at_once():
+@pytest.mark.parametrize("warm", [True, False], ids=["after-an-answer", "cold"])
+def test_with_shedding_on_an_interactive_request_that_would_wait_past_the_objective_is_told_at_once(warm):
     import httpx
 
     from magnitude_jupyter.client import Client
@@ -123,11 +139,15 @@ def test_with_shedding_on_an_interactive_request_that_would_wait_past_the_object
         ("--parallel", "1", "--ctx-size", "2048", "--slo-ttft-p95-ms", "1", "--slo-shed"), token="shed-token", config=""
     ) as server:
         client = Client(server.url, server.token)
-        client.chat([{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0)  # the slot is free: served
+        if warm:  # an answer finished: the rate of finishes predicts; cold, the running answer does
+            client.chat([{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0)  # the slot is free
         busy = client.open_chat_stream(
             [{"role": "user", "content": "Count upwards."}], max_tokens=1500, ignore_eos=True, temperature=0
         )
         try:
+            for line in busy.iter_lines():  # until its first token: the slot is taken and steps timed
+                if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                    break
             headers = {"Authorization": f"Bearer {server.token}"}
             body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2}
             shed = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=headers, timeout=60)

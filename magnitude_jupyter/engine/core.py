@@ -32,7 +32,7 @@ from ..config import EngineSettings, Settings, load_settings
 from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
 from .gbnf_limits import start_with_grammar_stack
 from .memory import ContextSizing, cache_sequences, context_sequences, plan_kv, resolve_settings
-from .metrics import EngineMetrics
+from .metrics import EngineMetrics, StepCounts
 from .prefix_cache import KVOp
 from .prepare import prepare_params
 from .reasoning import ReasoningSplitter, Thinking, prompt_opens_thinking, thinks
@@ -47,6 +47,19 @@ from .threads import ThreadGovernor
 from .tools import ToolRequest
 
 log = logging.getLogger(__name__)
+
+
+def cold_wait_s(tokens_left: list[int], whole_answer: int, ahead: int, steps: StepCounts) -> float | None:
+    """The slot wait of `predicted_wait_s` before any request has finished: the running answers free
+    their slots after the tokens they likely have left (ascending), each a step of the mean step time
+    so far; a request further back waits for answers of `whole_answer` tokens shared over the slots."""
+    if not tokens_left or steps.decode_calls == 0:
+        return None
+    step_s = steps.step_seconds / steps.decode_calls
+    slots = len(tokens_left)
+    if ahead < slots:
+        return tokens_left[ahead] * step_s
+    return (tokens_left[-1] + (ahead - slots + 1) * whole_answer / slots) * step_s
 
 
 class EngineError(RuntimeError):
@@ -317,9 +330,11 @@ class Engine:
     def predicted_wait_s(self, priority: Priority | str = Priority.INTERACTIVE) -> float | None:
         """How long a new request of `priority` would wait for its first token: for a slot, from the
         queue ahead of it and the rate requests have finished at lately, then for its prompt, as
-        long as the slowest tenth of recent prompts took; None when it would start now (a free slot
-        and nobody waiting) or nothing has finished to measure by. Batch requests wait behind every
-        interactive one, so only interactive requests are predicted (slo.py sheds by it)."""
+        long as the slowest tenth of recent prompts took. Before anything has finished (a burst on a
+        cold server) the slot wait comes from the running answers instead: the tokens each likely has
+        left (the admission estimate) at the mean step time so far. None when it would start now (a
+        free slot and nobody waiting) or nothing has run to measure by. Batch requests wait behind
+        every interactive one, so only interactive requests are predicted (slo.py sheds by it)."""
         if Priority.parse(priority) is not Priority.INTERACTIVE:
             return None
         now = time.monotonic()
@@ -330,10 +345,15 @@ class Engine:
             ahead = len(sched.waiting[Priority.INTERACTIVE])
             if ahead == 0 and len(sched.running) < sched.max_running:
                 return None
+            left = sorted(
+                max(1, sched.lengths.estimate(r.priority, r.client, r.max_tokens) - len(r.output_tokens))
+                for r in sched.running
+            )
+            whole = sched.lengths.estimate(Priority.INTERACTIVE, None, sched.ctx_size)
         span = min(RATE_WINDOW_S, max(1e-3, now - self._started_at))
         done = [f for f in self.metrics.finished_since(now - span) if f.outcome in ("stop", "length")]
         if not done:
-            return None
+            return cold_wait_s(left, whole, ahead, self.metrics.step_counts())
         prompts = sorted(f.prompt_s for f in done if f.prompt_s is not None)
         prompt = prompts[int(0.9 * (len(prompts) - 1))] if prompts else 0.0
         return (ahead + 1) / (len(done) / span) + prompt
