@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 MODEL=$(python -c "from magnitude_jupyter.models import bundled_model_path as p; print(p())")
 
 declare -A ARGS=(
-    [server_throughput]="--repeats 2"
+    [server_throughput]="--repeats 3"
     [conversations]="--repeats 2"
     [conversations_chat]="--sessions 1 --rounds 10 --max-tokens 128 --repeats 2"
     [agents]="--repeats 2"
