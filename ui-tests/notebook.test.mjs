@@ -1,7 +1,9 @@
 // One workshop notebook as a participant meets it in JupyterLab: Run All Cells, then what they must
 // see: no traceback, no "Error displaying widget", no output wider than its cell. Where the notebook
 // has a calibration widget, press its Start, and its verdict names the knee and compares this run with
-// the cell's above it. Prints a JSON result (a screenshot of the page where it fails).
+// the cell's above it. Then the notebook is saved (the test reads its outputs from the file) and the
+// Magnitude panel's Recent list is read: its entries name the cells they came from. Prints a JSON
+// result (a screenshot of the page where it fails). The lab runs with expose_app_in_browser.
 import assert from 'node:assert/strict';
 import { inLab, labUrl, token } from './lab.mjs';
 
@@ -43,8 +45,16 @@ await inLab(Number(process.env.UI_TIMEOUT_MS ?? 900_000), async page => {
       cells: document.querySelectorAll('.jp-CodeCell').length
     };
   });
+  // Saved as the participant would (File > Save), so that the test reads what the page showed.
+  await page.evaluate(() => window.jupyterapp.commands.execute('docmanager:save'));
+  await page.waitForFunction(() => !document.querySelector('.lm-DockPanel-tabBar .jp-mod-current.jp-mod-dirty'));
+  await page.locator('.jp-SideBar [data-id="magnitude-panel"]').click();
+  await page.locator('#magnitude-panel').waitFor({ state: 'visible' });
+  // A notebook whose requests went to this lab's server has them listed within a refresh or two.
+  await page.waitForSelector('#magnitude-panel .mg-recent .mg-request', { timeout: 10_000 }).catch(() => {});
+  const recent = await page.locator('#magnitude-panel .mg-recent .mg-request-text').allTextContents();
   assert.equal(found.tracebacks, 0, 'a traceback in an output');
   assert.equal(found.widgetErrors, 0, 'a widget failed to display');
   assert.deepEqual(found.wide, [], 'an output wider than its cell');
-  console.log(JSON.stringify({ ok: true, verdict, ...found }));
+  console.log(JSON.stringify({ ok: true, verdict, recent, ...found }));
 });
