@@ -7,7 +7,6 @@ import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -20,7 +19,7 @@ import httpx
 from magnitude_jupyter.client import Client
 from magnitude_jupyter.engine.runner import repack_weights
 from magnitude_jupyter.models import bundled_model_path
-from magnitude_jupyter.runtime import LocalServer
+from magnitude_jupyter.runtime import LocalServer, free_port
 
 TOKEN = "bench-token"
 
@@ -125,12 +124,6 @@ def table(headers: list[str], rows: list[list[object]]) -> str:
     lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells]
     lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
     return "\n".join(lines)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stop_process(proc: subprocess.Popen) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -23,6 +22,7 @@ import httpx
 import yaml
 
 from .client import Client, ClientError
+from .runtime import free_port
 
 RULES_PACKAGED = Path(__file__).resolve().parent / "deploy" / "prometheus" / "magnitude-rules.yml"  # in the wheel
 RULES_SOURCE = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "magnitude-rules.yml"
@@ -128,12 +128,6 @@ def objective_lines(client: Client) -> list[str]:
     return lines
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Prometheus:
     """A real Prometheus scraping one server every second with the shipped rules, their 5-minute
     alert delay shortened to `alert_after` (a workshop has no five minutes to wait); None from
@@ -157,7 +151,7 @@ class Prometheus:
             ],
         }
         (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [

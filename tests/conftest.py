@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -11,7 +10,7 @@ import pytest
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine
 from magnitude_jupyter.models import bundled_model_path
-from magnitude_jupyter.runtime import LocalServer
+from magnitude_jupyter.runtime import LocalServer, free_port  # noqa: F401 (tests import it from here)
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
@@ -72,12 +71,6 @@ def models_dir(tmp_path_factory, model_path):
     requantize(model_path, folder / f"{SECOND_MODEL}.gguf")
     (folder / "broken.gguf").write_bytes(b"GGUF" + b"\0" * 64)  # listed, and fails only its own requests
     return folder
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 SERVE_TOKEN = "test-token-123"
