@@ -85,8 +85,8 @@ def test_a_saved_entry_comes_back_holding_only_the_window_at_its_end():
     # llama.cpp leaves the cells the window has passed out of a saved state: only its end is of use
     partial = [*talk[:50], 3]
     usable = lambda n, floor: cache.window_start(n) >= floor  # noqa: E731 - as the scheduler asks
-    assert cache.ram.best(partial, 99, usable) == ((), 0)
-    tokens, n = cache.ram.best([*talk, 3], 99, usable)
+    assert cache.ram.best(partial, 99, usable)[:2] == ((), 0)
+    tokens, n, _ = cache.ram.best([*talk, 3], 99, usable)
     assert n == len(talk)
     floor = cache.ram.floors[tokens]
     data = cache.ram.pop(tokens)

@@ -34,6 +34,7 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 SavedState = bytes | bytearray  # a sequence's KV state (`llama_state_seq_get_data`), as the RAM tier keeps it
 
@@ -139,6 +140,12 @@ class Match:
     seq_id: int | None  # a sequence holding cells [0, length)
 
 
+class RamMatch(NamedTuple):
+    tokens: tuple[int, ...]  # the saved entry to restore (empty: none)
+    length: int  # the prompt tokens it covers
+    longest: int  # the most any entry shares with the prompt, usable or not
+
+
 class RamTier:
     """Saved sequence states in host memory, least recently used dropped first, within `capacity_bytes`."""
 
@@ -167,17 +174,18 @@ class RamTier:
             self.bytes -= len(data)
         return data
 
-    def best(
-        self, prompt: Sequence[int], limit: int, usable: Callable[[int, int], bool] | None = None
-    ) -> tuple[tuple[int, ...], int]:
+    def best(self, prompt: Sequence[int], limit: int, usable: Callable[[int, int], bool] | None = None) -> RamMatch:
         """The saved entry that shares the longest prefix with `prompt` (at most `limit` tokens; with
-        `usable`, only where it says the prefix's length and the entry's window floor can be used)."""
-        best: tuple[tuple[int, ...], int] = ((), 0)
-        for tokens in self.entries:
-            n = common_prefix_len(tokens, prompt, limit)
-            if n > best[1] and (usable is None or usable(n, self.floors[tokens])):
-                best = (tokens, n)
-        return best
+        `usable`, only where it says the prefix's length and the entry's window floor can be used),
+        and the longest prefix any entry shares, usable or not: one scan for both."""
+        tokens: tuple[int, ...] = ()
+        length = longest = 0
+        for saved in self.entries:
+            n = common_prefix_len(saved, prompt, limit)
+            longest = max(longest, n)
+            if n > length and (usable is None or usable(n, self.floors[saved])):
+                tokens, length = saved, n
+        return RamMatch(tokens, length, longest)
 
 
 def _spells(spell: Callable[[int], bytes], token: int, text: bytes | bytearray, at: int) -> bool:

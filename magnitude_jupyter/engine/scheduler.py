@@ -379,10 +379,11 @@ class Scheduler:
         cache, ram, prompt = self.cache, self.cache.ram, request.cache_context_tokens
         if cache.window:
             # Where the tree's cells replace the saved ones below `have`, the window must lie above them.
-            tokens, n = ram.best(prompt, limit, lambda n, floor: cache.window_start(n) >= max(floor, have))
-            self._window_missed = max(0, ram.best(prompt, limit)[1] - max(have, n))
+            found = ram.best(prompt, limit, lambda n, floor: cache.window_start(n) >= max(floor, have))
+            self._window_missed = max(0, found.longest - max(have, found.length))
         else:
-            tokens, n = ram.best(prompt, limit)
+            found = ram.best(prompt, limit)
+        tokens, n = found.tokens, found.length
         if n < have + RAM_RESTORE_GAIN:
             return None
         # llama.cpp loads the whole saved sequence before the shared part is swapped for the tree's,
