@@ -245,9 +245,11 @@ def main() -> None:
     # second would otherwise carry the machine's drift as its own.
     kinds = chosen(dict.fromkeys((*PEERS, *OURS)), args.servers)
     best: dict[str, dict[int, Level]] = {kind: {} for kind in kinds}
+    runs: dict[str, dict[int, list[Level]]] = {kind: {c: [] for c in levels} for kind in kinds}
     for _ in range(args.repeats):
         for kind, kept in best.items():
             for c, level in asyncio.run(measure(kind, args, levels)).items():
+                runs[kind][c].append(level)
                 if c not in kept or level.tokens_per_s > kept[c].tokens_per_s:
                     kept[c] = level
     peer = best["llama-server"]
@@ -305,6 +307,20 @@ def main() -> None:
             rows,
         )
     )
+    # Each alternating pair on its own: the median of the pairs' ratios, beside the best-of table.
+    ours = "magnitude serve"
+    if ours in runs and "llama-server" in runs:
+        for c in levels:
+            pairs = list(zip(runs[ours][c], runs["llama-server"][c], strict=True))
+            tok = sorted(o.tokens_per_s / p.tokens_per_s for o, p in pairs)
+            ttft = sorted(o.ttft_pct(50) / p.ttft_pct(50) for o, p in pairs)
+            print(
+                f"{c:>2} clients, {ours} vs llama-server, each pair: tok/s "
+                + " ".join(f"{r:.2f}" for r in tok)
+                + f" (median {statistics.median(tok):.2f}x); TTFT p50 "
+                + " ".join(f"{r:.2f}" for r in ttft)
+                + f" (median {statistics.median(ttft):.2f}x)"
+            )
     if args.json:
         args.json.write_text(
             json.dumps(
