@@ -56,6 +56,7 @@ def running_lab(folder: Path, models_dir: Path) -> Iterator[dict[str, Any]]:
     root = folder / "root"
     root.mkdir()
     port, token = free_port(), "lab-test-token"
+    log = (folder / "lab.log").open("wb")
     env = {
         **os.environ,
         "JUPYTER_RUNTIME_DIR": str(folder / "runtime"),
@@ -82,9 +83,8 @@ def running_lab(folder: Path, models_dir: Path) -> Iterator[dict[str, Any]]:
             "--MagnitudeApp.ctx_size=4096",
         ],
         env=env,
-        stdout=subprocess.PIPE,
+        stdout=log,  # a file, never a pipe: a lab that runs every notebook fills a pipe and then stops
         stderr=subprocess.STDOUT,
-        text=True,
     )
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 120
@@ -96,7 +96,8 @@ def running_lab(folder: Path, models_dir: Path) -> Iterator[dict[str, Any]]:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise AssertionError(f"jupyter lab did not start: {proc.stdout.read() if proc.stdout else ''}")
+            log.close()
+            raise AssertionError(f"jupyter lab did not start: {(folder / 'lab.log').read_text(errors='replace')}")
         time.sleep(0.3)
     try:
         yield {"url": url, "token": token, "env": env, "root": root}
@@ -106,6 +107,7 @@ def running_lab(folder: Path, models_dir: Path) -> Iterator[dict[str, Any]]:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
 
 
 def shut_down_kernels(lab: dict[str, Any]) -> None:

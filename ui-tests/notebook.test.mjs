@@ -10,7 +10,9 @@ import { inLab, labUrl, token } from './lab.mjs';
 const notebook = process.env.NOTEBOOK; // a path under the Jupyter root
 
 await inLab(Number(process.env.UI_TIMEOUT_MS ?? 900_000), async page => {
-  await page.goto(`${labUrl}lab/tree/${notebook}?token=${token}`);
+  // A workspace of its own: one lab runs every notebook, and the default workspace would reopen the last.
+  const workspace = notebook.replace(/[^A-Za-z0-9]/g, '-');
+  await page.goto(`${labUrl}lab/workspaces/${workspace}/tree/${notebook}?token=${token}`);
   await page.waitForSelector('.jp-Notebook .jp-Cell');
   await page.waitForFunction(() => /\|\s*Idle/.test(document.querySelector('.jp-StatusBar-Widget')?.textContent ?? ''));
   await page.locator('.lm-MenuBar-itemLabel', { hasText: /^Run$/ }).click();
