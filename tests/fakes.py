@@ -206,9 +206,11 @@ class RecordingClient:
 
     def __init__(self) -> None:
         self.sent: list[list[dict]] = []
+        self.origins: list[str | None] = []  # how each request names itself in the server's panel
 
     def stream_chat(self, messages, result=None, **body):
         self.sent.append([dict(m) for m in messages])
+        self.origins.append(body.get("origin"))
         if result is not None:
             result.usage = {"prompt_tokens": 10, "completion_tokens": 1}
             result.text = self.ANSWER

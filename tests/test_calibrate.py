@@ -359,6 +359,13 @@ def test_no_sweep_sends_a_prompt_again_across_levels_or_runs(mode):
     assert len(client.sent) == 24 and len({json.dumps(messages) for messages in client.sent}) == 24
 
 
+def test_calibration_traffic_is_named_in_the_panel_by_its_level():
+    client = RecordingClient()
+    run_sweep(client, SweepConfig(concurrency=(1, 2), requests_per_level=2, warmup_requests=1))
+    assert client.origins[0] == "calibration · warm-up"
+    assert set(client.origins[1:]) == {"calibration · 1 clients", "calibration · 2 clients"}
+
+
 def test_apply_writes_the_recommendation_into_the_config_as_a_diff(tmp_path):
     from magnitude_jupyter.calibrate.apply import config_diff, recommendations
     from magnitude_jupyter.config import load_settings

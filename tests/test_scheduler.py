@@ -128,6 +128,9 @@ def test_the_panel_sees_where_a_request_came_from_and_the_first_words_it_asks():
         engine.generate("1 2", params=SamplingParams(max_tokens=2, temperature=0), origin="02.ipynb · cell 4")
         finished = engine.stats().recent[0]
         assert (finished.origin, finished.prompt_head) == ("02.ipynb · cell 4", "1 2")
+        # An API client that names no origin is named by its `user`.
+        engine.generate("3 4", params=SamplingParams(max_tokens=2, temperature=0), user="ada")
+        assert engine.stats().recent[0].origin == "ada"
     long = "Name   three uses\nof a paperclip, one per line, and say which one is the oddest of them all"
     assert prompt_head(long, None) == "Name three uses of a paperclip, one per line, and say which…"
     messages = [
