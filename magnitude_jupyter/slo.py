@@ -151,9 +151,11 @@ class Shed(Exception):
         self.retry_after = wait_s
 
 
-def check_shed(settings: SloSettings, predicted_wait_s: float | None, model: str = "") -> None:
-    """Raise Shed when shedding is on and the predicted wait breaks `model`'s TTFT objective."""
-    if not settings.shed or settings.ttft_p95_ms is None or predicted_wait_s is None:
+def check_shed(settings: SloSettings, predict_wait_s: Callable[[], float | None], model: str = "") -> None:
+    """Raise Shed when shedding is on and the predicted wait breaks `model`'s TTFT objective; the wait
+    is predicted only then (every request passes here)."""
+    if not settings.shed or settings.ttft_p95_ms is None:
         return
-    if predicted_wait_s * 1000 > settings.ttft_p95_ms:
+    predicted_wait_s = predict_wait_s()
+    if predicted_wait_s is not None and predicted_wait_s * 1000 > settings.ttft_p95_ms:
         raise Shed(predicted_wait_s, settings.ttft_p95_ms, model)

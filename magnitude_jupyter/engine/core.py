@@ -338,6 +338,8 @@ class Engine:
         if Priority.parse(priority) is not Priority.INTERACTIVE:
             return None
         now = time.monotonic()
+        span = min(RATE_WINDOW_S, max(1e-3, now - self._started_at))
+        done = [f for f in self.metrics.finished_since(now - span) if f.outcome in ("stop", "length")]
         with self._lock:
             sched = self.scheduler
             if sched is None:
@@ -345,13 +347,12 @@ class Engine:
             ahead = len(sched.waiting[Priority.INTERACTIVE])
             if ahead == 0 and len(sched.running) < sched.max_running:
                 return None
-            left = sorted(
-                max(1, sched.lengths.estimate(r.priority, r.client, r.max_tokens) - len(r.output_tokens))
-                for r in sched.running
-            )
-            whole = sched.lengths.estimate(Priority.INTERACTIVE, None, sched.ctx_size)
-        span = min(RATE_WINDOW_S, max(1e-3, now - self._started_at))
-        done = [f for f in self.metrics.finished_since(now - span) if f.outcome in ("stop", "length")]
+            if not done:  # the running answers' likely tokens left: only a cold server needs them
+                left = sorted(
+                    max(1, sched.lengths.estimate(r.priority, r.client, r.max_tokens) - len(r.output_tokens))
+                    for r in sched.running
+                )
+                whole = sched.lengths.estimate(Priority.INTERACTIVE, None, sched.ctx_size)
         if not done:
             return cold_wait_s(left, whole, ahead, self.metrics.step_counts())
         prompts = sorted(f.prompt_s for f in done if f.prompt_s is not None)

@@ -207,7 +207,9 @@ class GenerationHandler(ApiMixin):
     def _submit(self, engine: Engine, req: GenerationRequest, arrival: float, load_ms: float | None) -> Request:
         # With `slo.shed`, an interactive request that would wait past the TTFT objective is told now.
         check_shed(
-            self.pool.settings.model_slo(engine.model_id), engine.predicted_wait_s(req.priority), engine.model_id
+            self.pool.settings.model_slo(engine.model_id),
+            lambda: engine.predicted_wait_s(req.priority),
+            engine.model_id,
         )
         return engine.submit(
             req.prompt,
