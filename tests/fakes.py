@@ -47,6 +47,8 @@ class FakeRunner:
         self.row_tokens: list[int] = []  # the token fed at each row of the last decode
         self.saved = 0
         self.restored = 0
+        self.windows_loaded: list[int] = []  # load_window's seq ids, in order
+        self.refuse_window_once = False  # the next load_window finds no cells (tests of the fallback)
         self.closed = False
         self.started: list[int] = []  # start_sequence's seq ids, in order
         self.resumed: list[int] = []  # resume_sequence's
@@ -90,6 +92,18 @@ class FakeRunner:
             cell = next(self._cell_ids)
             self.cell_tokens[cell] = token
             self.seqs[seq_id][pos] = cell
+        return True
+
+    def save_window(self, seq_id: int) -> bytes:
+        return json.dumps(self.tokens_of(seq_id)).encode()
+
+    def load_window(self, seq_id: int, data: bytes) -> bool:
+        if self.refuse_window_once:
+            self.refuse_window_once = False
+            return False
+        # A checkpoint stands for the windowed cells of exactly the tokens the sequence holds.
+        assert self.tokens_of(seq_id) == json.loads(data), "a window checkpoint loaded over other tokens"
+        self.windows_loaded.append(seq_id)
         return True
 
     # -- the rest of a runner ---------------------------------------------------------------------

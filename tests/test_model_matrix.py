@@ -132,6 +132,32 @@ def test_a_sliding_window_model_holds_a_window_per_sequence_and_reuses_only_what
         assert reused == len(first) - 20 or status.prompt_tokens_window_missed >= len(first) - 20
 
 
+@pytest.mark.model
+def test_a_turn_that_parts_from_the_last_answer_goes_on_from_the_window_checkpoint_of_its_prompt(tiny_dir):
+    path = tiny_dir / "tiny-gemma3.gguf"  # window 64 on five layers in six
+    # An entry idle for a row moves to the RAM tier, whose saved state keeps only its end's window.
+    settings = dict(parallel=2, ctx_size=2048, threads=1, prefix_cache_entries=4, prefix_cache_spill_rows=1)
+    with Engine(str(path), settings=Settings(), **settings) as engine:
+        first = engine.prompt_tokens_for(messages=[{"role": "user", "content": " ".join(WORDS)}])
+        # An answer longer than the window: the entry's windowed cells move past the prompt's end
+        answer = engine.generate(prompt_tokens=first, params=SamplingParams(max_tokens=100, ignore_eos=True))
+        assert len(answer.token_ids) == 100
+        assert engine.stats().scheduler.prefix_cache_window_checkpoints == 1
+        engine.generate(prompt="elsewhere", params=SamplingParams(max_tokens=4, ignore_eos=True))
+        # The next turn sends the answer back otherwise (as a client that trims or rewrites it would)
+        other = [t for t in engine.tokenize(" the tide went out", add_special=False) if t != answer.token_ids[0]]
+        turn = [*first, *other, *engine.tokenize(" and then?", add_special=False)]
+        greedy = SamplingParams(max_tokens=12, temperature=0)
+        warm = engine.generate(prompt_tokens=turn, params=greedy)
+        cold = engine.generate(
+            prompt_tokens=turn, params=SamplingParams(max_tokens=12, temperature=0, reproducible=True)
+        )
+        status = engine.stats().scheduler
+        assert warm.usage["prompt_tokens_details"]["cached_tokens"] == len(first)
+        assert status.prompt_tokens_window_checkpoint == len(first)
+        assert warm.token_ids[:4] == cold.token_ids[:4]
+
+
 # A Qwen3-like template: ChatML whose answers think, and which closes the block itself when asked
 # not to think (enable_thinking false).
 THINKING_TEMPLATE = (

@@ -99,7 +99,7 @@ def test_the_ram_tier_brings_an_evicted_conversation_back():
     cache.evict(50, ops, pinned=[(other, len(other))])
     apply(runner, cache, ops)
     assert cache.match(talk, 999).length == 20 and runner.saved == 1
-    tokens, n, _ = cache.ram.best([*talk, 5], 999)
+    tokens, n = cache.ram.best([*talk, 5], 999)[:2]
     assert n == len(talk)
     assert cache.restore(tokens, cache.ram.pop(tokens), ops)
     apply(runner, cache, ops)
@@ -149,7 +149,7 @@ def test_an_idle_entry_moves_to_the_ram_tier_and_a_shared_or_used_one_stays():
     assert cache.match(idle, 999).length == len(system) and cache.match(busy, 999).length == len(busy)
     assert cache.match(running, 999).length == len(running)  # pinned: idle as long, and kept
     assert_cache_exact(runner, cache)
-    tokens, n, _ = cache.ram.best([*idle, 5], 999)
+    tokens, n = cache.ram.best([*idle, 5], 999)[:2]
     assert n == len(idle) and cache.restore(tokens, cache.ram.pop(tokens), ops)
     apply(runner, cache, ops)
     assert cache.match(idle, 999).length == len(idle)
@@ -174,7 +174,7 @@ def test_the_tail_past_what_a_running_request_shares_moves_and_the_shared_part_s
     assert cache.spill_idle(10 * SPILL_AFTER_ROWS, ops, pins) == 0  # what is shared stays
     runner.end_sequence(REQUEST_SEQ)
     assert_cache_exact(runner, cache)
-    tokens, n, _ = cache.ram.best(prompt + answer, 999)
+    tokens, n = cache.ram.best(prompt + answer, 999)[:2]
     assert n == len(prompt + answer) and cache.restore(tokens, cache.ram.pop(tokens), ops)
     apply(runner, cache, ops)
     assert cache.match(prompt + answer, 999).length == len(prompt + answer)

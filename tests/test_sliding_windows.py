@@ -1,12 +1,17 @@
 """The prefix cache on a model with sliding-window layers (prefix_cache.py, "Sliding windows"): a
-match is reused only where the window before its end is still in llama.cpp's cells, no model needed.
-`starts` stands for llama.cpp: where each sequence's windowed cells begin now."""
+match is reused only where the window before its end is still in llama.cpp's cells, or as far as a
+window checkpoint goes, no model needed. `starts` stands for llama.cpp: where each sequence's
+windowed cells begin now."""
 
 from __future__ import annotations
 
 import pytest
 
+from magnitude_jupyter.config import Settings
+from magnitude_jupyter.engine import Engine
 from magnitude_jupyter.engine.prefix_cache import KVOp, Match, PrefixCache
+from magnitude_jupyter.engine.ram_tier import RamTier
+from magnitude_jupyter.engine.request import SamplingParams
 from magnitude_jupyter.engine.runner_api import apply_kv_ops
 from magnitude_jupyter.engine.scheduler import DecodeItem
 
@@ -18,6 +23,11 @@ WINDOW = 8
 
 def windowed_cache(starts: dict[int, int], ram_bytes: int = 0) -> PrefixCache:
     return PrefixCache(range(10, 20), ram_bytes=ram_bytes, window=WINDOW, sequence_start=lambda s: starts.get(s, 0))
+
+
+def reusable(cache: PrefixCache, tokens: list[int]) -> int:
+    """How much of `tokens` a request could go on from, as the scheduler asks."""
+    return cache.continuable(cache.match(tokens, 99), tokens).length
 
 
 def finish(runner: FakeRunner, cache: PrefixCache, tokens: list[int], match: Match | None = None) -> None:
@@ -43,13 +53,13 @@ def test_a_match_is_reused_while_the_window_before_its_end_is_held():
     leaf = cache.match(turn, 99).seq_id
     assert leaf is not None
     # Its end, and inside it while llama.cpp still holds every cell of the entry
-    assert cache.continuable(cache.match([*turn, 5], 99)).length == 40
-    assert cache.continuable(cache.match([*turn[:30], 7], 99)).length == 30
+    assert reusable(cache, [*turn, 5]) == 40
+    assert reusable(cache, [*turn[:30], 7]) == 30
     # llama.cpp took the entry's oldest windowed cells for room: a match needs [length - 7, length)
     starts[leaf] = 26
-    assert cache.continuable(cache.match([*turn[:30], 7], 99)).length == 0
-    assert cache.continuable(cache.match([*turn[:33], 7], 99)).length == 33
-    assert cache.continuable(cache.match([*turn, 5], 99)).length == 40
+    assert reusable(cache, [*turn[:30], 7]) == 0
+    assert reusable(cache, [*turn[:33], 7]) == 33
+    assert reusable(cache, [*turn, 5]) == 40
 
 
 def test_an_entry_built_from_the_trees_cells_and_a_request_whose_own_start_moved_keeps_the_gap():
@@ -60,16 +70,16 @@ def test_an_entry_built_from_the_trees_cells_and_a_request_whose_own_start_moved
     # The next request copies the system prompt, computes 40 tokens of its own, and llama.cpp has
     # dropped its windowed cells below position 50 meanwhile: below 50 the new entry has a gap.
     branch = [*system, *range(200, 240)]
-    match = cache.continuable(cache.match(branch, 20))
+    match = cache.continuable(cache.match(branch, 20), branch)
     assert match.length == 20
     starts[REQUEST_SEQ] = 50
     finish(runner, cache, branch, match)
     starts[REQUEST_SEQ] = 0
-    assert cache.continuable(cache.match([*branch[:52], 9], 99)).length == 0  # needs 45..51
-    assert cache.continuable(cache.match([*branch[:57], 9], 99)).length == 57  # needs 50..56
-    assert cache.continuable(cache.match([*branch, 9], 99)).length == len(branch)
+    assert reusable(cache, [*branch[:52], 9]) == 0  # needs 45..51
+    assert reusable(cache, [*branch[:57], 9]) == 57  # needs 50..56
+    assert reusable(cache, [*branch, 9]) == len(branch)
     # The shared system prompt is still reused through the first entry, whose cells are whole
-    assert cache.continuable(cache.match([*system, 77], 99)).length == 20
+    assert reusable(cache, [*system, 77]) == 20
     assert_cache_exact(runner, cache)
 
 
@@ -86,14 +96,14 @@ def test_a_saved_entry_comes_back_holding_only_the_window_at_its_end():
     partial = [*talk[:50], 3]
     usable = lambda n, floor: cache.window_start(n) >= floor  # noqa: E731 - as the scheduler asks
     assert cache.ram.best(partial, 99, usable)[:2] == ((), 0)
-    tokens, n, _ = cache.ram.best([*talk, 3], 99, usable)
+    tokens, n = cache.ram.best([*talk, 3], 99, usable)[:2]
     assert n == len(talk)
     floor = cache.ram.floors[tokens]
     data = cache.ram.pop(tokens)
     assert data is not None and cache.restore(tokens, data, ops, window_floor=floor)
     apply_kv_ops(runner, ops, cache.ram)
-    assert cache.continuable(cache.match([*talk, 3], 99)).length == len(talk)
-    assert cache.continuable(cache.match(partial, 99)).length == 0
+    assert reusable(cache, [*talk, 3]) == len(talk)
+    assert reusable(cache, partial) == 0
     assert_cache_exact(runner, cache)
 
 
@@ -101,7 +111,7 @@ def test_without_a_window_every_match_is_reused():
     runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 20))
     turn = list(range(100, 140))
     finish(runner, cache, turn)
-    assert cache.continuable(cache.match([*turn[:3], 7], 99)).length == 3
+    assert reusable(cache, [*turn[:3], 7]) == 3
 
 
 def test_ctx_size_auto_gives_the_windowed_layers_their_windows_and_the_rest_to_context(tmp_path):
@@ -166,9 +176,53 @@ def test_an_entry_that_branches_off_takes_the_trees_whole_cells_below_the_branch
     # older ones), but below the branch (20) the new entry's cells are the first entry's, whole
     branch = [*system, 7, 8, 9]
     starts[REQUEST_SEQ] = 10
-    finish(runner, cache, branch, cache.continuable(cache.match(branch, 20)))
+    finish(runner, cache, branch, cache.continuable(cache.match(branch, 20), branch))
     starts[REQUEST_SEQ] = 0
-    match = cache.continuable(cache.match([*branch, 5], 99))
+    match = cache.continuable(cache.match([*branch, 5], 99), [*branch, 5])
     leaf = cache.match(branch, 99).path[-1]
     assert match.length == 23 and match.seq_id == leaf.seq_id and leaf.window_floor == 0
     assert_cache_exact(runner, cache)
+
+
+def test_window_checkpoints_and_saved_entries_share_the_ram_tier_least_recently_used_first():
+    ram = RamTier(100)
+    ram.put((1, 2, 3), b"x" * 40)
+    ram.put_window((1, 2), b"w" * 30)
+    ram.put_window((1, 2, 3, 4, 5), b"v" * 20)
+    prompt = [1, 2, 3, 4, 5, 6]
+    assert ram.window_for(prompt, 0, 5) == (5, b"v" * 20)
+    assert ram.window_for(prompt, 0, 4) == (2, b"w" * 30)  # at most `limit` tokens; now the latest used
+    assert ram.window_for(prompt, 2, 4) is None  # more than `above` tokens
+    assert ram.window_for([1, 9, 3, 4, 5], 0, 5) is None
+    ram.put((7,), b"y" * 30)  # 120 bytes: the least recently used goes, a saved entry here
+    assert list(ram.entries) == [(7,)] and set(ram.windows) == {(1, 2), (1, 2, 3, 4, 5)} and ram.bytes == 80
+
+
+def windowed_engine(runner: FakeRunner) -> Engine:
+    """An engine whose fake llama.cpp keeps each sequence's windowed cells for its last WINDOW positions
+    only, as a busy sliding-window cache does."""
+    runner.sliding_window = WINDOW
+    runner.sequence_start = lambda seq: max(0, max(runner.seqs.get(seq) or {0: 0}) - WINDOW + 1)  # type: ignore[method-assign]
+    return Engine(settings=Settings(), runner_factory=lambda es: runner, parallel=2, ctx_size=512, n_batch=16).start()
+
+
+def test_a_turn_that_parts_from_the_last_answer_goes_on_from_the_window_checkpoint_its_prompt_left():
+    runner = FakeRunner(n_ctx=512, step_seconds=0)
+    engine = windowed_engine(runner)
+    try:
+        prompt = list(range(100, 140))
+        engine.generate(prompt_tokens=prompt, params=SamplingParams(max_tokens=20))
+        assert engine.stats().scheduler.prefix_cache_window_checkpoints == 1
+        # The answer comes back otherwise: the match ends at the prompt's end, whose window has gone
+        turn = engine.generate(prompt_tokens=[*prompt, 7, 8, 9], params=SamplingParams(max_tokens=3))
+        status = engine.stats().scheduler
+        assert turn.usage["prompt_tokens_details"]["cached_tokens"] == 40 and len(runner.windows_loaded) == 1
+        assert status.prompt_tokens_window_checkpoint == 40 and turn.token_ids == [10, 11, 12]
+        # llama.cpp finds no cells for a checkpoint: that request computes its prompt whole, the same
+        runner.refuse_window_once = True
+        again = engine.generate(prompt_tokens=[*prompt, 7, 8, 20], params=SamplingParams(max_tokens=3))
+        status = engine.stats().scheduler
+        assert again.usage["prompt_tokens_details"]["cached_tokens"] == 0 and again.token_ids == [21, 22, 23]
+        assert status.prompt_tokens_window_checkpoint == 40 and len(runner.windows_loaded) == 1
+    finally:
+        engine.shutdown()

@@ -46,6 +46,8 @@ def status_json(stats: EngineStats, pool: ModelPool | None = None, engine: Engin
         "prompt_tokens_restored": sched.prompt_tokens_restored,
         "prompt_tokens_respelled": sched.prompt_tokens_respelled,
         "prompt_tokens_window_missed": sched.prompt_tokens_window_missed,
+        "prompt_tokens_window_checkpoint": sched.prompt_tokens_window_checkpoint,
+        "prefix_cache_window_checkpoints": sched.prefix_cache_window_checkpoints,
         "prefix_cache_spilled": sched.prefix_cache_spilled,
         "admission": sched.admission,
         "preemptions": sched.preemptions,

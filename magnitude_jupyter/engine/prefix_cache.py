@@ -21,8 +21,12 @@ A request can go on from position p of an entry only if the entry's windowed lay
 the window before p. Each leaf knows from where its windowed cells were whole when it was made
 (`window_floor`: a leaf built from the tree's cells and a request's has a gap where the request
 had already dropped some), and llama.cpp says where they start now (`sequence_start`); a match
-whose window is not there is not reused (counted in `window_missed_tokens`, shown in /status)
-and the prompt is computed instead. At its very end an entry always has its window.
+whose window is not there is reused only as far as a window checkpoint goes: with a RAM tier, each
+request's windowed cells are saved as it finishes its prompt (ram_tier.py), and a match that stops
+short of an entry's end (the next turn of a conversation, whose answer came back spelled or trimmed
+otherwise) copies the tree's cells up to the longest checkpoint inside it and loads the checkpoint
+over their windowed part. What is left is computed (counted in `window_missed_tokens`, shown in
+/status). At its very end an entry always has its window.
 
 This module only decides. It speaks to llama.cpp through the KV operations it returns (copy,
 clear, save, restore), which the engine hands to the runner in order.
@@ -31,12 +35,10 @@ clear, save, restore), which the engine hands to the runner in order.
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
-SavedState = bytes | bytearray  # a sequence's KV state (`llama_state_seq_get_data`), as the RAM tier keeps it
+from .ram_tier import RamTier, SavedState, common_prefix_len
 
 
 @dataclass
@@ -86,6 +88,26 @@ class RestoreSequence:
 
 
 @dataclass
+class SaveWindow:
+    """Keep a window checkpoint of `seq_id`, which holds the cells of `tokens` and no more, in the RAM
+    tier (see "Sliding windows")."""
+
+    seq_id: int
+    tokens: tuple[int, ...]
+
+
+@dataclass
+class LoadWindow:
+    """Load a window checkpoint over the windowed layers' cells of `seq_id`, which has just copied the
+    tree's cells before it; `refused` is called if llama.cpp finds no cells for it, after the
+    sequence's cells are gone (the request then computes its prompt whole)."""
+
+    seq_id: int
+    data: SavedState
+    refused: Callable[[], None]
+
+
+@dataclass
 class SuspendSequence:
     """A preempted request's sequence comes off (scheduler.py, "Preemption"): its sampler is kept
     under `key`; `keep` receives the saved state of a lane (None otherwise)."""
@@ -107,7 +129,17 @@ RESPELL_WINDOW = 512  # prompt tokens after a match that a cached entry may spel
 # idle cells cost every row, a save and a restore cost once (docs/decisions.md, "Idle entries move").
 SPILL_AFTER_ROWS = 64
 
-KVOp = CopyCells | ClearSequence | TrimSequence | SaveSequence | RestoreSequence | SuspendSequence | ForgetSuspended
+KVOp = (
+    CopyCells
+    | ClearSequence
+    | TrimSequence
+    | SaveSequence
+    | RestoreSequence
+    | SaveWindow
+    | LoadWindow
+    | SuspendSequence
+    | ForgetSuspended
+)
 Pins = Sequence[tuple[Sequence[int], int]]  # (prompt tokens, cells copied from the tree) of running requests
 
 
@@ -138,67 +170,12 @@ class Match:
     length: int  # tokens matched
     path: list[Node]  # nodes from the root whose cells the match covers (the last one maybe in part)
     seq_id: int | None  # a sequence holding cells [0, length)
-
-
-class RamMatch(NamedTuple):
-    tokens: tuple[int, ...]  # the saved entry to restore (empty: none)
-    length: int  # the prompt tokens it covers
-    longest: int  # the most any entry shares with the prompt, usable or not
-
-
-class RamTier:
-    """Saved sequence states in host memory, least recently used dropped first, within `capacity_bytes`."""
-
-    def __init__(self, capacity_bytes: int) -> None:
-        self.capacity_bytes = capacity_bytes
-        self.entries: OrderedDict[tuple[int, ...], SavedState] = OrderedDict()
-        self.floors: dict[tuple[int, ...], int] = {}  # where each one's windowed cells are whole from
-        self.bytes = 0
-
-    def put(self, tokens: tuple[int, ...], data: SavedState, window_floor: int = 0) -> None:
-        if len(data) > self.capacity_bytes:
-            return
-        self.pop(tokens)
-        self.entries[tokens] = data
-        self.floors[tokens] = window_floor
-        self.bytes += len(data)
-        while self.bytes > self.capacity_bytes:
-            gone, dropped = self.entries.popitem(last=False)
-            del self.floors[gone]
-            self.bytes -= len(dropped)
-
-    def pop(self, tokens: tuple[int, ...]) -> SavedState | None:
-        data = self.entries.pop(tokens, None)
-        if data is not None:
-            del self.floors[tokens]
-            self.bytes -= len(data)
-        return data
-
-    def best(self, prompt: Sequence[int], limit: int, usable: Callable[[int, int], bool] | None = None) -> RamMatch:
-        """The saved entry that shares the longest prefix with `prompt` (at most `limit` tokens; with
-        `usable`, only where it says the prefix's length and the entry's window floor can be used),
-        and the longest prefix any entry shares, usable or not: one scan for both."""
-        tokens: tuple[int, ...] = ()
-        length = longest = 0
-        for saved in self.entries:
-            n = common_prefix_len(saved, prompt, limit)
-            longest = max(longest, n)
-            if n > length and (usable is None or usable(n, self.floors[saved])):
-                tokens, length = saved, n
-        return RamMatch(tokens, length, longest)
+    window: SavedState | None = None  # a window checkpoint to load over its windowed cells after the copy
 
 
 def _spells(spell: Callable[[int], bytes], token: int, text: bytes | bytearray, at: int) -> bool:
     piece = spell(token)
     return bool(piece) and text.startswith(piece, at)
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:
-    n = min(len(a), len(b)) if limit is None else min(len(a), len(b), limit)
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 class PrefixCache:
@@ -232,6 +209,7 @@ class PrefixCache:
         self.respelled_tokens = 0  # cached tokens reused where the prompt spelled the same text otherwise
         self.spilled_entries = 0  # entries moved to the RAM tier for being idle (SPILL_AFTER_ROWS)
         self.window_missed_tokens = 0  # cached prompt tokens not reused: the window had moved past them (scheduler)
+        self.window_checkpoint_tokens = 0  # cached prompt tokens reused through a window checkpoint (scheduler)
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -276,8 +254,9 @@ class PrefixCache:
             return leaf.window_floor
         return max(leaf.window_floor, self.sequence_start(leaf.seq_id))
 
-    def continuable(self, match: Match) -> Match:
-        """`match` with a sequence a request can go on from at its end, else no match (see "Sliding
+    def continuable(self, match: Match, tokens: Sequence[int]) -> Match:
+        """`match` (of `tokens`) with a sequence a request can go on from at its end; else as far as
+        the longest window checkpoint inside it, with the checkpoint; else no match (see "Sliding
         windows")."""
         if not self.window or not match.path:
             return match
@@ -288,7 +267,19 @@ class PrefixCache:
             if node.is_leaf and self._floor_now(node) <= start:
                 return Match(match.length, match.path, node.seq_id)
             stack.extend(node.children.values())
-        return Match(0, [], None)
+        found = self.ram.window_for(tokens, 0, match.length) if self.ram is not None else None
+        if found is None:
+            return Match(0, [], None)
+        # Every leaf below the match holds its global layers' cells whole: the checkpoint brings the rest.
+        return Match(found.length, match.path, match.seq_id, window=found.data)
+
+    def take_window(self, seq_id: int, tokens: Sequence[int]) -> SaveWindow | None:
+        """The operation that keeps a window checkpoint of `seq_id`, which holds the cells of `tokens`
+        (a request that has just computed its prompt), where one is of use and none is kept yet."""
+        if not self.window or self.ram is None or not tokens:
+            return None
+        key = tuple(tokens)
+        return None if key in self.ram.windows else SaveWindow(seq_id, key)
 
     def _saved_floor(self, leaf: Node, length: int) -> int:
         """From where a leaf's saved state holds its windowed cells whole: llama.cpp leaves out the cells

@@ -23,7 +23,7 @@ from ..config import KV_CACHE_TYPES
 from . import attention_probe
 from .embeddings import Embedder
 from .memory import KV_PADDING
-from .prefix_cache import SavedState
+from .ram_tier import SavedState
 from .request import SamplingParams
 from .runner_api import NoRoomForBatch
 from .sampling import TokenPicker
@@ -359,6 +359,15 @@ class LlamaRunner:
         reads a saved bytearray in place (docs/decisions.md)."""
         return _restore_state(self.ctx, seq_id, data)
 
+    def save_window(self, seq_id: int) -> bytearray:
+        """The state of one sequence's sliding-window layers only: a window checkpoint (ram_tier.py)."""
+        return _save_state(self.ctx, seq_id, llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+
+    def load_window(self, seq_id: int, data: SavedState) -> bool:
+        """Load a window checkpoint in place of the sequence's windowed cells (its global layers' cells
+        stay); False if llama.cpp could not place it, the windowed cells then gone."""
+        return _restore_state(self.ctx, seq_id, data, llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+
     def suspend_sequence(self, seq_id: int, key: str) -> SavedState | None:
         """Take a preempted request's sequence off: its sampler is kept under `key`; a lane's KV state
         is saved and returned, and the lane closed; in the main context its cells are given back (the
@@ -494,18 +503,19 @@ class LlamaRunner:
         return self._embedder.embed(inputs)
 
 
-def _save_state(ctx: Any, seq_id: int) -> bytearray:
-    size = llama_cpp.llama_state_seq_get_size(ctx, seq_id)
+def _save_state(ctx: Any, seq_id: int, flags: int = 0) -> bytearray:
+    size = llama_cpp.llama_state_seq_get_size_ext(ctx, seq_id, flags)
     state = bytearray(size)
-    written = llama_cpp.llama_state_seq_get_data(ctx, (ctypes.c_uint8 * size).from_buffer(state), size, seq_id)
+    buf = (ctypes.c_uint8 * size).from_buffer(state)
+    written = llama_cpp.llama_state_seq_get_data_ext(ctx, buf, size, seq_id, flags)
     del state[written:]
     return state
 
 
-def _restore_state(ctx: Any, seq_id: int, data: SavedState) -> bool:
+def _restore_state(ctx: Any, seq_id: int, data: SavedState, flags: int = 0) -> bool:
     array = ctypes.c_uint8 * len(data)
     buf = array.from_buffer(data) if isinstance(data, bytearray) else array.from_buffer_copy(data)
-    return bool(llama_cpp.llama_state_seq_set_data(ctx, buf, len(data), seq_id))
+    return bool(llama_cpp.llama_state_seq_set_data_ext(ctx, buf, len(data), seq_id, flags))
 
 
 QUANTIZE_TYPES = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "f16": "LLAMA_FTYPE_MOSTLY_F16"}

@@ -16,13 +16,14 @@ from .prefix_cache import (
     CopyCells,
     ForgetSuspended,
     KVOp,
-    RamTier,
+    LoadWindow,
     RestoreSequence,
-    SavedState,
     SaveSequence,
+    SaveWindow,
     SuspendSequence,
     TrimSequence,
 )
+from .ram_tier import RamTier, SavedState
 from .request import SamplingParams
 from .scheduler import DecodeItem
 from .streams import TokenLogprob
@@ -72,6 +73,8 @@ class Runner(Protocol):
     def drop_cells(self, seq_id: int, start: int, end: int) -> None: ...
     def save_sequence(self, seq_id: int) -> SavedState: ...
     def restore_sequence(self, seq_id: int, data: SavedState) -> bool: ...
+    def save_window(self, seq_id: int) -> SavedState: ...
+    def load_window(self, seq_id: int, data: SavedState) -> bool: ...
     def suspend_sequence(self, seq_id: int, key: str) -> SavedState | None: ...
     def resume_sequence(self, seq_id: int, key: str, state: SavedState | None, cells: int) -> None: ...
     def forget_suspended(self, key: str) -> None: ...
@@ -105,6 +108,13 @@ def apply_kv_ops(runner: Runner, ops: list[KVOp], ram: RamTier | None) -> None:
         elif isinstance(op, SaveSequence):
             if ram is not None:
                 ram.put(op.tokens, runner.save_sequence(op.seq_id), op.window_floor)
+        elif isinstance(op, SaveWindow):
+            if ram is not None:
+                ram.put_window(op.tokens, runner.save_window(op.seq_id))
+        elif isinstance(op, LoadWindow):
+            if not runner.load_window(op.seq_id, op.data):
+                runner.drop_cells(op.seq_id, 0, -1)
+                op.refused()
         elif isinstance(op, SuspendSequence):
             op.keep(runner.suspend_sequence(op.seq_id, op.key))
         elif isinstance(op, ForgetSuspended):

@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .budget import KVBudget
 from .draft_policy import DraftPolicy
@@ -31,6 +32,7 @@ from .prefix_cache import (
     CopyCells,
     ForgetSuspended,
     KVOp,
+    LoadWindow,
     Match,
     Pins,
     PrefixCache,
@@ -104,6 +106,15 @@ class ScheduledChunk:
         return self.request.seq_id
 
 
+class PrefixSource(NamedTuple):
+    """Where an admitted request's prompt starts: cells to copy, and a window checkpoint to load over them."""
+
+    seq_id: int | None = None  # the sequence to copy from
+    length: int = 0  # the tokens to copy
+    from_cache: bool = False  # the cache's cells (else a running request's)
+    window: SavedState | None = None  # a window checkpoint to load after the copy (prefix_cache.py)
+
+
 @dataclass
 class SchedulerOutput:
     batched: list[ScheduledChunk] = field(default_factory=list)  # decoded together in one llama_decode
@@ -115,6 +126,12 @@ class SchedulerOutput:
     def empty(self) -> bool:
         """Nothing to decode (the cache may still have work: see `kv_ops`)."""
         return not self.batched and not self.solo
+
+    def drop_stale(self) -> None:
+        """Leave out the chunks of requests whose cells changed after the plan (a window checkpoint
+        llama.cpp refused: the request starts again from its first token at the next step)."""
+        self.batched = [c for c in self.batched if c.start_pos == c.request.num_computed_tokens]
+        self.solo = [c for c in self.solo if c.start_pos == c.request.num_computed_tokens]
 
     @property
     def decodes_only(self) -> bool:
@@ -140,6 +157,8 @@ class SchedulerStats:
     prompt_tokens_restored: int  # ... of which the RAM tier brought back
     prompt_tokens_respelled: int = 0  # ... of which where the prompt spelled a cached answer's text otherwise
     prompt_tokens_window_missed: int = 0  # cached but not reused: a sliding window had moved past them
+    prompt_tokens_window_checkpoint: int = 0  # cached tokens reused through a window checkpoint
+    prefix_cache_window_checkpoints: int = 0  # window checkpoints the RAM tier holds
     prefix_cache_spilled: int = 0  # entries moved to the RAM tier for being idle (prefix_cache.SPILL_AFTER_ROWS)
     admission: str = "estimate"
     preemptions: int = 0  # running requests whose cells were taken back, since the engine started
@@ -246,7 +265,7 @@ class Scheduler:
             queue = self.waiting[priority]
             while queue and self.free_seq_ids:
                 head = queue[0]
-                source, shared, from_cache = self._prefix_source(head, out)
+                source, shared, from_cache, window = self._prefix_source(head, out)
                 need = self.charge(head, shared if from_cache else 0)
                 room = need + self._headroom()
                 if not self._make_room(room, out, (head.cache_context_tokens, shared if from_cache else 0)):
@@ -274,14 +293,48 @@ class Scheduler:
                     head.cache_shared = shared if from_cache else 0
                     if not resumed:
                         head.cached_tokens = shared
+                    if window is not None:
+                        out.kv_ops.append(LoadWindow(head.seq_id, window, self._window_refused(head, resumed)))
                 if self.cache is not None and not head.params.reproducible and not resumed:
                     self.cache.lookup_tokens += len(head.prompt_tokens)
                     self.cache.hit_tokens += shared
                     self.cache.window_missed_tokens += self._window_missed
+                    if window is not None:
+                        self.cache.window_checkpoint_tokens += shared
                 self.running.append(head)
                 out.admitted.append(head)
             if queue:
                 return
+
+    def _window_refused(self, request: Request, resumed: bool) -> Callable[[], None]:
+        """What happens when llama.cpp finds no cells for a request's window checkpoint: its cells went
+        with the refusal, so it computes its context whole, this step's chunk for it left out
+        (`SchedulerOutput.drop_stale`), and the cells it copied are charged to it now."""
+
+        def refused() -> None:
+            shared = request.copied_tokens
+            request.num_computed_tokens = request.copied_tokens = request.cache_shared = 0
+            if request.request_id in self.budget.reserved:
+                self.budget.reserved[request.request_id] += shared
+            if self.cache is not None and not resumed:
+                request.cached_tokens = 0
+                self.cache.hit_tokens -= shared
+                self.cache.window_checkpoint_tokens -= shared
+                self.cache.window_missed_tokens += shared
+
+        return refused
+
+    def _takes_window(self, request: Request) -> bool:
+        """Whether a window checkpoint of `request` is due now: it has computed its prompt and decoded
+        nothing yet, on a model with sliding windows (prefix_cache.py, "Sliding windows")."""
+        return (
+            self.cache is not None
+            and bool(self.cache.window)
+            and len(request.output_tokens) == 1
+            and request.num_computed_tokens == len(request.prompt_tokens)
+            and not request.params.reproducible
+            and request.preemptions == 0
+        )
 
     def _headroom(self) -> int:
         """Free cells a new admission leaves under `estimate`: a growth step for each running request
@@ -322,18 +375,18 @@ class Scheduler:
         if self.cache is not None and self.cache.cells:
             self.budget.reserved[CACHE_KEY] = self.cache.cells
 
-    def _prefix_source(self, request: Request, out: SchedulerOutput) -> tuple[int | None, int, bool]:
-        """(sequence to copy from, tokens to copy, whether they are the cache's) for the longest prompt
-        prefix already in the KV cache: a cache entry (restored from RAM if that covers more), or the
-        computed prompt of a running request (rows of a batch that start together)."""
+    def _prefix_source(self, request: Request, out: SchedulerOutput) -> PrefixSource:
+        """Where the longest prompt prefix already in the KV cache is: a cache entry (restored from RAM
+        if that covers more, with a window checkpoint where its window has moved on), or the computed
+        prompt of a running request (rows of a batch that start together)."""
         self._window_missed = 0  # cached tokens a sliding window keeps from being reused, counted at admission
         if request.params.reproducible or not self.prefix_reuse:
-            return None, 0, False  # computed its own way, always: see Request.reproducible
+            return PrefixSource()  # computed its own way, always: see Request.reproducible
         context = request.context_tokens
         # The last prompt token is always computed: it gives the logits. A resumed request's next
         # decode gives them: its whole context may come from the cache.
         limit = len(context) - (0 if request.output_tokens else 1)
-        best: tuple[int | None, int, bool] = (None, 0, False)
+        best = PrefixSource()
         if self.cache is not None:
             match = self.cache.match(request.cache_context_tokens, limit)
             if self.cache.ram is not None:
@@ -341,11 +394,11 @@ class Scheduler:
             resumed = bool(request.output_tokens)
             if match.seq_id is not None and match.length >= self.min_prefix_tokens and self.spell and not resumed:
                 match, limit = self._respell(request, match, limit)
-            kept = self.cache.continuable(match)
+            kept = self.cache.continuable(match, request.cache_context_tokens)
             self._window_missed += match.length - kept.length
             match = kept
             if match.seq_id is not None:
-                best = (match.seq_id, match.length, True)
+                best = PrefixSource(match.seq_id, match.length, True, match.window)
                 self.cache.touch(match)
         for other in self.running:
             if other.params.reproducible or other.seq_id is None or other.cache_scope != request.cache_scope:
@@ -353,9 +406,9 @@ class Scheduler:
             n = common_prefix_len(other.context_tokens, context, min(limit, other.num_computed_tokens))
             if self.sliding_window and n < other.num_computed_tokens:
                 continue  # its windowed layers hold only the cells near its end (prefix_cache.py)
-            if n > best[1]:
-                best = (other.seq_id, n, False)
-        return best if best[1] >= self.min_prefix_tokens else (None, 0, False)
+            if n > best.length:
+                best = PrefixSource(other.seq_id, n)
+        return best if best.length >= self.min_prefix_tokens else PrefixSource()
 
     def _respell(self, request: Request, match: Match, limit: int) -> tuple[Match, int]:
         """Take the cache's spelling of the text after the match, where it has one (see
@@ -380,7 +433,13 @@ class Scheduler:
         if cache.window:
             # Where the tree's cells replace the saved ones below `have`, the window must lie above them.
             found = ram.best(prompt, limit, lambda n, floor: cache.window_start(n) >= max(floor, have))
-            self._window_missed = max(0, found.longest - max(have, found.length))
+            usable = max(have, found.length)
+            self._window_missed = max(0, found.longest - usable)
+            checkpoint = ram.window_for(prompt, usable, found.longest) if found.longest > usable else None
+            if checkpoint is not None:
+                # The entry that goes furthest comes back, and the checkpoint inside it is loaded over it.
+                found = found._replace(tokens=found.longest_tokens, length=checkpoint.length)
+                self._window_missed = 0  # counted once it is matched in the tree
         else:
             found = ram.best(prompt, limit)
         tokens, n = found.tokens, found.length
@@ -449,6 +508,8 @@ class Scheduler:
             prompt_tokens_restored=cache.restored_tokens if cache else 0,
             prompt_tokens_respelled=cache.respelled_tokens if cache else 0,
             prompt_tokens_window_missed=cache.window_missed_tokens if cache else 0,
+            prompt_tokens_window_checkpoint=cache.window_checkpoint_tokens if cache else 0,
+            prefix_cache_window_checkpoints=len(cache.ram.windows) if cache and cache.ram else 0,
             prefix_cache_spilled=cache.spilled_entries if cache else 0,
             admission=self.admission,
             preemptions=self.preemptions,
@@ -496,6 +557,10 @@ class Scheduler:
         for req in self.running:
             if not req.prompt_done:
                 continue
+            if self._takes_window(req):
+                assert self.cache is not None and req.seq_id is not None
+                if (op := self.cache.take_window(req.seq_id, req.cache_tokens)) is not None:
+                    out.kv_ops.append(op)  # before its first decode: its cells are its prompt's
             chunk = ScheduledChunk(req, [req.output_tokens[-1]], req.num_computed_tokens, sample=True)
             if req.params.reproducible:
                 out.solo.append(chunk)

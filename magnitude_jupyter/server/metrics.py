@@ -115,6 +115,11 @@ class PoolCollector:
                 "Cached prompt tokens not reused because a sliding window had moved past them.",
                 sched.prompt_tokens_window_missed,
             ),
+            (
+                "magnitude_prompt_cache_window_checkpoint_tokens",
+                "Cached prompt tokens reused through a window checkpoint of a sliding-window model.",
+                sched.prompt_tokens_window_checkpoint,
+            ),
         ):
             family(CounterMetricFamily, counter_name, counter_help).add_metric([model], count)
         for name, help_text, hist in (
