@@ -24,10 +24,10 @@ import time
 from _common import table
 
 from magnitude_jupyter.config import EngineSettings
+from magnitude_jupyter.engine.plan import DecodeItem
 from magnitude_jupyter.engine.prefix_cache import SPILL_AFTER_ROWS
 from magnitude_jupyter.engine.request import SamplingParams
 from magnitude_jupyter.engine.runner import LlamaRunner
-from magnitude_jupyter.engine.scheduler import DecodeItem
 from magnitude_jupyter.models import bundled_model_path
 
 RUNNING = 16

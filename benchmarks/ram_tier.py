@@ -16,8 +16,8 @@ import time
 
 from _common import table
 
+from magnitude_jupyter.engine.plan import DecodeItem
 from magnitude_jupyter.engine.runner import LlamaRunner
-from magnitude_jupyter.engine.scheduler import DecodeItem
 from magnitude_jupyter.models import bundled_model_path
 
 

@@ -20,7 +20,11 @@ LLAMA3_EXTRA_STOPS = ("<|eom_id|>",)
 CHATML_TURN = ("<|im_start|>", "<|im_end|>")
 PHI3_TURN = ("<|user|>", "<|assistant|>", "<|end|>")
 MISTRAL_TURN = ("[INST]", "[/INST]")
-VOCAB_MARKERS = frozenset((*GEMMA_TURN, *LLAMA3_TURN, *LLAMA3_EXTRA_STOPS, *CHATML_TURN, *PHI3_TURN, *MISTRAL_TURN))
+HARMONY_TURN = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")
+HARMONY_STOPS = ("<|return|>", "<|call|>")  # `<|end|>` ends a message, not the turn: the final channel follows
+VOCAB_MARKERS = frozenset(GEMMA_TURN + LLAMA3_TURN + LLAMA3_EXTRA_STOPS + CHATML_TURN + PHI3_TURN + MISTRAL_TURN).union(
+    HARMONY_TURN, HARMONY_STOPS
+)
 
 # Gemma has no system role: a system message opens the first user turn (as its own template does).
 GEMMA_TEMPLATE = (
@@ -59,6 +63,25 @@ MISTRAL_TEMPLATE = (
     "{% elif message['role'] == 'tool' %}[INST] {{ message['content'] | trim }} [/INST]{% endif %}"
     "{% endfor %}"
 )
+# gpt-oss's harmony format, as its published template writes a chat without tools: a system message
+# with the reasoning effort and the channels, the conversation's system messages as the developer's
+# instructions, earlier answers in the final channel (their reasoning dropped), and the answer opened
+# for the model, which picks its channel.
+HARMONY_TEMPLATE = (
+    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+    "Knowledge cutoff: 2024-06\n\nReasoning: {{ reasoning_effort | default('medium') }}\n\n"
+    "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>"
+    "{% set ns = namespace(system='') %}"
+    "{% for message in messages %}{% if message['role'] == 'system' %}"
+    "{% set ns.system = ns.system + message['content'] %}{% endif %}{% endfor %}"
+    "{% if ns.system %}<|start|>developer<|message|># Instructions\n\n{{ ns.system }}<|end|>{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'user' or message['role'] == 'tool' %}"
+    "<|start|>user<|message|>{{ message['content'] }}<|end|>"
+    "{% elif message['role'] == 'assistant' %}"
+    "<|start|>assistant<|channel|>final<|message|>{{ message['content'] }}<|end|>{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+)
 # No format could be told: a plain transcript, which base models continue reasonably.
 PLAIN_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] }}\n\n"
@@ -82,6 +105,7 @@ FAMILIES = (
     Family("chatml", CHATML_TEMPLATE, CHATML_TURN, stops=("<|im_end|>",)),
     Family("phi3", PHI3_TEMPLATE, PHI3_TURN, stops=("<|end|>",), architectures=("phi3",)),
     Family("mistral", MISTRAL_TEMPLATE, MISTRAL_TURN, name_words=("mistral", "mixtral")),
+    Family("harmony", HARMONY_TEMPLATE, HARMONY_TURN, stops=HARMONY_STOPS, architectures=("gpt-oss",)),
 )
 
 

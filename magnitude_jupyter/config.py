@@ -108,7 +108,11 @@ class EngineSettings:
     )
     prefix_cache_ram_mib: int = field(
         default=256,
-        metadata=about("Host memory for evicted cache entries, restored when their conversation returns.", "int"),
+        metadata=about(
+            "Host memory for evicted cache entries, restored when their conversation returns, and a "
+            "sliding-window model's window checkpoints.",
+            "int",
+        ),
     )
     prefix_cache_entries: int = field(
         default=64,

@@ -56,6 +56,7 @@ class Architecture:
     sliding_window: int | None = None  # written as {arch}.attention.sliding_window
     tied_output: bool = True
     layers: int = 4
+    experts: int = 0  # a mixture of experts: this many, EXPERTS_USED of them per token
 
 
 def _attention(s: TinyShape) -> dict[str, tuple[int, ...]]:
@@ -109,6 +110,39 @@ def _phi3(s: TinyShape) -> dict[str, tuple[int, ...]]:
     }
 
 
+EXPERTS, EXPERTS_USED = 4, 2
+
+
+def _gpt_oss(s: TinyShape) -> dict[str, tuple[int, ...]]:
+    q, kv, f, experts = s.heads * s.head_dim, s.kv_heads * s.head_dim, s.feed_forward, EXPERTS
+    return {
+        **_attention(s),
+        "attn_q.bias": (q,),
+        "attn_k.bias": (kv,),
+        "attn_v.bias": (kv,),
+        "attn_output.bias": (s.embedding,),
+        "attn_sinks.weight": (s.heads,),
+        "post_attention_norm.weight": (s.embedding,),
+        "ffn_gate_inp.weight": (experts, s.embedding),
+        "ffn_gate_inp.bias": (experts,),
+        "ffn_gate_exps.weight": (experts, f, s.embedding),
+        "ffn_gate_exps.bias": (experts, f),
+        "ffn_up_exps.weight": (experts, f, s.embedding),
+        "ffn_up_exps.bias": (experts, f),
+        "ffn_down_exps.weight": (experts, s.embedding, f),
+        "ffn_down_exps.bias": (experts, s.embedding),
+    }
+
+
+# Tensors that write into the residual stream: zero where the model is made to predict (write_tiny_model).
+RESIDUAL_WRITERS = (
+    "attn_output.weight",
+    "attn_output.bias",
+    "ffn_down.weight",
+    "ffn_down_exps.weight",
+    "ffn_down_exps.bias",
+)
+
 ARCHITECTURES = {
     "llama3": Architecture("llama", "llama3", _llama),
     "mistral": Architecture("llama", "mistral", _llama),
@@ -116,11 +150,13 @@ ARCHITECTURES = {
     # six layers: llama.cpp's gemma3 pattern makes five of them windowed and the sixth global
     "gemma3": Architecture("gemma3", "gemma", _gemma3, sliding_window=64, layers=6),
     "phi3": Architecture("phi3", "phi3", _phi3, tied_output=False),
+    # llama.cpp's gpt-oss pattern: every other layer windowed; four experts, two used per token
+    "gpt-oss": Architecture("gpt-oss", "harmony", _gpt_oss, sliding_window=64, tied_output=False, experts=EXPERTS),
 }
 
 
-def vocabulary(family: str) -> tuple[list[str], list[float], list[int]]:
-    """Tokens, scores and types: control tokens, the family's markers, bytes, letters and words."""
+def vocabulary(family: str, more: tuple[str, ...] = ()) -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and types: control tokens, the family's markers, bytes, letters, words and `more`."""
     chat = family_named(family)
     markers = (*chat.markers, *chat.stops) if chat else ()
     markers = (*dict.fromkeys((*markers, *EXTRA_CONTROL.get(family, ()))),)
@@ -133,6 +169,7 @@ def vocabulary(family: str) -> tuple[list[str], list[float], list[int]]:
     types += [BYTE] * 256
     pieces = ["\u2581", *string.ascii_letters, *string.digits, *".,!?:;'\"-()\n"]
     pieces += [f"\u2581{c}" for c in string.ascii_letters] + [f"\u2581{w}" for w in WORDS]
+    pieces += [p for p in dict.fromkeys(more) if p not in pieces and p not in tokens]
     tokens += pieces
     types += [NORMAL] * len(pieces)
     scores = [0.0] * (len(tokens) - len(pieces)) + [-float(i) for i in range(len(pieces))]
@@ -151,6 +188,7 @@ def write_tiny_model(
     seed: int = 0,
     name: str | None = None,
     predicts: str | tuple[str, ...] | None = None,
+    pieces: tuple[str, ...] = (),
 ) -> Path:
     """A GGUF of architecture `kind` (a key of ARCHITECTURES) with random F32 weights; `template` is
     written as its chat template (none: the file has none, as many conversions ship). `predicts`: a
@@ -158,11 +196,12 @@ def write_tiny_model(
     it writes t1, after t1 t2, and so on. Its layers add nothing to the residual stream, so the
     logits are the output rows against the last token's embedding: a constant prediction gives every
     token one embedding and only the predicted token that row; a chain gives its tokens orthogonal
-    embeddings and each successor's row its predecessor's."""
+    embeddings and each successor's row its predecessor's (so a chain holds a token once: text it
+    writes twice is spelled in other `pieces` the second time, which join the vocabulary)."""
     arch = ARCHITECTURES[kind]
     s = shape or TinyShape(layers=arch.layers)
     window = sliding_window if sliding_window is not None else arch.sliding_window
-    tokens, scores, types = vocabulary(arch.family)
+    tokens, scores, types = vocabulary(arch.family, pieces)
     writer = gguf.GGUFWriter(str(path), arch.name)
     writer.add_name(name or f"tiny-{kind}")
     writer.add_context_length(s.context)
@@ -179,6 +218,10 @@ def write_tiny_model(
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     if window:
         writer.add_sliding_window(window)
+    if arch.experts:
+        writer.add_expert_count(arch.experts)
+        writer.add_expert_used_count(EXPERTS_USED)
+        writer.add_expert_feed_forward_length(s.feed_forward)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
@@ -201,7 +244,7 @@ def write_tiny_model(
     def tensor(tensor_name: str, dims: tuple[int, ...]) -> None:
         if tensor_name.endswith("norm.weight"):
             data = np.ones(dims, dtype=np.float32)
-        elif predicts is not None and tensor_name.endswith(("attn_output.weight", "ffn_down.weight")):
+        elif predicts is not None and tensor_name.endswith(RESIDUAL_WRITERS):
             data = np.zeros(dims, dtype=np.float32)
         elif chain and tensor_name == "token_embd.weight":
             data = rng.normal(0.0, 1.0, size=dims).astype(np.float32)

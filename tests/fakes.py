@@ -9,9 +9,9 @@ import time
 from magnitude_jupyter.client import ClientError
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine
+from magnitude_jupyter.engine.plan import DecodeItem
 from magnitude_jupyter.engine.request import Priority, Request, SamplingParams
 from magnitude_jupyter.engine.runner_api import NoRoomForBatch
-from magnitude_jupyter.engine.scheduler import DecodeItem
 from magnitude_jupyter.engine.streams import TokenLogprob
 
 EOG = 0

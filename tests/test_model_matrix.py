@@ -33,6 +33,11 @@ REFERENCE = {
     "gemma": "<s><start_of_turn>user\nhello<end_of_turn>\n<start_of_turn>model\nyes<end_of_turn>\n"
     "<start_of_turn>user\nname a colour<end_of_turn>\n<start_of_turn>model\n",
     "phi3": "<|user|>\nhello<|end|>\n<|assistant|>\nyes<|end|>\n<|user|>\nname a colour<|end|>\n<|assistant|>\n",
+    # gpt-oss's published template, without its optional current-date line
+    "harmony": "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+    "Knowledge cutoff: 2024-06\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must "
+    "be included for every message.<|end|><|start|>user<|message|>hello<|end|><|start|>assistant<|channel|>final"
+    "<|message|>yes<|end|><|start|>user<|message|>name a colour<|end|><|start|>assistant",
 }
 KINDS = sorted(ARCHITECTURES)
 
@@ -237,6 +242,64 @@ def test_a_thinking_models_reasoning_comes_apart_through_the_openai_sdk(thinking
         client.chat.completions.create(
             model="tiny-think", messages=messages, extra_body={"chat_template_kwargs": {"add_vision_id": True}}
         )
+
+
+# A gpt-oss whose answer reasons in the analysis channel, then answers in the final one. After the
+# prompt's last token (the "t" of `<|start|>assistant`) each token writes the next; the second
+# channel header is spelled in pieces of its own, as a chain holds a token once.
+HARMONY_CHAIN = (
+    "t",
+    "<|channel|>",
+    "analysis",
+    "<|message|>",
+    "\u2581a",
+    "\u2581b",
+    "<|end|>",
+    "<|start|>",
+    "assistant",
+    "<|chan",
+    "nel|>",
+    "final",
+    "<|mess",
+    "age|>",
+    "\u2581yes",
+    "<|return|>",
+)
+
+
+@pytest.mark.model
+def test_gpt_oss_reasoning_is_its_analysis_channel_and_its_answer_the_final_one(tmp_path):
+    import openai
+
+    from magnitude_jupyter.runtime import LocalServer
+
+    write_tiny_model(
+        tmp_path / "tiny-oss.gguf",
+        "gpt-oss",
+        predicts=HARMONY_CHAIN,
+        pieces=("analysis", "final", *HARMONY_CHAIN[8:14]),
+    )
+    server = LocalServer(("--parallel", "2", "--ctx-size", "512"), token="oss", config=f"models_dir: {tmp_path}\n")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key=server.token, max_retries=0)
+        messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+        answer = client.chat.completions.create(model="tiny-oss", messages=messages, max_tokens=32, temperature=0)
+        message = answer.choices[0].message
+        assert (message.content, message.model_extra["reasoning_content"].strip()) == ("yes", "a b")
+        assert answer.choices[0].finish_reason == "stop"  # at <|return|>, not at the analysis message's <|end|>
+        stream = client.chat.completions.create(
+            model="tiny-oss", messages=messages, max_tokens=32, temperature=0, stream=True
+        )
+        content = reasoning = ""
+        for chunk in stream:
+            if chunk.choices:
+                content += chunk.choices[0].delta.content or ""
+                reasoning += (chunk.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+        assert (content, reasoning) == (message.content, message.model_extra["reasoning_content"])
+        listed = client.models.retrieve("tiny-oss").model_extra["meta"]["chat_format"]
+        assert (listed["name"], listed["stop_tokens"]) == ("harmony", ["<|return|>", "<|call|>"])
+    finally:
+        server.stop()
 
 
 @pytest.mark.model

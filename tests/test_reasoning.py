@@ -7,11 +7,20 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from magnitude_jupyter.engine.reasoning import ReasoningSplitter, prompt_opens_thinking, thinks
+from magnitude_jupyter.chat_formats import CHATML_TEMPLATE, HARMONY_TEMPLATE
+from magnitude_jupyter.engine.reasoning import (
+    HARMONY,
+    THINK,
+    ReasoningSplitter,
+    ReasoningTags,
+    prompt_opens_thinking,
+    reasoning_tags,
+    thinks,
+)
 
 
-def split_all(pieces: list[str], inside: bool = False) -> tuple[str, str]:
-    splitter = ReasoningSplitter(inside=inside)
+def split_all(pieces: list[str], inside: bool = False, tags: ReasoningTags = THINK) -> tuple[str, str]:
+    splitter = ReasoningSplitter(inside=inside, tags=tags)
     reasoning = content = ""
     for piece in pieces:
         out = splitter.push(piece)
@@ -53,3 +62,24 @@ def test_which_templates_think_and_which_prompts_open_the_block():
     assert prompt_opens_thinking("<|im_start|>assistant\n<think>\n")
     assert not prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert not prompt_opens_thinking("<|im_start|>assistant\n")
+
+
+# gpt-oss as its answers read (llama.cpp writes its markers out as text)
+HARMONY_ANSWER = (
+    "<|channel|>analysis<|message|>User says hi; a < b.<|end|><|start|>assistant<|channel|>final<|message|>Hello! <|x|>"
+)
+
+
+def test_gpt_oss_reasoning_is_its_analysis_channel_and_its_answer_the_final_one():
+    assert reasoning_tags(HARMONY_TEMPLATE) is HARMONY and reasoning_tags(CHATML_TEMPLATE) is None
+    assert split_all([HARMONY_ANSWER], tags=HARMONY) == ("User says hi; a < b.", "Hello! <|x|>")
+    # an answer straight in the final channel: its header is not content
+    assert split_all(["<|channel|>final<|message|>Hello."], tags=HARMONY) == ("", "Hello.")
+    assert not prompt_opens_thinking("<|start|>user<|message|>hi<|end|><|start|>assistant", HARMONY)
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(HARMONY_ANSWER)), max_size=12))
+def test_any_cut_of_a_gpt_oss_answer_splits_as_the_whole_does(cuts):
+    bounds = sorted({0, len(HARMONY_ANSWER), *cuts})
+    pieces = [HARMONY_ANSWER[a:b] for a, b in itertools.pairwise(bounds)]
+    assert split_all(pieces, tags=HARMONY) == ("User says hi; a < b.", "Hello! <|x|>")

@@ -13,9 +13,9 @@ import llama_cpp
 import numpy as np
 import pytest
 
+from magnitude_jupyter.engine.plan import DecodeItem
 from magnitude_jupyter.engine.request import SamplingParams
 from magnitude_jupyter.engine.runner import LlamaRunner, repack_weights
-from magnitude_jupyter.engine.scheduler import DecodeItem
 
 pytestmark = pytest.mark.model
 
@@ -176,7 +176,7 @@ def test_a_long_prompt_decodes_with_the_default_settings(model_path):
     script = f"""
 from magnitude_jupyter.engine.request import SamplingParams
 from magnitude_jupyter.engine.runner import LlamaRunner
-from magnitude_jupyter.engine.scheduler import DecodeItem
+from magnitude_jupyter.engine.plan import DecodeItem
 r = LlamaRunner({str(model_path)!r}, n_ctx=1024, n_seq_max=2, n_batch=512, n_threads=2)
 tokens = r.tokenize("A long prompt for a wide matrix product. " * 12)
 assert len(tokens) >= 64, len(tokens)

@@ -7,6 +7,7 @@ into llama.cpp (`grammar.py` borrows llama-cpp-python's pure-Python GBNF tools).
 from __future__ import annotations
 
 from .core import Engine, EngineError
+from .plan import OverloadedError, PromptTooLongError
 from .request import (
     FinishReason,
     Priority,
@@ -14,7 +15,6 @@ from .request import (
     RequestStatus,
     SamplingParams,
 )
-from .scheduler import OverloadedError, PromptTooLongError
 from .streams import StreamEvent, StreamGoneError, UnknownStreamError
 
 __all__ = [

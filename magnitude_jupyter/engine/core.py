@@ -33,12 +33,13 @@ from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
 from .gbnf_limits import start_with_grammar_stack
 from .memory import ContextSizing, cache_sequences, context_sequences, plan_kv, resolve_settings
 from .metrics import EngineMetrics, StepCounts
+from .plan import PromptTooLongError, ScheduledChunk, SchedulerOutput, SchedulerStats
 from .prefix_cache import KVOp
 from .prepare import prepare_params
-from .reasoning import ReasoningSplitter, Thinking, prompt_opens_thinking, thinks
+from .reasoning import ReasoningSplitter, Thinking, prompt_opens_thinking, reasoning_tags
 from .request import FinishReason, Priority, Request, SamplingParams, prompt_head
 from .runner_api import Runner, Sampled, apply_kv_ops, chat_prompt, chat_prompt_tokens
-from .scheduler import PromptTooLongError, ScheduledChunk, Scheduler, SchedulerOutput, SchedulerStats
+from .scheduler import Scheduler
 from .stats import EngineStats, FinishedRequest, LiveRequest, rss_bytes
 from .step import execute_plan
 from .streams import StreamEvent, StreamRegistry, TokenLogprob
@@ -122,7 +123,7 @@ class Engine:
         if self.chat_format is not None and self.chat_format.warning and self.model_entry is not None:
             log.warning("%s: %s", self.model_entry.alias, self.chat_format.warning)
         self._chat_template = self.chat_format.template if self.chat_format is not None else chat_template
-        self._thinks = thinks(self._chat_template)  # its answers carry a thinking block (reasoning.py)
+        self._reasoning = reasoning_tags(self._chat_template)  # how its answers mark reasoning (reasoning.py)
         self.model_id = self.model_entry.alias if self.model_entry else (str(model) if model else "fake")
         self._verbose = verbose
 
@@ -283,8 +284,9 @@ class Engine:
             tokens = list(prompt_tokens)
         elif messages is not None:
             tokens, text = chat_prompt(runner, messages, self._chat_template, tools, thinking.enabled)
-            if self._thinks:
-                splitter = ReasoningSplitter(inside=prompt_opens_thinking(text), inline=not thinking.split)
+            if self._reasoning is not None:
+                inside = prompt_opens_thinking(text, self._reasoning)
+                splitter = ReasoningSplitter(inside=inside, tags=self._reasoning, inline=not thinking.split)
         else:
             tokens = self.prompt_tokens_for(prompt)
         if not tokens:
@@ -708,7 +710,7 @@ class Engine:
         assert self.runner is not None and request.reasoning is not None and request.text is not None
         if not request.reasoning.inside:
             return
-        forced = self.runner.tokenize(f"\n{request.reasoning.close_tag}", add_special=False)  # the model goes on
+        forced = self.runner.tokenize(request.reasoning.force, add_special=False)  # the model goes on
         if len(request.output_tokens) + len(forced) >= request.max_tokens:
             return  # the cap comes first: the answer ends with "length" inside its reasoning
         request.output_tokens.extend(forced)

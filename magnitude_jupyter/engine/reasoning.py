@@ -1,10 +1,12 @@
 """An answer's reasoning apart from its content: the text between a thinking model's tags.
 
 Models that think (Qwen3, DeepSeek-R1 distills, QwQ, SmolLM3...) write `<think>…</think>` before
-their answer; clients expect the reasoning in a field of its own (`reasoning_content`, as llama.cpp's
-server and vLLM give it) and the answer clean. Templates often open the block themselves at the end
-of the prompt, so the answer may start inside it. A tag can arrive split over tokens, so text that
-could still become a tag is held back, as the stop strings' assembler does (text.py).
+their answer; gpt-oss writes its reasoning in the analysis channel of its harmony format and its
+answer in the final channel. Clients expect the reasoning in a field of its own (`reasoning_content`,
+as llama.cpp's server and vLLM give it) and the answer clean. Templates often open the block
+themselves at the end of the prompt, so the answer may start inside it. A tag can arrive split over
+tokens, so text that could still become a tag is held back, as the stop strings' assembler does
+(text.py).
 """
 
 from __future__ import annotations
@@ -13,18 +15,49 @@ from dataclasses import dataclass
 
 from .text import held_back
 
-THINK_TAGS = ("<think>", "</think>")
+
+@dataclass(frozen=True)
+class ReasoningTags:
+    """How a format marks its reasoning, as its answers' text reads: what opens and closes it, what
+    the engine writes to close it for the model, and channel headers outside it that are not part
+    of the answer."""
+
+    open: str
+    close: str
+    force: str
+    drop: tuple[str, ...] = ()
+
+
+THINK = ReasoningTags("<think>", "</think>", "\n</think>")
+# gpt-oss (harmony): the answer follows the prompt's `<|start|>assistant`; the analysis channel's
+# message is the reasoning, then the model ends it and starts the final channel, or writes the final
+# channel straight away. llama.cpp renders these markers as text (it makes them user-defined tokens).
+HARMONY_FINAL = "<|end|><|start|>assistant<|channel|>final<|message|>"
+HARMONY = ReasoningTags(
+    "<|channel|>analysis<|message|>", HARMONY_FINAL, HARMONY_FINAL, drop=("<|channel|>final<|message|>",)
+)
+
+
+def reasoning_tags(template: str | None) -> ReasoningTags | None:
+    """How a chat template's model marks its reasoning (None: its answers carry none)."""
+    if not template:
+        return None
+    if "<|channel|>" in template and "<|message|>" in template:
+        return HARMONY
+    if THINK.open in template and THINK.close in template:
+        return THINK
+    return None
 
 
 def thinks(template: str | None) -> bool:
-    """Whether a chat template writes thinking blocks (and so its model's answers carry them)."""
-    return bool(template) and THINK_TAGS[0] in template and THINK_TAGS[1] in template  # type: ignore[operator]
+    """Whether a chat template writes reasoning (and so its model's answers carry it)."""
+    return reasoning_tags(template) is not None
 
 
-def prompt_opens_thinking(prompt: str) -> bool:
+def prompt_opens_thinking(prompt: str, tags: ReasoningTags = THINK) -> bool:
     """Whether a rendered prompt ends inside a thinking block the template opened for the answer."""
-    opened = prompt.rfind(THINK_TAGS[0])
-    return opened >= 0 and prompt.rfind(THINK_TAGS[1]) < opened
+    opened = prompt.rfind(tags.open)
+    return opened >= 0 and prompt.rfind(tags.close) < opened
 
 
 @dataclass(frozen=True)
@@ -49,8 +82,8 @@ class ReasoningSplitter:
     """Final text in, (reasoning, content) out; `inside` while the answer is in a thinking block.
     `inline`: everything stays content, as written, and the splitter only follows the block."""
 
-    def __init__(self, inside: bool = False, tags: tuple[str, str] = THINK_TAGS, inline: bool = False) -> None:
-        self.open_tag, self.close_tag = tags
+    def __init__(self, inside: bool = False, tags: ReasoningTags = THINK, inline: bool = False) -> None:
+        self.open_tag, self.close_tag, self.drop, self.force = tags.open, tags.close, tags.drop, tags.force
         self.inline = inline
         self.inside = inside
         self.seen_reasoning = inside
@@ -68,6 +101,16 @@ class ReasoningSplitter:
         while text:
             tag = self.close_tag if self.inside else self.open_tag
             at = text.find(tag)
+            if not self.inside:  # a channel header before the open tag is dropped, not content
+                dropped = min(
+                    ((i, d) for d in self.drop if (i := text.find(d)) >= 0 and (at < 0 or i < at)), default=None
+                )
+                if dropped is not None:
+                    i, header = dropped
+                    self._emit(out, text[:i])
+                    text = text[i + len(header) :]
+                    self.seen_reasoning = True  # (what follows a header is the answer: its leading blank too)
+                    continue
             if at >= 0:
                 self._emit(out, text[:at])
                 text = text[at + len(tag) :]
@@ -75,7 +118,7 @@ class ReasoningSplitter:
                 self.seen_reasoning = self.seen_reasoning or self.inside
                 self._content_started = self._content_started and self.inside
                 continue
-            keep = held_back(text, [tag])
+            keep = held_back(text, [tag, *(() if self.inside else self.drop)])
             self._emit(out, text[: len(text) - keep])
             self._held = text[len(text) - keep :]
             break

@@ -23,11 +23,11 @@ from ..config import KV_CACHE_TYPES
 from . import attention_probe
 from .embeddings import Embedder
 from .memory import KV_PADDING
+from .plan import DecodeItem
 from .ram_tier import SavedState
 from .request import SamplingParams
 from .runner_api import NoRoomForBatch
 from .sampling import TokenPicker
-from .scheduler import DecodeItem
 from .streams import TokenLogprob
 
 log = logging.getLogger("magnitude.runner")

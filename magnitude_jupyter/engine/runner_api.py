@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .chat import render_chat
+from .plan import DecodeItem
 from .prefix_cache import (
     ClearSequence,
     CopyCells,
@@ -25,7 +26,6 @@ from .prefix_cache import (
 )
 from .ram_tier import RamTier, SavedState
 from .request import SamplingParams
-from .scheduler import DecodeItem
 from .streams import TokenLogprob
 from .tools import ToolRequest
 

@@ -8,8 +8,8 @@ from typing import Any
 import psutil
 
 from .metrics import StepCounts
+from .plan import SchedulerStats
 from .request import Request
-from .scheduler import SchedulerStats
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from .draft_policy import DraftPolicy
 from .metrics import EngineMetrics
+from .plan import DecodeItem, ScheduledChunk, SchedulerOutput
 from .runner_api import NoRoomForBatch, Runner, Sampled
-from .scheduler import DecodeItem, ScheduledChunk, SchedulerOutput
 
 
 def execute_plan(

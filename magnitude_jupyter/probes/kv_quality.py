@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from ..engine.plan import DecodeItem
 from ..engine.request import SamplingParams
 from ..engine.runner import LlamaRunner
-from ..engine.scheduler import DecodeItem
 
 SEQ = 0
 
