@@ -73,6 +73,11 @@ def test_list_shows_the_format_and_the_sliding_layers(tiny_dir, tmp_path, monkey
         "KV cache (f16)   128 bytes/token (global layers) + 640 for the last 64 (windowed layers), 552.0 KiB" in block
     )
     assert "chat format      gemma (family rule: vocabulary has <start_of_turn> <end_of_turn>)" in block
+    # gpt-oss's pattern: every other layer windowed; its turns end at <|return|> and <|call|>, not <|end|>
+    block = output[output.index("tiny-gpt-oss ") :]
+    assert "sliding window   64 on 2 layers" in block
+    assert "harmony (family rule: vocabulary has <|start|> <|channel|> <|message|> <|end|>); turns end at " in block
+    assert "<|return|> <|call|>" in block
 
 
 @pytest.mark.model
