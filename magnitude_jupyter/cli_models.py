@@ -146,6 +146,11 @@ def list_cmd(as_json: bool, show_details: bool) -> None:
                     "sliding window",
                     f"{d['sliding_window']} on {d['sliding_window_layers']} layers" if d["sliding_window"] else "none",
                 ),
+                *(
+                    [("recurrent state", f"{d['recurrent_state']} layers: not counted (see docs/models.md)")]
+                    if d.get("recurrent_state")
+                    else []
+                ),
                 ("chat template", "yes" if d["has_chat_template"] else "no"),
                 ("chat format", _chat_format_line(d["chat_format"])),
                 ("weight types", ", ".join(f"{t} {n:,}" for t, n in d["weight_types"].items())),

@@ -27,7 +27,9 @@ BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Architectures whose files do not say which layers slide: llama.cpp's fixed pattern for each
 # (every n-th layer global, the others windowed; llama-model.cpp, set_swa_pattern).
 SWA_PATTERNS = {"gemma2": 2, "gemma3": 6, "gpt-oss": 2, "cohere2": 4}
-INFO_CACHE_VERSION = 5  # bump when ModelInfo changes shape
+# GGUF key groups that only recurrent layers have (llama.cpp's Mamba, RWKV and short-convolution families).
+RECURRENT_KEYS = ("ssm", "wkv", "rwkv", "shortconv")
+INFO_CACHE_VERSION = 6  # bump when ModelInfo changes shape
 
 # Weight types that llama.cpp (llama-cpp-python 0.3.36) multiplies as a batch on x86 CPUs with AVX2:
 # llamafile's sgemm (F32, F16, BF16, Q8_0, Q4_0, Q5_0, IQ4_NL) and the repacked layouts (Q4_0, Q4_K,
@@ -86,6 +88,7 @@ class ModelInfo:
     weight_types: dict[str, int] = field(default_factory=dict)  # parameters per type, matrices only
     vocab_markers: dict[str, int] = field(default_factory=dict)  # tokens that tell a chat format: text -> id
     windowed_layers: tuple[bool, ...] = ()  # per layer: attends over the sliding window only
+    recurrent_state: str | None = None  # the kind of per-sequence state besides KV cells (Mamba's "ssm"...)
 
     def chat_format(self, config_template: str | None = None) -> ChatFormat:
         """The format this model is served in (chat_formats.py): a config's, its file's, or its family's."""
@@ -209,6 +212,9 @@ def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
     else:
         windowed = (True,) * layers
 
+    # Recurrent layers (Mamba, RWKV, LFM2's convolutions) keep a state per sequence outside the KV cells.
+    recurrent = next((kind for kind in RECURRENT_KEYS if any(k.startswith(f"{arch}.{kind}.") for k in meta)), None)
+
     file_type = _field("general.file_type")
     try:
         quantization = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else "?"
@@ -250,6 +256,7 @@ def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
         bos_token_id=_field("tokenizer.ggml.bos_token_id"),
         eos_token_id=_field("tokenizer.ggml.eos_token_id"),
         weight_types=dict(weight_types.most_common()),
+        recurrent_state=recurrent,
     )
 
 

@@ -33,6 +33,7 @@ class FakeRunner:
         self.n_ctx_train = n_ctx_train
         self.kv_buffer_bytes: int | None = None
         self.sliding_window: int | None = None
+        self.recurrent = False
         self.no_room_once = False  # the next decode finds no cells (tests of the engine's retry)
         self.repack: bool | None = None
         self.flash_attention: bool | None = None

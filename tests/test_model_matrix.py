@@ -391,3 +391,35 @@ def test_a_chat_formats_turn_end_is_end_of_generation_even_where_llama_cpp_does_
         assert b in runner.picker.eog_tokens  # ignore_eos bans it like llama.cpp's own end tokens
     finally:
         runner.close()
+
+
+def test_a_recurrent_model_says_its_state_is_not_counted_and_is_served_without_prefix_reuse(tmp_path, monkeypatch):
+    import gguf
+
+    from tests.fakes import FakeRunner
+
+    models = tmp_path / "models"
+    models.mkdir()
+    # Mamba's header as llama.cpp's converter writes it, tensors aside (the listing reads the header)
+    writer = gguf.GGUFWriter(str(models / "tiny-mamba.gguf"), "mamba")
+    writer.add_block_count(2)
+    writer.add_context_length(1024)
+    writer.add_embedding_length(64)
+    writer.add_uint32("mamba.ssm.state_size", 16)
+    writer.add_uint32("mamba.ssm.conv_kernel", 4)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert read_model_info(models / "tiny-mamba.gguf").recurrent_state == "ssm"
+    output = listed_details(models, tmp_path, monkeypatch)
+    assert "recurrent state  ssm layers: not counted (see docs/models.md)" in output
+
+    runner = FakeRunner(step_seconds=0)
+    runner.recurrent = True
+    with Engine(settings=Settings(), runner_factory=lambda es: runner, parallel=2, ctx_size=256, n_batch=16) as engine:
+        prompt = list(range(100, 140))
+        engine.generate(prompt_tokens=prompt, params=SamplingParams(max_tokens=4))
+        again = engine.generate(prompt_tokens=[*prompt, 7], params=SamplingParams(max_tokens=4, temperature=0))
+        assert again.usage["prompt_tokens_details"]["cached_tokens"] == 0
+        assert not engine.engine_settings.prefix_reuse and engine.engine_settings.draft_tokens == 0

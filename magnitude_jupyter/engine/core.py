@@ -499,6 +499,13 @@ class Engine:
             if self.engine_settings.flash_attention is None and self.runner.flash_attention is not None:
                 self.engine_settings = replace(self.engine_settings, flash_attention=self.runner.flash_attention)
             self.flash_attention_reason = self.runner.flash_attention_reason
+            if self.runner.recurrent and (self.engine_settings.prefix_reuse or self.engine_settings.draft_tokens):
+                # A recurrent state holds a whole sequence: it cannot be copied or cut at a position.
+                log.warning(
+                    "%s: a recurrent or hybrid model (not covered, docs/models.md): prefix reuse and drafts are off",
+                    self.model_id,
+                )
+                self.engine_settings = replace(self.engine_settings, prefix_reuse=False, draft_tokens=0)
             es = self.engine_settings
             # threads: 0 (the default) follows what other processes leave free; a number is fixed.
             self.governor = ThreadGovernor(es.n_threads) if es.threads == 0 else None

@@ -175,6 +175,9 @@ class LlamaRunner:
         self._full_windows = full_windows
         n_swa = int(llama_cpp.llama_model_n_swa(self.model))
         self.sliding_window: int | None = n_swa if n_swa > 0 else None
+        self.recurrent = bool(
+            llama_cpp.llama_model_is_recurrent(self.model) or llama_cpp.llama_model_is_hybrid(self.model)
+        )
         self.flash_attention, self.flash_attention_reason = self._choose_attention(
             model_path, flash_attention, n_ctx, n_seq_max, n_batch
         )

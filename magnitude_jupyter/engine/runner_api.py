@@ -47,6 +47,7 @@ class Runner(Protocol):
     # tokens a sliding-window layer sees (None: the model has none): llama.cpp drops a sequence's older
     # cells in those layers, so a prefix is reused only where its window is there (prefix_cache.py)
     sliding_window: int | None
+    recurrent: bool  # a recurrent or hybrid model: its state per sequence cannot be copied or cut in part
 
     @property
     def repack(self) -> bool | None:
