@@ -13,7 +13,8 @@ likely length (`output_lengths.py`); a request that runs past it grows its charg
 when the cells run out, a running request is preempted (see "Preemption" below) and resumes later,
 producing the same tokens it would have. Either way no request is cut short for lack of cache.
 Cache entries nobody runs on are given back, least recently used first, whenever a request needs
-their cells.
+their cells. Where an admitted prompt starts is `prompt_start.py`'s part; what a plan is made of,
+`plan.py`'s.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from .draft_policy import DraftPolicy
 from .output_lengths import OutputLengths
 from .plan import (
     OverloadedError,
-    PrefixSource,
     PromptTooLongError,
     ScheduledChunk,
     SchedulerOutput,
@@ -39,20 +39,16 @@ from .prefix_cache import (
     ForgetSuspended,
     KVOp,
     LoadWindow,
-    Match,
     Pins,
     PrefixCache,
     SavedState,
     SuspendSequence,
-    common_prefix_len,
 )
+from .prompt_start import PromptStarts
 from .request import FinishReason, Priority, Request, RequestStatus
 from .speculate import AnswerMemory, Guess, NgramIndex
 
 CACHE_KEY = "<prefix cache>"  # the cache's cells in the KV budget
-# Restore a saved entry when it covers at least this many more prompt tokens than the tree: a restore
-# costs less than computing a prompt row (docs/decisions.md).
-RAM_RESTORE_GAIN = 2
 # Saved entries come back into the KV cache once nothing has run for this long: not in the gap between
 # a client's requests, where they would only go out again, with their save, 64 rows later.
 BRING_BACK_AFTER_IDLE_SECONDS = 1.0
@@ -69,7 +65,7 @@ GROW_CELLS = 16
 PRIORITY_RANK = {priority: rank for rank, priority in enumerate(Priority)}  # interactive 0, then lower
 
 
-class Scheduler:
+class Scheduler(PromptStarts):
     def __init__(
         self,
         ctx_size: int,
@@ -206,36 +202,6 @@ class Scheduler:
             if queue:
                 return
 
-    def _window_refused(self, request: Request, resumed: bool) -> Callable[[], None]:
-        """What happens when llama.cpp finds no cells for a request's window checkpoint: its cells went
-        with the refusal, so it computes its context whole, this step's chunk for it left out
-        (`SchedulerOutput.drop_stale`), and the cells it copied are charged to it now."""
-
-        def refused() -> None:
-            shared = request.copied_tokens
-            request.num_computed_tokens = request.copied_tokens = request.cache_shared = 0
-            if request.request_id in self.budget.reserved:
-                self.budget.reserved[request.request_id] += shared
-            if self.cache is not None and not resumed:
-                request.cached_tokens = 0
-                self.cache.hit_tokens -= shared
-                self.cache.window_checkpoint_tokens -= shared
-                self.cache.window_missed_tokens += shared
-
-        return refused
-
-    def _takes_window(self, request: Request) -> bool:
-        """Whether a window checkpoint of `request` is due now: it has computed its prompt and decoded
-        nothing yet, on a model with sliding windows (prefix_cache.py, "Sliding windows")."""
-        return (
-            self.cache is not None
-            and bool(self.cache.window)
-            and len(request.output_tokens) == 1
-            and request.num_computed_tokens == len(request.prompt_tokens)
-            and not request.params.reproducible
-            and request.preemptions == 0
-        )
-
     def _headroom(self) -> int:
         """Free cells a new admission leaves under `estimate`: a growth step for each running request
         that may grow, so that admitting one does not preempt another at the next step."""
@@ -274,90 +240,6 @@ class Scheduler:
         self.budget.release(CACHE_KEY)
         if self.cache is not None and self.cache.cells:
             self.budget.reserved[CACHE_KEY] = self.cache.cells
-
-    def _prefix_source(self, request: Request, out: SchedulerOutput) -> PrefixSource:
-        """Where the longest prompt prefix already in the KV cache is: a cache entry (restored from RAM
-        if that covers more, with a window checkpoint where its window has moved on), or the computed
-        prompt of a running request (rows of a batch that start together)."""
-        self._window_missed = 0  # cached tokens a sliding window keeps from being reused, counted at admission
-        if request.params.reproducible or not self.prefix_reuse:
-            return PrefixSource()  # computed its own way, always: see Request.reproducible
-        context = request.context_tokens
-        # The last prompt token is always computed: it gives the logits. A resumed request's next
-        # decode gives them: its whole context may come from the cache.
-        limit = len(context) - (0 if request.output_tokens else 1)
-        best = PrefixSource()
-        if self.cache is not None:
-            match = self.cache.match(request.cache_context_tokens, limit)
-            if self.cache.ram is not None:
-                match = self._restore_from_ram(request, match.length, limit, out) or match
-            resumed = bool(request.output_tokens)
-            if match.seq_id is not None and match.length >= self.min_prefix_tokens and self.spell and not resumed:
-                match, limit = self._respell(request, match, limit)
-            kept = self.cache.continuable(match, request.cache_context_tokens)
-            self._window_missed += match.length - kept.length
-            match = kept
-            if match.seq_id is not None:
-                best = PrefixSource(match.seq_id, match.length, True, match.window)
-                self.cache.touch(match)
-        for other in self.running:
-            if other.params.reproducible or other.seq_id is None or other.cache_scope != request.cache_scope:
-                continue
-            n = common_prefix_len(other.context_tokens, context, min(limit, other.num_computed_tokens))
-            if self.sliding_window and n < other.num_computed_tokens:
-                continue  # its windowed layers hold only the cells near its end (prefix_cache.py)
-            if n > best.length:
-                best = PrefixSource(other.seq_id, n)
-        return best if best.length >= self.min_prefix_tokens else PrefixSource()
-
-    def _respell(self, request: Request, match: Match, limit: int) -> tuple[Match, int]:
-        """Take the cache's spelling of the text after the match, where it has one (see
-        `PrefixCache.respelled`): the prompt then uses the tokens its model wrote rather than the
-        tokenizer's, and their cells are copied instead of computed."""
-        assert self.cache is not None and self.spell is not None
-        found = self.cache.respelled(request.cache_tokens, match, self.spell)
-        if found is None:
-            return match, limit
-        tokens, cached = found
-        if len(tokens) + request.max_tokens > self.max_request_tokens:
-            return match, limit
-        request.prompt_tokens = [request.prompt_tokens[0], *tokens[1:]]  # the tree holds its scope key first
-        self.cache.respelled_tokens += cached - match.length
-        limit = len(tokens) - 1
-        return self.cache.match(request.cache_tokens, limit), limit
-
-    def _restore_from_ram(self, request: Request, have: int, limit: int, out: SchedulerOutput) -> Match | None:
-        """Bring back a saved entry that covers more of the prompt than the tree does; the new match."""
-        assert self.cache is not None and self.cache.ram is not None
-        cache, ram, prompt = self.cache, self.cache.ram, request.cache_context_tokens
-        if cache.window:
-            # Where the tree's cells replace the saved ones below `have`, the window must lie above them.
-            found = ram.best(prompt, limit, lambda n, floor: cache.window_start(n) >= max(floor, have))
-            usable = max(have, found.length)
-            self._window_missed = max(0, found.longest - usable)
-            checkpoint = ram.window_for(prompt, usable, found.longest) if found.longest > usable else None
-            if checkpoint is not None:
-                # The entry that goes furthest comes back, and the checkpoint inside it is loaded over it.
-                found = found._replace(tokens=found.longest_tokens, length=checkpoint.length)
-                self._window_missed = 0  # counted once it is matched in the tree
-        else:
-            found = ram.best(prompt, limit)
-        tokens, n = found.tokens, found.length
-        if n < have + RAM_RESTORE_GAIN:
-            return None
-        # llama.cpp loads the whole saved sequence before the shared part is swapped for the tree's,
-        # and the request then adds its own cells beyond it.
-        need = len(tokens) + max(0, self.charge(request) - n)
-        if not self._make_room(need, out, (request.cache_context_tokens, have)):
-            return None
-        floor = self.cache.ram.floors[tokens]
-        data = self.cache.ram.pop(tokens)
-        assert data is not None
-        if not self.cache.restore(tokens, data, out.kv_ops, self._pins(), window_floor=floor):
-            self.cache.ram.put(tokens, data, floor)
-            return None
-        self._sync_cache_budget()
-        return self.cache.match(request.cache_context_tokens, limit)
 
     def _bring_back_idle(self, out: SchedulerOutput) -> None:
         """With nothing to run (BRING_BACK_AFTER_IDLE_SECONDS), move saved entries back into the KV
