@@ -423,3 +423,58 @@ def test_a_recurrent_model_says_its_state_is_not_counted_and_is_served_without_p
         again = engine.generate(prompt_tokens=[*prompt, 7], params=SamplingParams(max_tokens=4, temperature=0))
         assert again.usage["prompt_tokens_details"]["cached_tokens"] == 0
         assert not engine.engine_settings.prefix_reuse and engine.engine_settings.draft_tokens == 0
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"unit": {"enum": ["c", "f"]}},
+            "required": ["unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TOOL_TURNS = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "weather?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"unit": "c"}'}}],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "12 degrees"},
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_familys_format_carries_the_tools_a_call_and_its_result(kind):
+    from magnitude_jupyter.engine.chat import render_chat
+    from magnitude_jupyter.engine.tools import ToolRequest
+
+    family = family_named(ARCHITECTURES[kind].family)
+    assert family is not None
+    text = render_chat(TOOL_TURNS, family.template, "<s>", "</s>", tools=ToolRequest.parse([WEATHER]))
+    assert "You can call these functions" in text and '"name": "weather"' in text
+    assert '{"tool_calls": [{"name": "weather", "arguments": {"unit": "c"}}]}' in text
+    assert '{"tool_results": [{"name": "weather", "content": "12 degrees"}]}' in text
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_family_calls_a_tool_the_parser_reads_back(tiny_dir, kind):
+    import json
+
+    from magnitude_jupyter.engine.tools import ToolRequest, parse_answer
+
+    tools = ToolRequest.parse([WEATHER], "required")
+    with Engine(str(tiny_dir / f"tiny-{kind}.gguf"), settings=Settings(), parallel=1, ctx_size=1024, threads=1) as engine:
+        # random weights, held to the call's form by the grammar: a complete call, whatever they pick
+        result = engine.generate(
+            messages=TOOL_TURNS[:2], tools=tools, params=SamplingParams(max_tokens=160, temperature=0)
+        )
+        answer = parse_answer(result.text, "generic")
+        assert [(call.name, call.complete) for call in answer.calls] == [("weather", True)], result.text
+        assert json.loads(answer.calls[0].arguments)["unit"] in ("c", "f")
