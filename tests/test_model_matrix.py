@@ -470,7 +470,9 @@ def test_each_family_calls_a_tool_the_parser_reads_back(tiny_dir, kind):
     from magnitude_jupyter.engine.tools import ToolRequest, parse_answer
 
     tools = ToolRequest.parse([WEATHER], "required")
-    with Engine(str(tiny_dir / f"tiny-{kind}.gguf"), settings=Settings(), parallel=1, ctx_size=1024, threads=1) as engine:
+    with Engine(
+        str(tiny_dir / f"tiny-{kind}.gguf"), settings=Settings(), parallel=1, ctx_size=1024, threads=1
+    ) as engine:
         # random weights, held to the call's form by the grammar: a complete call, whatever they pick
         result = engine.generate(
             messages=TOOL_TURNS[:2], tools=tools, params=SamplingParams(max_tokens=160, temperature=0)
