@@ -89,6 +89,8 @@ def one_round(http: httpx.Client, url: str, messages: list[dict], max_tokens: in
             if data == "[DONE]":
                 break
             chunk = json.loads(data)
+            if "error" in chunk:  # a server that fails mid-stream (the status was 200 already)
+                raise httpx.HTTPError(f"error event: {chunk['error']}")
             for choice in chunk.get("choices") or []:
                 piece = (choice.get("delta") or {}).get("content")
                 if piece:
