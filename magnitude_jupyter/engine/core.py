@@ -586,7 +586,6 @@ class Engine:
             step_started = time.perf_counter()
             try:
                 self._apply_kv_ops(runner, out.kv_ops)
-                out.drop_stale()
                 self._start_admitted(runner, out)
                 sampled = self._execute(runner, out)
             except Exception as exc:

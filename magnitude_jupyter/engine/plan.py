@@ -76,11 +76,11 @@ class SchedulerOutput:
         """Nothing to decode (the cache may still have work: see `kv_ops`)."""
         return not self.batched and not self.solo
 
-    def drop_stale(self) -> None:
-        """Leave out the chunks of requests whose cells changed after the plan (a window checkpoint
-        llama.cpp refused: the request starts again from its first token at the next step)."""
-        self.batched = [c for c in self.batched if c.start_pos == c.request.num_computed_tokens]
-        self.solo = [c for c in self.solo if c.start_pos == c.request.num_computed_tokens]
+    def leave_out(self, request: Request) -> None:
+        """Take a request's chunks out of this step: its cells changed after the plan (a window
+        checkpoint llama.cpp refused), and it starts again from its first token at the next step."""
+        self.batched = [c for c in self.batched if c.request is not request]
+        self.solo = [c for c in self.solo if c.request is not request]
 
     @property
     def decodes_only(self) -> bool:

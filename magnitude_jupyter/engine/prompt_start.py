@@ -42,12 +42,13 @@ class PromptStarts:
         def _pins(self, extra: tuple[list[int], int] | None = None) -> Pins: ...
         def _sync_cache_budget(self) -> None: ...
 
-    def _window_refused(self, request: Request, resumed: bool) -> Callable[[], None]:
+    def _window_refused(self, request: Request, resumed: bool, out: SchedulerOutput) -> Callable[[], None]:
         """What happens when llama.cpp finds no cells for a request's window checkpoint: its cells went
-        with the refusal, so it computes its context whole, this step's chunk for it left out
-        (`SchedulerOutput.drop_stale`), and the cells it copied are charged to it now."""
+        with the refusal, so it computes its context whole, its chunk left out of the step `out`
+        plans, and the cells it copied are charged to it now."""
 
         def refused() -> None:
+            out.leave_out(request)
             shared = request.copied_tokens
             request.num_computed_tokens = request.copied_tokens = request.cache_shared = 0
             if request.request_id in self.budget.reserved:

@@ -190,7 +190,7 @@ class Scheduler(PromptStarts):
                     if not resumed:
                         head.cached_tokens = shared
                     if window is not None:
-                        out.kv_ops.append(LoadWindow(head.seq_id, window, self._window_refused(head, resumed)))
+                        out.kv_ops.append(LoadWindow(head.seq_id, window, self._window_refused(head, resumed, out)))
                 if self.cache is not None and not head.params.reproducible and not resumed:
                     self.cache.lookup_tokens += len(head.prompt_tokens)
                     self.cache.hit_tokens += shared
