@@ -15,7 +15,6 @@ from magnitude_jupyter.engine.reasoning import (
     ReasoningTags,
     prompt_opens_thinking,
     reasoning_tags,
-    thinks,
 )
 
 
@@ -58,7 +57,8 @@ def test_any_cut_into_tokens_splits_as_the_whole_does(cuts):
 
 
 def test_which_templates_think_and_which_prompts_open_the_block():
-    assert thinks("{% if x %}<think>{% endif %}...</think>") and not thinks("{{ messages }}") and not thinks(None)
+    assert reasoning_tags("{% if x %}<think>{% endif %}...</think>") is THINK
+    assert reasoning_tags("{{ messages }}") is None and reasoning_tags(None) is None
     assert prompt_opens_thinking("<|im_start|>assistant\n<think>\n")
     assert not prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert not prompt_opens_thinking("<|im_start|>assistant\n")

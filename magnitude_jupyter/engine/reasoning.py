@@ -49,11 +49,6 @@ def reasoning_tags(template: str | None) -> ReasoningTags | None:
     return None
 
 
-def thinks(template: str | None) -> bool:
-    """Whether a chat template writes reasoning (and so its model's answers carry it)."""
-    return reasoning_tags(template) is not None
-
-
 def prompt_opens_thinking(prompt: str, tags: ReasoningTags = THINK) -> bool:
     """Whether a rendered prompt ends inside a thinking block the template opened for the answer."""
     opened = prompt.rfind(tags.open)
