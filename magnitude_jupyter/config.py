@@ -418,8 +418,18 @@ class Settings:
     max_loaded_models: int = 2  # resident at once; the least recently used idle one makes room
     keep_alive: float = 300.0  # seconds an idle model stays loaded; -1: until it must make room
     memory_reserve_mib: int = 512  # memory a model load must leave free for everything else
+    # Responses-API responses kept (stored, and being made), in MiB; 0: 1/128 of the machine's RAM, 16-256.
+    response_store_mib: int = 0
     models: dict[str, ModelSettings] = field(default_factory=dict)
     slo: SloSettings = field(default_factory=SloSettings)
+
+    def response_store_bytes(self) -> int:
+        """What the Responses API keeps, in bytes: the setting, or a share of the machine's RAM."""
+        if self.response_store_mib > 0:
+            return self.response_store_mib << 20
+        import psutil
+
+        return min(256 << 20, max(16 << 20, psutil.virtual_memory().total // 128))
 
     def model_settings(self, alias: str) -> ModelSettings:
         return self.models.get(alias.lower()) or ModelSettings()
@@ -439,6 +449,7 @@ TOP_KEYS = {
     "max_loaded_models",
     "keep_alive",
     "memory_reserve_mib",
+    "response_store_mib",
     "models",
     "slo",
 }
@@ -574,7 +585,7 @@ def load_settings(path: Path | None = None, environ: dict[str, str] | None = Non
 
 def _pool_settings(raw: dict[str, Any], engine: EngineSettings, where: str, slo: SloSettings) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key, least in (("max_loaded_models", 1), ("memory_reserve_mib", 0)):
+    for key, least in (("max_loaded_models", 1), ("memory_reserve_mib", 0), ("response_store_mib", 0)):
         if key in raw:
             value = raw[key]
             if not isinstance(value, int) or isinstance(value, bool) or value < least:

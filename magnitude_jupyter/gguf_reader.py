@@ -20,6 +20,7 @@ from .chat_formats import VOCAB_MARKERS
 READ_SECONDS = 2.0
 KEEP_ARRAY_ITEMS = 4096  # arrays up to this long are kept (per-layer values); longer ones only counted
 KEEP_STRING_BYTES = 1 << 20  # a longer string value (a chat template is tens of KB) is dropped
+KEPT_TEXT_BYTES = 8 << 20  # all kept strings together: a real header keeps well under 1 MiB of text
 MAX_DIMS = 4  # GGML_MAX_DIMS
 
 # GGUF value types: their codes and sizes (8 = string, 9 = array).
@@ -29,8 +30,37 @@ VOCABULARY = "tokenizer.ggml.tokens"  # only counted, and searched for the token
 MARKERS = frozenset(marker.encode() for marker in VOCAB_MARKERS)
 
 
+# The largest value each number read from a header may take before it feeds arithmetic or sizes
+# anything: llama.cpp's own limits where it has them (LLAMA_MAX_LAYERS), generous elsewhere.
+MAX_LAYERS = 512
+MAX_HEADS = 1 << 14
+MAX_EMBEDDING = 1 << 20
+MAX_HEAD_DIM = 1 << 16
+MAX_CONTEXT = 1 << 28
+MAX_VOCAB = 1 << 24
+MAX_TENSOR_ELEMENTS = 1 << 48
+
+
 class GGUFError(ValueError):
     """A file that is not a readable GGUF; the message says what is wrong, in words."""
+
+
+def whole_number(value: Any, key: str, high: int) -> int:
+    """A header's number, checked: a whole number from 0 to `high`, else GGUFError naming the key."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise GGUFError(f"its metadata {key!r} is {str(value)[:40]!r}, not a number")
+    if isinstance(value, float) and not (value == value and abs(value) != float("inf") and value == int(value)):
+        raise GGUFError(f"its metadata {key!r} is {value}, not a whole number")
+    if not 0 <= value <= high:
+        raise GGUFError(f"its metadata {key!r} is {value:,.0f}; a model has from 0 to {high:,}")
+    return int(value)
+
+
+def whole_numbers(value: Any, key: str, high: int, length: int) -> tuple[int, ...]:
+    """A per-layer array of numbers (or one number for every layer), each checked."""
+    if isinstance(value, list):
+        return tuple(whole_number(item, key, high) for item in value[:length])
+    return (whole_number(value, key, high),) * length
 
 
 @dataclass(frozen=True)
@@ -59,6 +89,7 @@ class GGUFHeader:
 class _Cursor:
     def __init__(self, data: mmap.mmap | bytes, deadline: float) -> None:
         self.data, self.at, self.deadline, self.steps = data, 0, deadline, 0
+        self.kept_bytes = 0  # text kept so far, against KEPT_TEXT_BYTES
 
     @property
     def left(self) -> int:
@@ -99,6 +130,11 @@ class _Cursor:
         start, length = self.string_span(what)
         if not keep or length > KEEP_STRING_BYTES:
             return None
+        self.kept_bytes += length
+        if self.kept_bytes > KEPT_TEXT_BYTES:
+            raise GGUFError(
+                f"its header holds over {KEPT_TEXT_BYTES >> 20} MiB of metadata text; a model's header holds far less"
+            )
         return bytes(self.data[start : start + length]).decode("utf-8", errors="replace")
 
 
@@ -179,6 +215,11 @@ def _parse(cur: _Cursor) -> GGUFHeader:
         if not 1 <= dims <= MAX_DIMS:
             raise GGUFError(f"tensor {name!r} has {dims} dimensions; GGUF allows 1 to {MAX_DIMS}")
         shape = tuple(int(cur.scalar("Q", f"the shape of tensor {name!r}")) for _ in range(dims))
+        elements = 1
+        for size in shape:
+            elements *= size
+        if elements > MAX_TENSOR_ELEMENTS:
+            raise GGUFError(f"tensor {name!r} has shape {shape}, over {MAX_TENSOR_ELEMENTS:,} values")
         type_id = cur.scalar("I", f"the type of tensor {name!r}")
         cur.scalar("Q", f"the offset of tensor {name!r}")
         header.tensors.append(Tensor(name, shape, int(type_id)))

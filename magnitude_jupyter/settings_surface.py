@@ -193,6 +193,11 @@ TOP_LEVEL = (
     ("max_loaded_models", "Models resident at once; the least recently used idle one makes room."),
     ("keep_alive", "Seconds (or '5m') an idle model stays loaded; -1: until its room is needed."),
     ("memory_reserve_mib", "Memory a model load must leave free for everything else."),
+    (
+        "response_store_mib",
+        "Memory for Responses-API responses, stored and being made (least recently used out first); "
+        "0: 1/128 of RAM, 16-256 MiB.",
+    ),
     ("models", "Per model, by alias: engine settings that differ for it, `chat_template` and `slo`."),
     ("slo", "Service-level objectives, watched live (below)."),
     ("engine", "The engine settings below."),

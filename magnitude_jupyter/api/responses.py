@@ -9,6 +9,7 @@ streamed as the documented `response.*` events, each with its `sequence_number`.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -57,6 +58,7 @@ REFUSED = {
 }
 STORE_COUNT = 1000  # finished responses kept for previous_response_id and GET, oldest dropped first
 STORE_SECONDS = 3600.0
+METADATA_KEYS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
 
 
 def _bad(message: str, param: str) -> ApiError:
@@ -161,9 +163,34 @@ def _format(text: Any) -> dict[str, Any] | None:
     raise _bad("text.format.type must be text, json_object or json_schema", "text.format")
 
 
+def check_metadata(raw: Any) -> None:
+    """OpenAI's rule for `metadata`: at most 16 pairs, keys of up to 64 characters, string values of up
+    to 512."""
+    if raw is None:
+        return
+    if not isinstance(raw, dict):
+        raise _bad("'metadata' must be an object of up to 16 string pairs", "metadata")
+    if len(raw) > METADATA_KEYS:
+        raise _bad(f"'metadata' has {len(raw)} keys; the limit is {METADATA_KEYS}", "metadata")
+    for key, value in raw.items():
+        if len(key) > METADATA_KEY_CHARS:
+            raise _bad(f"a 'metadata' key is {len(key)} characters; the limit is {METADATA_KEY_CHARS}", "metadata")
+        if not isinstance(value, str):
+            raise _bad(f"'metadata.{key[:64]}' must be a string", "metadata")
+        if len(value) > METADATA_VALUE_CHARS:
+            raise _bad(
+                f"'metadata.{key[:64]}' is {len(value)} characters; the limit is {METADATA_VALUE_CHARS}", "metadata"
+            )
+
+
 def parse_responses(data: dict[str, Any], previous: list[dict[str, Any]] | None = None) -> GenerationRequest:
     """Validate a /v1/responses body (after `previous`, a stored conversation) into the shared request."""
     refuse_unknown_fields(data, ACCEPTED, REFUSED)
+    check_metadata(data.get("metadata"))
+    if data.get("store") is not None and not isinstance(data["store"], bool):
+        raise _bad("'store' must be true or false", "store")
+    if data.get("text") is not None and not isinstance(data["text"], dict):
+        raise _bad("'text' must be an object, as {format: {type: 'text' | 'json_object' | 'json_schema'}}", "text")
     messages = [*(previous or []), *input_messages(data.get("input"))]
     if data.get("instructions") is not None:
         if not isinstance(data["instructions"], str):
@@ -406,30 +433,51 @@ class ResponseEvents:
 
 class ResponseStore:
     """Finished responses by id, for `previous_response_id` and GET: the conversation each ends (its
-    messages, its output as messages) and its response object; bounded by count and age, oldest out."""
+    messages, its output as messages) and its response object. Bounded by bytes (the JSON size of
+    what it keeps), count and age; the least recently used goes first."""
 
-    def __init__(self, count: int = STORE_COUNT, seconds: float = STORE_SECONDS) -> None:
-        self.count, self.seconds = count, seconds
-        self._items: OrderedDict[str, tuple[float, list[dict[str, Any]], dict[str, Any]]] = OrderedDict()
+    def __init__(self, max_bytes: int, count: int = STORE_COUNT, seconds: float = STORE_SECONDS) -> None:
+        self.max_bytes, self.count, self.seconds = max_bytes, count, seconds
+        self.nbytes = 0
+        # id -> (stored at, conversation, response, bytes)
+        self._items: OrderedDict[str, tuple[float, list[dict[str, Any]], dict[str, Any], int]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def put(self, response: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+    def put(self, response: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
+        """Keep a finished response; False when it alone is over the byte limit (not kept)."""
         conversation = [*messages, *_as_messages(response["output"])]
+        size = len(json.dumps(conversation)) + len(json.dumps(response))
+        if size > self.max_bytes:
+            return False
         with self._lock:
-            self._items[response["id"]] = (time.monotonic(), conversation, response)
+            self._drop(response["id"])
+            self._items[response["id"]] = (time.monotonic(), conversation, response, size)
+            self.nbytes += size
             self._expire()
+        return True
+
+    def _drop(self, response_id: str) -> bool:
+        found = self._items.pop(response_id, None)
+        if found is not None:
+            self.nbytes -= found[3]
+        return found is not None
 
     def _expire(self) -> None:
         now = time.monotonic()
-        while self._items and (
-            len(self._items) > self.count or now - next(iter(self._items.values()))[0] > self.seconds
-        ):
-            self._items.popitem(last=False)
+        while self._items:
+            oldest_id, (stored_at, *_rest) = next(iter(self._items.items()))
+            over = len(self._items) > self.count or self.nbytes > self.max_bytes
+            if not over and now - stored_at <= self.seconds:
+                break
+            self._drop(oldest_id)
+        # Age is counted from when a response was stored; use moves it to the back of the line only.
 
     def get(self, response_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         with self._lock:
             self._expire()
             found = self._items.get(response_id)
+            if found is not None:
+                self._items.move_to_end(response_id)
         if found is None:
             raise ApiError(
                 404, f"no stored response {response_id!r} (never stored, deleted, or expired)", code="not_found"
@@ -438,7 +486,10 @@ class ResponseStore:
 
     def delete(self, response_id: str) -> bool:
         with self._lock:
-            return self._items.pop(response_id, None) is not None
+            return self._drop(response_id)
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 def _as_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -663,6 +663,9 @@ class Engine:
             request = chunk.request
             if request.is_finished:
                 continue
+            dead_end = picks[-1] if picks and picks[-1].dead_end else None
+            if dead_end is not None:
+                picks = picks[:-1]
             self.scheduler.advance(chunk, [pick.token for pick in picks])
             if chunk.draft:
                 self.metrics.record_draft(len(chunk.draft), len(picks) - 1)
@@ -675,6 +678,10 @@ class Engine:
                     if seq_id is not None:
                         ended.append(seq_id)
                     break
+            if dead_end is not None and not request.is_finished:
+                seq_id = self._end_at_dead_end(request, dead_end)
+                if seq_id is not None:
+                    ended.append(seq_id)
         self.metrics.record_step(generated, now)
         return ended
 
@@ -708,6 +715,17 @@ class Engine:
         if last and request.thinking_budget is not None and request.reasoning_tokens >= request.thinking_budget:
             self._close_thinking(request)
         return None
+
+    def _end_at_dead_end(self, request: Request, end: Sampled) -> int | None:
+        """A request whose grammar let no token through: whole if the grammar had reached its end
+        (`ignore_eos` banned the only fitting token), else an error of its own."""
+        assert request.text is not None
+        if request.first_token_time is None:
+            request.first_token_time = time.monotonic()
+        if end.complete:
+            return self._finish(request, FinishReason.STOP, text=request.text.flush())
+        log.warning("request %s: %s", request.request_id, end.dead_end)
+        return self._finish(request, FinishReason.ERROR, text=request.text.flush(), error=end.dead_end)
 
     def _close_thinking(self, request: Request) -> None:
         """A request whose reasoning has used its budget: the block's closing tag goes into its answer

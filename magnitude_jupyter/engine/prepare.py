@@ -7,6 +7,7 @@ import random
 from dataclasses import replace
 from typing import Any
 
+from .gbnf_check import check_grammar_language
 from .gbnf_limits import measure_grammar, run_on_grammar_stack
 from .request import SamplingParams, invalid_param
 from .runner_api import Runner
@@ -37,6 +38,7 @@ def prepare_params(
         grammar = params.grammar
         try:
             measure_grammar(grammar)  # before llama.cpp sees it: see gbnf_limits.py
+            check_grammar_language(grammar)  # and nothing it can reach is a dead end: gbnf_check.py
         except GrammarError as exc:
             raise invalid_param("tools" if tools is not None else "grammar", str(exc)) from None
         if not run_on_grammar_stack(lambda: runner.check_grammar(grammar)):

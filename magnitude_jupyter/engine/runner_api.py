@@ -89,12 +89,32 @@ class Runner(Protocol):
     def embed(self, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]: ...
 
 
+class GrammarDeadEnd(Exception):
+    """The grammar lets no token of the vocabulary through (or only an end the request bans).
+
+    llama.cpp would pick a token anyway and its grammar would then abort the process
+    ("Unexpected empty grammar stack"): the picker raises this instead, before anything is accepted,
+    and only this request ends. `complete`: the grammar had reached its end (only an
+    end-of-generation token fits, and `ignore_eos` bans those), so the answer is whole."""
+
+    def __init__(self, complete: bool) -> None:
+        self.complete = complete
+        super().__init__(
+            "the answer is complete: its grammar allows nothing more"
+            if complete
+            else "the grammar allows no token this model can write here"
+        )
+
+
 @dataclass(frozen=True)
 class Sampled:
     """A token sampled for one sequence this step, with its log probability when the request asked."""
 
     token: int
     logprob: TokenLogprob | None = None
+    # The grammar let nothing through: no token; the request ends here (GrammarDeadEnd).
+    dead_end: str | None = None
+    complete: bool = False  # the dead end is the grammar's own end: the answer is whole
 
 
 def apply_kv_ops(runner: Runner, ops: list[KVOp], ram: RamTier | None) -> None:

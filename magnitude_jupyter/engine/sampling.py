@@ -12,6 +12,7 @@ import llama_cpp
 import numpy as np
 
 from .request import SamplingParams
+from .runner_api import GrammarDeadEnd
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 GRAMMAR_SHORTLIST = 256  # tokens a greedy request's grammar is tried on before the whole vocabulary
@@ -160,6 +161,9 @@ class TokenPicker:
         if not self._allows(grammar, token, float(row_logits[token])):
             picked = self._shortlist_pick(seq_id, chain, grammar, row_logits)
             token = picked if picked is not None else self._pick(seq_id, chain, grammar, row_logits)
+            # Never hand llama.cpp's grammar a token it refuses: it aborts the process (GrammarDeadEnd).
+            if not self._allows(grammar, token, 0.0):
+                raise GrammarDeadEnd(complete=self._grammar_complete(grammar))
         llama_cpp.llama_sampler_accept(grammar, token)
         if chain is not None:
             llama_cpp.llama_sampler_accept(chain, token)
@@ -223,6 +227,10 @@ class TokenPicker:
             return int(candidates["id"][int(np.argmax(candidates["logit"][: array.size]))])
         llama_cpp.llama_sampler_apply(chain, ctypes.byref(array))
         return int(candidates["id"][array.selected])
+
+    def _grammar_complete(self, grammar: Any) -> bool:
+        """Whether the grammar has reached its end: it lets an end-of-generation token through."""
+        return any(self._allows(grammar, int(token), 0.0) for token in self.eog_tokens[:8])
 
     def _allows(self, grammar: Any, token: int, logit: float) -> bool:
         one = self._one

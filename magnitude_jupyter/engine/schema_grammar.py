@@ -20,6 +20,7 @@ from llama_cpp import llama_grammar
 from llama_cpp.llama_grammar import SchemaConverter
 
 from .gbnf_limits import measure_grammar
+from .patterns import translate_pattern
 from .schema_limits import GrammarError, check_schema, clamped, no_bound
 
 MAX_DIGITS = 15  # as the converter's own integer rule: [1-9] [0-9]{0,15}
@@ -207,6 +208,10 @@ class BoundedSchemaConverter(SchemaConverter):
         """A GBNF string literal of `literal`. The converter escapes quotes and line breaks but not
         backslashes, so the JSON text of a value holding a quote (`\\"`) ended its literal early."""
         return '"' + LITERAL_ESCAPE.sub(lambda m: LITERAL_ESCAPES[m.group(0)], literal) + '"'
+
+    def _visit_pattern(self, pattern: str, name: str) -> str:
+        """A pattern's rule, from the pattern rewritten into what the converter reads (patterns.py)."""
+        return str(super()._visit_pattern(translate_pattern(pattern), name))
 
     def visit(self, schema: Any, name: str) -> str:
         if time.monotonic() > self.deadline:

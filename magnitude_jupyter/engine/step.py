@@ -9,7 +9,7 @@ from collections.abc import Callable
 from .draft_policy import DraftPolicy
 from .metrics import EngineMetrics
 from .plan import DecodeItem, ScheduledChunk, SchedulerOutput
-from .runner_api import NoRoomForBatch, Runner, Sampled
+from .runner_api import GrammarDeadEnd, NoRoomForBatch, Runner, Sampled
 
 
 def execute_plan(
@@ -56,7 +56,7 @@ def execute_plan(
             if row is not None:
                 for i in range(len(chunk.draft) + 1):
                     picks.append(sample(runner, chunk, row + i))
-                    if i == len(chunk.draft) or picks[-1].token != chunk.draft[i]:
+                    if i == len(chunk.draft) or picks[-1].dead_end or picks[-1].token != chunk.draft[i]:
                         break
                 if chunk.draft:
                     # The drafts after the first mismatch were computed on a wrong guess: their cells go.
@@ -67,7 +67,10 @@ def execute_plan(
 
 
 def sample(runner: Runner, chunk: ScheduledChunk, row: int) -> Sampled:
-    token = runner.sample(chunk.seq_id, row)
+    try:
+        token = runner.sample(chunk.seq_id, row)
+    except GrammarDeadEnd as end:  # this request ends; the others in the step go on
+        return Sampled(-1, dead_end=str(end), complete=end.complete)
     params = chunk.request.params
     # Read from this step's logits row before the next decode overwrites it.
     logprob = runner.token_logprobs(row, token, params.top_logprobs) if params.logprobs else None

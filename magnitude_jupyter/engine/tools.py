@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,31 @@ class Tool:
 
     def described(self) -> str:
         return json.dumps({"name": self.name, "description": self.description, "parameters": self.parameters})
+
+
+class _NoRemoteRefs(Mapping[str, Callable[[str], Any]]):
+    """fastjsonschema's handlers by URL scheme, holding every scheme: each refuses. A scheme it has no
+    handler for, it fetches with urllib (file:// and http:// alike); with this, nothing is fetched,
+    wherever in a schema a `$ref` stands (a value inside `enum` included)."""
+
+    def __getitem__(self, scheme: str) -> Callable[[str], Any]:
+        return _refuse_remote
+
+    def __contains__(self, scheme: object) -> bool:
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def _refuse_remote(uri: str) -> Any:
+    raise ToolError(f"'$ref' {uri[:200]!r} points outside the schema: only references inside it ('#/...') resolve")
+
+
+NO_REMOTE_REFS = _NoRemoteRefs()
 
 
 def without_patterns(schema: Any) -> Any:
@@ -119,7 +145,7 @@ def parse_tools(raw: Any) -> list[Tool]:
         except GrammarError as exc:
             raise ToolError(str(exc)) from None
         try:  # patterns are the grammar converter's to read: fastjsonschema rewrites `$` inside a class
-            fastjsonschema.compile(without_patterns(parameters))
+            fastjsonschema.compile(without_patterns(parameters), handlers=NO_REMOTE_REFS)
         except Exception as exc:  # a definition error, or whatever its walk of a malformed schema hits
             problem = f"{where}.function.parameters of {name!r} is not a valid JSON Schema: {exc}"
             raise ToolError(problem) from None

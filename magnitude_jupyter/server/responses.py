@@ -37,40 +37,76 @@ LIVE_COUNT = 10_000  # about as many as the engine keeps streams for
 @dataclass
 class LiveResponse:
     """A response the engine is making, or made recently: enough to stream it again, cancel it, or
-    keep it once finished (even when its client has gone)."""
+    keep it once finished (even when its client has gone). `nbytes` estimates what it holds."""
 
     engine: Engine
     request: Request
     meta: ResponseMeta
     messages: list[dict[str, Any]]
+    nbytes: int
     finished: dict[str, Any] | None = None  # the response object, once the answer is done
+    deleted: bool = False  # DELETE came while it was being made: never stored
 
     @property
     def store(self) -> bool:
-        return self.meta.body.get("store") is not False
+        return self.meta.body.get("store") is not False and not self.deleted
+
+
+class LiveResponses:
+    """Responses being made or made recently, by id, bounded by count and by bytes (the same limit as
+    the store, `response_store_mib`): the oldest go first. A `store: false` response leaves once its
+    answer is done: not stored means gone when its stream ends."""
+
+    def __init__(self, max_bytes: int, count: int = LIVE_COUNT) -> None:
+        self.max_bytes, self.count = max_bytes, count
+        self.nbytes = 0
+        self._items: OrderedDict[str, LiveResponse] = OrderedDict()
+
+    def add(self, live: LiveResponse) -> None:
+        self._items[live.meta.id] = live
+        self.nbytes += live.nbytes
+        while self._items and (len(self._items) > self.count or self.nbytes > self.max_bytes):
+            self.remove(next(iter(self._items)))
+
+    def get(self, response_id: str) -> LiveResponse | None:
+        return self._items.get(response_id)
+
+    def remove(self, response_id: str) -> LiveResponse | None:
+        live = self._items.pop(response_id, None)
+        if live is not None:
+            self.nbytes -= live.nbytes
+        return live
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 def response_store(handler: ApiMixin) -> ResponseStore:
     store: ResponseStore | None = handler.settings.get(STORE_KEY)
     if store is None:
-        store = handler.settings[STORE_KEY] = ResponseStore()
+        store = handler.settings[STORE_KEY] = ResponseStore(handler.pool.settings.response_store_bytes())
     return store
 
 
-def live_responses(handler: ApiMixin) -> OrderedDict[str, LiveResponse]:
-    live: OrderedDict[str, LiveResponse] = handler.settings.setdefault(LIVE_KEY, OrderedDict())
+def live_responses(handler: ApiMixin) -> LiveResponses:
+    live: LiveResponses | None = handler.settings.get(LIVE_KEY)
+    if live is None:
+        live = handler.settings[LIVE_KEY] = LiveResponses(handler.pool.settings.response_store_bytes())
     return live
 
 
 def keep(handler: ApiMixin, live: LiveResponse, final: StreamEvent) -> dict[str, Any]:
     """The finished response object, made and stored (for previous_response_id and GET, unless
-    `store: false`) once: a stream sent again neither stores it again nor brings back a deleted one."""
+    `store: false` or deleted) once: a stream sent again neither stores it again nor brings back a
+    deleted one. A response not stored leaves the live registry here."""
     if live.finished is None:
         live.finished = response_object(
             live.meta, live.request.output_text, final, reasoning=live.request.output_reasoning
         )
         if live.store:
             response_store(handler).put(live.finished, live.messages)
+        else:
+            live_responses(handler).remove(live.meta.id)
     return live.finished
 
 
@@ -96,17 +132,18 @@ class ResponsesHandler(GenerationHandler):
     def _parse(self, body: bytes) -> GenerationRequest:
         data = parse_json_body(body)
         self._data = data
+        self._body_bytes = len(body)
         return parse_responses(data, stored_input(data, response_store(self)))
 
     async def answer(self, engine: Engine, request: Request, req: GenerationRequest) -> None:
-        meta = ResponseMeta(
-            request.request_id.replace("resp-", "resp_", 1), engine.model_id, self._data, request.tool_form
-        )
-        live = LiveResponse(engine, request, meta, conversation_to_store(self._data, req.messages or []))
-        registry = live_responses(self)
-        registry[meta.id] = live
-        while len(registry) > LIVE_COUNT:
-            registry.popitem(last=False)
+        # The response echoes its request's settings, not its input (the conversation is kept apart).
+        echoed = {key: value for key, value in self._data.items() if key != "input"}
+        meta = ResponseMeta(request.request_id.replace("resp-", "resp_", 1), engine.model_id, echoed, request.tool_form)
+        messages = conversation_to_store(self._data, req.messages or [])
+        # What it holds: the body's JSON twice over (the echo and the conversation), and its tokens.
+        nbytes = 2 * self._body_bytes + 8 * len(request.prompt_tokens or ())
+        live = LiveResponse(engine, request, meta, messages, nbytes)
+        live_responses(self).add(live)
         assert request.stream is not None
         hub = step_hub(self, engine)
         if req.stream:
@@ -163,8 +200,16 @@ class ResponseHandler(ApiMixin):
         hub = step_hub(self, live.engine)
         await send_sse(self, hub, live.request.stream, 0, rendering(self, live, after), named=True)
 
-    def delete(self, response_id: str) -> None:
-        if not response_store(self).delete(response_id):
+    async def delete(self, response_id: str) -> None:
+        """Delete a stored response, or one being made: it is cancelled, and never stored."""
+        live = live_responses(self).remove(response_id)
+        running = live is not None and not live.request.is_finished
+        if live is not None and running:
+            live.deleted = True
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, live.engine.cancel, live.request.request_id, "deleted by the client")
+        stored = response_store(self).delete(response_id)
+        if not (stored or running):
             self.send_error_json(ApiError(404, f"no stored response {response_id!r}", code="not_found"))
             return
         self.send_json({"id": response_id, "object": "response", "deleted": True})
