@@ -35,6 +35,7 @@ class FakeRunner:
         self.sliding_window: int | None = None
         self.recurrent = False
         self.no_room_once = False  # the next decode finds no cells (tests of the engine's retry)
+        self.dead_ends: dict[int, bool] = {}  # token -> complete: sampling it finds a grammar dead end
         self.repack: bool | None = None
         self.flash_attention: bool | None = None
         self.flash_attention_reason: str | None = None
@@ -178,7 +179,12 @@ class FakeRunner:
         return rows
 
     def sample(self, seq_id: int, row: int) -> int:
-        return self.row_tokens[row] + 1
+        token = self.row_tokens[row] + 1
+        if token in self.dead_ends:  # a grammar that lets nothing through here (runner_api.GrammarDeadEnd)
+            from magnitude_jupyter.engine.runner_api import GrammarDeadEnd
+
+            raise GrammarDeadEnd(complete=self.dead_ends[token])
+        return token
 
     def token_logprobs(self, row: int, token: int, top_n: int) -> TokenLogprob:
         return TokenLogprob(self.token_to_piece(token), 0.0, ((self.token_to_piece(token), 0.0),) * min(top_n, 1))

@@ -188,3 +188,21 @@ r.close()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
     assert "next token" in done.stdout
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_grammar_that_lets_nothing_through_ends_its_request_and_never_reaches_llama_cpps_accept(runner, temperature):
+    """`[z-a]` parses in llama.cpp but matches nothing: its sampler would pick a refused token and its
+    grammar abort the process. The engine's language check refuses it first (gbnf_check.py); here it is
+    handed to the runner directly, past that check, to show the sampler's own guard."""
+    from magnitude_jupyter.engine.runner_api import GrammarDeadEnd
+
+    prompt = runner.tokenize("Say hi.")
+    params = SamplingParams(temperature=temperature, seed=1, grammar="root ::= [z-a]")
+    runner.start_sequence(0, params, prompt, len(prompt))
+    (row,) = runner.decode([DecodeItem(0, prompt, 0, True)])
+    with pytest.raises(GrammarDeadEnd) as ended:
+        runner.sample(0, row)
+    assert not ended.value.complete
+    runner.end_sequence(0)
+    assert greedy_continuation(runner, prompt, 2)  # the runner goes on serving

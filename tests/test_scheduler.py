@@ -121,6 +121,23 @@ def test_engine_loop_batches_and_finishes_with_usage():
         assert any(len({i.seq_id for i in call}) > 1 for call in engine.fake.calls)
 
 
+def test_a_grammar_dead_end_ends_its_own_request_and_no_other():
+    """The sampler found no token its grammar lets through: that request ends (an error, or whole when
+    the grammar had reached its end), and the requests in the same step go on to their ends."""
+    with fake_engine() as engine:
+        engine.fake.dead_ends = {12: False, 22: True}
+        stuck = engine.submit("9 10", params=SamplingParams(max_tokens=8, temperature=0))
+        done = engine.submit("19 20", params=SamplingParams(max_tokens=8, temperature=0))
+        beside = engine.submit("40 41", params=SamplingParams(max_tokens=4, temperature=0))
+        finals = {r.request_id: list(engine.stream(r.request_id))[-1] for r in (stuck, done, beside)}
+        assert finals[stuck.request_id].finish_reason == "error"
+        assert "grammar" in (finals[stuck.request_id].error or "")
+        assert "".join(e.text for e in engine.stream(stuck.request_id)) == "11 "
+        assert finals[done.request_id].finish_reason == "stop" and finals[done.request_id].error is None
+        assert finals[beside.request_id].finish_reason == "length"
+        assert "".join(e.text for e in engine.stream(beside.request_id)) == "42 43 44 45 "
+
+
 def test_the_panel_sees_where_a_request_came_from_and_the_first_words_it_asks():
     from magnitude_jupyter.engine.request import prompt_head
 
