@@ -410,7 +410,10 @@ def _apply(profile: Any, yes: bool) -> None:
     click.echo(diff)
     if not yes and not click.confirm(f"write these changes to {path}?", default=False):
         return
-    write_config(path, new)
+    try:
+        write_config(path, new)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"--apply: {exc}") from None
     click.echo(f"wrote {path}: restart magnitude serve (or JupyterLab) to run with it", err=True)
 
 

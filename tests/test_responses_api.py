@@ -94,7 +94,8 @@ def test_a_response_cannot_be_cancelled_once_finished_nor_streamed_if_unknown(cl
     with pytest.raises(openai.BadRequestError):
         list(client.responses.retrieve(done.id, stream=True, starting_after=-2))
     client.responses.delete(done.id)
-    list(client.responses.retrieve(done.id, stream=True))  # streamed again: not stored again
+    with pytest.raises(openai.NotFoundError):  # deleted means gone: not replayed either
+        list(client.responses.retrieve(done.id, stream=True))
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(done.id)
 

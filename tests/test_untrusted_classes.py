@@ -428,3 +428,50 @@ def test_a_deleted_response_is_gone_and_a_delete_while_it_runs_cancels_it(inproc
     got = httpx.get(f"{inproc.url}/v1/responses/{running_id}", headers=inproc.headers(), timeout=30)
     assert got.status_code == 404, got.text
     assert_still_serving(inproc)
+
+
+# -- the small ones -------------------------------------------------------------------------------
+
+
+@pytest.mark.model
+def test_a_sequence_number_with_leading_zeros_is_a_400(inproc):
+    r = post(inproc, {"input": "Say hi.", "max_output_tokens": 2}, "/v1/responses")
+    response_id = r.json()["id"]
+    for raw in ("007", "-1", "1e3"):
+        got = httpx.get(
+            f"{inproc.url}/v1/responses/{response_id}?stream=true&starting_after={raw}",
+            headers=inproc.headers(),
+            timeout=30,
+        )
+        assert got.status_code == 400, (raw, got.text)
+        assert got.json()["error"]["param"] == "starting_after"
+
+
+@pytest.mark.model
+def test_an_anthropic_text_block_without_text_says_so(inproc):
+    body = {"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}
+    r = post(inproc, body, "/v1/messages")
+    assert r.status_code == 400, r.text
+    assert "messages[0].content[0].text must be a string" in r.json()["error"]["message"]
+
+
+def test_apply_keeps_the_config_files_comments_and_never_writes_through_a_link(tmp_path):
+    from magnitude_jupyter.calibrate.apply import applied, write_config
+
+    text = (
+        "# my server\ndefault_model: smollm2-135m  # the bundled one\nengine:\n  parallel: 2  # was 2\n  n_batch: 256\n"
+    )
+    new = applied(text, {"engine": {"parallel": 8, "max_waiting": 16}, "slo": {"e2e_p95_ms": 3000.0}})
+    assert "# my server" in new and "# the bundled one" in new and "n_batch: 256" in new
+    assert "parallel: 8" in new and "max_waiting: 16" in new and "e2e_p95_ms: 3000.0" in new
+    real = tmp_path / "elsewhere.yaml"
+    real.write_text(text)
+    link = tmp_path / "config.yaml"
+    link.symlink_to(real)
+    with pytest.raises(ValueError, match="link"):
+        write_config(link, new)
+    assert real.read_text() == text
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(text)
+    write_config(plain, new)
+    assert plain.read_text() == new

@@ -95,7 +95,9 @@ def _text_of(content: Any, where: str) -> str:
     parts = []
     for i, block in enumerate(content):
         kind = block.get("type") if isinstance(block, dict) else None
-        if kind != "text" or not isinstance(block.get("text"), str):
+        if kind == "text" and not isinstance(block.get("text"), str):
+            raise _bad(f"{where}[{i}].text must be a string", f"{where}[{i}].text")
+        if kind != "text":
             reason = BLOCKS_REFUSED.get(str(kind), f"{where}[{i}] must be a text block")
             raise _bad(reason, f"{where}[{i}]")
         parts.append(block["text"])
@@ -127,7 +129,9 @@ def _messages(raw: Any) -> list[dict[str, Any]]:
         for j, block in enumerate(content):
             at = f"{where}.content[{j}]"
             kind = block.get("type") if isinstance(block, dict) else None
-            if kind == "text" and isinstance(block.get("text"), str):
+            if kind == "text":
+                if not isinstance(block.get("text"), str):
+                    raise _bad(f"{at}.text must be a string", f"{at}.text")
                 texts.append(block["text"])
             elif kind in ("thinking", "redacted_thinking") and role == "assistant":
                 continue  # earlier reasoning: the models served here do not read it back

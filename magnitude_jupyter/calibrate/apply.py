@@ -11,11 +11,11 @@ headroom. The change is shown as a diff of the file before it is written.
 from __future__ import annotations
 
 import difflib
+import io
 import math
+import os
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from .profile import Profile
 
@@ -40,16 +40,26 @@ def recommendations(profile: Profile) -> dict[str, dict[str, Any]]:
 
 
 def applied(text: str, changes: dict[str, dict[str, Any]]) -> str:
-    """The config file's text with the changes merged into its `engine:` and `slo:` sections."""
-    data = yaml.safe_load(text) if text.strip() else {}
+    """The config file's text with the changes merged into its `engine:` and `slo:` sections; its
+    comments, order and every other key kept (ruamel.yaml's round trip)."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.comments import CommentedMap
+
+    round_trip = YAML()
+    data = round_trip.load(text) if text.strip() else None
+    if data is None:
+        data = CommentedMap()
     if not isinstance(data, dict):
         raise ValueError("the config file does not hold a mapping")
     for section, values in changes.items():
         if values:
-            merged = dict(data.get(section) or {})
-            merged.update(values)
-            data[section] = merged
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+            if not isinstance(data.get(section), dict):
+                data[section] = CommentedMap()
+            for key, value in values.items():
+                data[section][key] = value
+    out = io.StringIO()
+    round_trip.dump(data, out)
+    return out.getvalue()
 
 
 def config_diff(path: Path, changes: dict[str, dict[str, Any]]) -> tuple[str, str]:
@@ -73,5 +83,16 @@ def proposal(profile: Profile, path: Path) -> tuple[str, str, str]:
 
 
 def write_config(path: Path, text: str) -> None:
+    """Write the config file whole (a new file moved over the old one), never through a link: a link
+    would have the write land in whatever file it points to."""
+    if path.is_symlink():
+        raise ValueError(
+            f"{path} is a link to {os.readlink(path)}: --apply writes only a plain file; "
+            f"set MAGNITUDE_CONFIG to the file itself to apply there"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    if path.exists():
+        os.chmod(tmp, path.stat().st_mode & 0o7777)
+    os.replace(tmp, path)

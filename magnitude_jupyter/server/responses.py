@@ -26,7 +26,7 @@ from ..api.responses import (
 )
 from ..engine import Engine, Request
 from ..engine.streams import StreamEvent
-from .handlers import ApiMixin, GenerationHandler
+from .handlers import EVENT_ID, ApiMixin, GenerationHandler
 from .sse import Render, send_sse, step_hub, wait_closed, wait_final
 
 STORE_KEY = "magnitude_response_store"
@@ -160,8 +160,13 @@ class ResponsesHandler(GenerationHandler):
 
 
 def parse_sequence_number(raw: str) -> int:
-    if not raw.isdigit() or not raw.isascii():
-        raise ApiError(400, f"starting_after is a sequence number (0 or more), got {raw!r}", param="starting_after")
+    """A sequence number as the API writes them: plain decimal, no sign, no leading zeros."""
+    if not EVENT_ID.fullmatch(raw):
+        raise ApiError(
+            400,
+            f"starting_after is a sequence number (0, 1, 2, ... without leading zeros), got {raw!r}",
+            param="starting_after",
+        )
     return int(raw)
 
 
