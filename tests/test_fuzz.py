@@ -143,3 +143,177 @@ def test_generated_requests_never_take_the_server_down_or_hold_others_up(inproc,
     elif answer.json()["usage"]["completion_tokens"] >= 16:
         # it generated for a while: the small request, sent as it started, did not wait for its end
         assert results["small_at"] <= results["generated_at"]
+
+
+# -- grammars and patterns: whatever a client writes, nothing a sampler can reach is a dead end ------
+
+alphabet = st.sampled_from([*list("az09-_ "), "\\x00", "\\x7F", "\\u00E9", "\\U0010FFFF", "\\n", "\\]", "\\\\"])
+char_ranges = st.lists(
+    st.one_of(alphabet, st.tuples(alphabet, alphabet).map(lambda pair: f"{pair[0]}-{pair[1]}")), min_size=0, max_size=3
+)
+char_classes = st.tuples(st.booleans(), char_ranges).map(lambda c: "[" + ("^" if c[0] else "") + "".join(c[1]) + "]")
+literals = st.one_of(
+    st.text(alphabet="ab .{}()|*", min_size=1, max_size=4),  # what grammars hold
+    st.text(alphabet='ab{}()|*"\\ .', max_size=4),  # and quotes, backslashes, nothing
+).map(lambda t: '"' + t + '"')
+rule_names = st.sampled_from(["root", "a", "b", "c"])
+quantifiers = st.one_of(
+    st.just(""),
+    st.just(""),
+    st.sampled_from(["*", "+", "?"]),
+    st.tuples(st.integers(0, 5), st.integers(0, 5)).map(lambda mn: f"{{{mn[0]},{mn[1]}}}"),
+)
+
+
+def _sequence(items: list[str]) -> str:
+    return " ".join(items)
+
+
+gbnf_items = st.recursive(
+    st.one_of(char_classes, literals, rule_names, st.just(".")),
+    lambda inner: st.one_of(
+        st.tuples(inner, quantifiers).map("".join),
+        st.lists(st.lists(inner, min_size=1, max_size=3).map(_sequence), min_size=1, max_size=3).map(
+            lambda alternatives: "(" + " | ".join(alternatives) + ")"
+        ),
+    ),
+    max_leaves=6,
+)
+gbnf_rules = st.tuples(rule_names, st.lists(st.lists(gbnf_items, min_size=1, max_size=3), min_size=1, max_size=3)).map(
+    lambda rule: f"{rule[0]} ::= " + " | ".join(_sequence(alt) for alt in rule[1])
+)
+wild_grammars = st.lists(gbnf_rules, min_size=1, max_size=4).map("\n".join)
+# Grammars made only of parts llama.cpp accepts, so that most reach the sampler.
+sound_items = st.recursive(
+    st.one_of(
+        st.sampled_from(["[a-z]", "[^a]", "[0-9]", "[ -~]", "[\\u00E0-\\u00FF]", ".", "[\\x00-\\x1F]"]),
+        st.text(alphabet="ab xy{}", min_size=1, max_size=4).map(lambda t: '"' + t + '"'),
+    ),
+    lambda inner: st.one_of(
+        st.tuples(inner, st.sampled_from(["", "?", "{1,3}", "*", "+", "{2}"])).map("".join),
+        st.lists(inner, min_size=1, max_size=3).map(lambda items: "(" + " | ".join(items) + ")"),
+    ),
+    max_leaves=5,
+)
+sound_grammars = st.lists(st.lists(sound_items, min_size=1, max_size=3).map(_sequence), min_size=1, max_size=3).map(
+    lambda alternatives: "root ::= " + " | ".join(alternatives)
+)
+grammars = st.one_of(sound_grammars, wild_grammars)
+
+regex_parts = st.sampled_from(
+    [
+        "a",
+        "z",
+        ".",
+        "\\d",
+        "\\w",
+        "\\s",
+        "\\D",
+        "\\.",
+        "\\b",
+        "[a-z]",
+        "[z-a]",
+        "[\\w-]",
+        "[^0-9]",
+        "(?:ab)",
+        "(a|b)",
+        "\\1",
+        "(?=a)",
+        "x{2,3}",
+        "x{3,2}",
+        "+",
+        "*",
+        "?",
+        "$",
+        "^",
+        "[",
+        ")",
+    ]
+)
+regexes = (
+    st.lists(regex_parts, min_size=1, max_size=6)
+    .map("".join)
+    .map(lambda body: st.sampled_from([body, f"^{body}$", f"^{body}", f"{body}$"]))
+    .flatmap(lambda choice: choice)
+)
+
+
+@pytest.fixture(scope="module")
+def vocab(model_path):
+    """The bundled model's vocabulary alone: what llama.cpp's grammar parser needs."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), params)
+    yield llama_cpp.llama_model_get_vocab(model)
+    llama_cpp.llama_model_free(model)
+
+
+@settings(
+    max_examples=1500,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(grammar=grammars, pattern=regexes)
+def test_every_grammar_the_checks_pass_llama_cpp_parses(vocab, grammar, pattern):
+    """The language check (gbnf_check.py) is a model of llama.cpp's parser: what it passes, llama.cpp
+    must parse, raw or written from a pattern, or the model is wrong somewhere a client can find."""
+    import llama_cpp
+
+    from magnitude_jupyter.engine.gbnf_check import check_grammar_language
+    from magnitude_jupyter.engine.gbnf_limits import measure_grammar
+    from magnitude_jupyter.engine.schema_grammar import schema_grammar
+    from magnitude_jupyter.engine.schema_limits import GrammarError
+
+    for text in (grammar, None):
+        try:
+            text = text if text is not None else schema_grammar({"type": "string", "pattern": pattern})
+            measure_grammar(text)
+            check_grammar_language(text)
+        except GrammarError:
+            continue
+        sampler = llama_cpp.llama_sampler_init_grammar(vocab, text.encode(), b"root")
+        assert sampler, text
+        llama_cpp.llama_sampler_free(sampler)
+
+
+def _answered_or_refused(inproc, body: dict[str, Any]) -> None:
+    r = httpx.post(inproc.url + "/v1/chat/completions", json=body, headers=inproc.headers(), timeout=300)
+    assert r.status_code == 200 or 400 <= r.status_code < 500, r.text
+    if r.status_code != 200:
+        assert r.json()["error"]["message"], r.text
+    small = httpx.post(inproc.url + "/v1/chat/completions", json=SMALL, headers=inproc.headers(), timeout=300)
+    assert small.status_code == 200, small.text
+
+
+@settings(
+    max_examples=120,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(grammar=grammars, sampled=st.booleans())
+def test_generated_grammars_never_take_the_server_down(inproc, grammar, sampled):
+    body = {"messages": SMALL["messages"], "max_tokens": 6, "grammar": grammar}
+    body |= {"temperature": 1.0, "seed": 7} if sampled else {"temperature": 0}
+    _answered_or_refused(inproc, body)
+
+
+@settings(
+    max_examples=80,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(pattern=regexes)
+def test_generated_patterns_never_take_the_server_down(inproc, pattern):
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}, "required": ["s"]}
+    body = {
+        "messages": SMALL["messages"],
+        "max_tokens": 12,
+        "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}},
+    }
+    _answered_or_refused(inproc, body)

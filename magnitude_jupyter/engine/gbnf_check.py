@@ -82,6 +82,7 @@ class Literal:
 class Repeat:
     item: Element
     low: int
+    high: int | None  # None: without end
 
 
 Element = Chars | Ref | Token | Literal | Repeat
@@ -238,25 +239,25 @@ class _Parser:
             elif char in "*+?{":
                 if not last_is_item:
                     raise self.fail(f"has {char!r} with nothing before it to repeat")
-                low = self.quantifier()
-                out[-1] = Repeat(out[-1], low)
+                low, high = self.quantifier()
+                out[-1] = Repeat(out[-1], low, high)
                 # llama.cpp lets a quantifier follow a quantifier (it repeats the rewritten item)
             else:
                 break
             self.space(nested)
         return out
 
-    def quantifier(self) -> int:
+    def quantifier(self) -> tuple[int, int | None]:
         char = self.peek()
         self.at += 1
         if char != "{":
-            return 1 if char == "+" else 0
+            return {"*": (0, None), "+": (1, None), "?": (0, 1)}[char]
         self.space(True)
         low = self.integer()
         self.space(True)
         if self.peek() == "}":
             self.at += 1
-            return low
+            return low, low
         if self.peek() != ",":
             raise self.fail("expects ',' or '}' in a repetition")
         self.at += 1
@@ -268,7 +269,7 @@ class _Parser:
         self.at += 1
         if high is not None and high < low:
             raise GrammarLanguageError(f"the grammar repeats an element {{{low},{high}}}: at most fewer than at least")
-        return low
+        return low, high
 
     def integer(self) -> int:
         start = self.at
@@ -298,6 +299,8 @@ class _Parser:
             ranges.append((low, high))
         self.at += 1
         text = self.text[start : self.at]
+        if not ranges:  # llama.cpp reads `[]` and `[^]` as nothing at all, not as a class
+            raise GrammarSyntaxError(f"the grammar has an empty character class {text} at character {start}")
         for low, high in ranges:
             if low > high:
                 raise GrammarLanguageError(
@@ -338,23 +341,23 @@ def _first_refs(alternative: list[Element], nullable: set[str]) -> list[str]:
     return out
 
 
+def _can_be_empty(element: Element, nullable: set[str]) -> bool:
+    if isinstance(element, Repeat):
+        return element.low == 0 or _can_be_empty(element.item, nullable)
+    if isinstance(element, Ref):
+        return element.name in nullable
+    if isinstance(element, Literal):
+        return not element.items
+    return False
+
+
 def _nullable(grammar: Grammar) -> set[str]:
     nullable: set[str] = set()
     changed = True
-
-    def empty(element: Element) -> bool:
-        if isinstance(element, Repeat):
-            return element.low == 0 or empty(element.item)
-        if isinstance(element, Ref):
-            return element.name in nullable
-        if isinstance(element, Literal):
-            return not element.items
-        return False
-
     while changed:
         changed = False
         for name, alternatives in grammar.rules.items():
-            if name not in nullable and any(all(empty(e) for e in alt) for alt in alternatives):
+            if name not in nullable and any(all(_can_be_empty(e, nullable) for e in alt) for alt in alternatives):
                 nullable.add(name)
                 changed = True
     return nullable
@@ -409,12 +412,24 @@ def check_grammar_language(text: str, root: str = "root") -> None:
             f"the grammar's {_shown(stuck[0])} can never finish (every alternative refers to itself, or to a rule "
             "that never ends): an answer that enters it could not end"
         )
-    _check_left_recursion(grammar, seen)
+    _check_left_recursion(grammar, set(rules))
 
 
 def _check_left_recursion(grammar: Grammar, rules: set[str]) -> None:
-    """llama.cpp refuses a rule that can begin with itself; say which."""
+    """llama.cpp refuses a rule that can begin with itself, reachable or not; say which. It writes
+    `x*` as `x' ::= x x' |`: where x may be empty, x' begins with itself too."""
     nullable = _nullable(grammar)
+    for name in sorted(rules):
+        stack: list[Element] = [e for alternative in grammar.rules[name] for e in alternative]
+        while stack:
+            element = stack.pop()
+            if isinstance(element, Repeat):
+                if element.high is None and _can_be_empty(element.item, nullable):
+                    raise GrammarLanguageError(
+                        f"the grammar's {_shown(name)} repeats without end something that can be empty "
+                        "(as in (x?)* or x** ), which llama.cpp cannot run: make the repeated part non-empty"
+                    )
+                stack.append(element.item)
     begins = {name: {ref for alt in grammar.rules[name] for ref in _first_refs(alt, nullable)} for name in rules}
     # Depth-first search for a cycle, without recursion.
     state: dict[str, int] = {}
