@@ -475,3 +475,52 @@ def test_apply_keeps_the_config_files_comments_and_never_writes_through_a_link(t
     plain.write_text(text)
     write_config(plain, new)
     assert plain.read_text() == new
+
+
+# -- cheap requests never stall others ---------------------------------------------------------------
+
+
+def test_large_bodies_are_worked_on_one_thread_of_their_own_and_dropped_when_their_client_left():
+    import asyncio
+    import threading as th
+
+    from magnitude_jupyter.server.work import HEAVY_BODY_BYTES, ClientGone, off_loop
+
+    class Handler:
+        settings: ClassVar[dict] = {}
+        connection_gone = False
+
+    handler = Handler()
+
+    async def run() -> tuple[str, str]:
+        small = await off_loop(handler, 100, lambda: th.current_thread().name)
+        large = await off_loop(handler, HEAVY_BODY_BYTES + 1, lambda: th.current_thread().name)
+        return small, large
+
+    small, large = asyncio.run(run())
+    assert large.startswith("magnitude-heavy") and not small.startswith("magnitude-heavy")
+    handler.connection_gone = True
+    with pytest.raises(ClientGone):
+        asyncio.run(off_loop(handler, HEAVY_BODY_BYTES + 1, lambda: "worked"))
+
+
+@pytest.mark.model
+def test_an_embedding_input_of_a_megabyte_is_refused_before_it_is_tokenized(inproc):
+    r = post(inproc, {"input": "a" * 1_000_000}, "/v1/embeddings")
+    assert r.status_code == 400, r.text
+    assert "characters" in r.json()["error"]["message"]
+    assert_still_serving(inproc)
+
+
+@pytest.mark.model
+def test_embeddings_stop_when_their_caller_stops_wanting_them(engine):
+    import threading as th
+
+    from magnitude_jupyter.engine.runner_api import EmbeddingCancelled
+
+    stop = th.Event()
+    stop.set()
+    with pytest.raises(EmbeddingCancelled):
+        engine.embed([f"text {i}" for i in range(200)], stop)
+    vectors, _ = engine.embed(["still here"])
+    assert len(vectors) == 1

@@ -38,7 +38,17 @@ from .prefix_cache import KVOp
 from .prepare import prepare_params
 from .reasoning import ReasoningSplitter, Thinking, prompt_opens_thinking, reasoning_tags
 from .request import FinishReason, Priority, Request, SamplingParams, prompt_head
-from .runner_api import Runner, Sampled, apply_kv_ops, chat_prompt, chat_prompt_tokens
+from .runner_api import (
+    EMBED_CTX,
+    MAX_CHARS_PER_TOKEN,
+    EmbeddingCancelled,
+    EmbeddingError,
+    Runner,
+    Sampled,
+    apply_kv_ops,
+    chat_prompt,
+    chat_prompt_tokens,
+)
 from .scheduler import Scheduler
 from .stats import EngineStats, FinishedRequest, LiveRequest, rss_bytes
 from .step import execute_plan
@@ -417,12 +427,26 @@ class Engine:
         """Every event of a request after event id `after`, then the live rest (blocking iterator)."""
         return self.streams.get(request_id).read(after, timeout)
 
-    def embed(self, inputs: Sequence[str] | Sequence[Sequence[int]]) -> tuple[list[np.ndarray], int]:
+    def embed(
+        self, inputs: Sequence[str] | Sequence[Sequence[int]], stop: threading.Event | None = None
+    ) -> tuple[list[np.ndarray], int]:
         """Unit vectors for texts or token lists, in order, and the tokens they took; on the caller's
-        thread, beside generation (embeddings.py). Raises EmbeddingError naming a bad input."""
+        thread, beside generation (embeddings.py). Raises EmbeddingError naming a bad input (a text too
+        long is refused before it is tokenized), EmbeddingCancelled once `stop` is set."""
         runner, _ = self._require_ready()
-        token_lists = [runner.tokenize(x, add_special=True) if isinstance(x, str) else list(x) for x in inputs]
-        return runner.embed(token_lists), sum(map(len, token_lists))
+        longest = EMBED_CTX * MAX_CHARS_PER_TOKEN
+        for i, x in enumerate(inputs):
+            if isinstance(x, str) and len(x) > longest:
+                raise EmbeddingError(
+                    f"input {i} is {len(x):,} characters; one input holds at most {EMBED_CTX} tokens, "
+                    f"and a text over {longest:,} characters is refused before tokenizing"
+                )
+        token_lists = []
+        for x in inputs:
+            if stop is not None and stop.is_set():
+                raise EmbeddingCancelled("the client went away")
+            token_lists.append(runner.tokenize(x, add_special=True) if isinstance(x, str) else list(x))
+        return runner.embed(token_lists, stop), sum(map(len, token_lists))
 
     def generate(self, prompt: str | None = None, *, timeout: float | None = None, **kwargs: Any) -> GenerationResult:
         """Submit and wait for the whole answer (woken once at the end, not on every token)."""

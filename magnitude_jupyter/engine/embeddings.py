@@ -15,15 +15,12 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-EMBED_CTX = 2048  # tokens of one input at most (and of one decode call)
+from .runner_api import EMBED_CTX, EmbeddingCancelled, EmbeddingError
+
 EMBED_SEQUENCES = 64  # inputs decoded together at most
 # Short inputs are packed up to this many tokens a call: attention spans every token of a call
 # (docs/decisions.md, "Embeddings"); a longer input still goes alone.
 EMBED_PACK_TOKENS = 512
-
-
-class EmbeddingError(ValueError):
-    """An input the embedding context cannot take; the message names its index."""
 
 
 class Embedder:
@@ -55,8 +52,9 @@ class Embedder:
             raise RuntimeError("llama.cpp could not create an embedding context")
         return ctx
 
-    def embed(self, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]:
-        """One unit vector per token list, in order."""
+    def embed(self, inputs: Sequence[Sequence[int]], stop: threading.Event | None = None) -> list[np.ndarray]:
+        """One unit vector per token list, in order; raises EmbeddingCancelled once `stop` is set
+        (checked between decode calls)."""
         for i, tokens in enumerate(inputs):
             if not tokens:
                 raise EmbeddingError(f"input {i} is empty")
@@ -72,6 +70,8 @@ class Embedder:
             for tokens in inputs:
                 full = len(group) == EMBED_SEQUENCES or sum(map(len, group)) + len(tokens) > EMBED_PACK_TOKENS
                 if group and full:
+                    if stop is not None and stop.is_set():
+                        raise EmbeddingCancelled("the client went away")
                     out += self._decode(group)
                     group = []
                 group.append(tokens)

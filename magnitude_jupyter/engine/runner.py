@@ -497,13 +497,13 @@ class LlamaRunner:
         llama_cpp.llama_free(self.ctx)
         llama_cpp.llama_model_free(self.model)
 
-    def embed(self, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    def embed(self, inputs: Sequence[Sequence[int]], stop: threading.Event | None = None) -> list[np.ndarray]:
         """Pooled, normalized embeddings of token lists, in a context of their own (made on first use);
-        callable from any thread but the engine's, beside generation."""
+        callable from any thread but the engine's, beside generation. `stop`: see Embedder.embed."""
         with self._embedder_lock:
             if self._embedder is None:
                 self._embedder = Embedder(self.model, self._n_threads, self.n_ctx_train)
-        return self._embedder.embed(inputs)
+        return self._embedder.embed(inputs, stop)
 
 
 def _save_state(ctx: Any, seq_id: int, flags: int = 0) -> bytearray:

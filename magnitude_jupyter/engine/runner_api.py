@@ -4,6 +4,7 @@ chat messages rendered into its tokens."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -86,7 +87,21 @@ class Runner(Protocol):
     def token_logprobs(self, row: int, token: int, top_n: int) -> TokenLogprob: ...
     def set_threads(self, n_threads: int) -> None: ...
     def close(self) -> None: ...
-    def embed(self, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]: ...
+    def embed(self, inputs: Sequence[Sequence[int]], stop: threading.Event | None = None) -> list[np.ndarray]: ...
+
+
+EMBED_CTX = 2048  # tokens of one embedding input at most (and of one decode call)
+# A text longer than this many characters a token is refused before it is tokenized: no text comes
+# near it (about 4 a token), and tokenizing a megabyte costs seconds (docs/http-api.md, Limits).
+MAX_CHARS_PER_TOKEN = 32
+
+
+class EmbeddingError(ValueError):
+    """An input the embedding context cannot take; the message names its index."""
+
+
+class EmbeddingCancelled(Exception):
+    """The caller stopped wanting the vectors (its client went away): the rest are not computed."""
 
 
 class GrammarDeadEnd(Exception):

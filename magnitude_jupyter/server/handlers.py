@@ -35,6 +35,7 @@ from ..engine import Engine, Request
 from ..engine.pool import ROOM_POLL_SECONDS, ROOM_WAIT_SECONDS, ModelPool, NoRoomError, Resident
 from ..slo import Shed, check_shed
 from .sse import POOL_KEY, send_sse, step_hub, wait_final
+from .work import ClientGone, off_loop
 
 MAX_BODY_KEY = "magnitude_max_body_bytes"
 SHAPES_KEY = "magnitude_response_shapes"
@@ -232,9 +233,9 @@ class GenerationHandler(ApiMixin):
         try:
             if self._body_size > self.body_limit:
                 raise self.too_large(self._body_size)
-            loop = asyncio.get_running_loop()
             arrival = time.monotonic()
-            req = await loop.run_in_executor(None, self._parse, bytes(self._body))
+            body = bytes(self._body)
+            req = await off_loop(self, len(body), lambda: self._parse(body))
             try:
                 engine, request = await self._submit_on(req.model, req, arrival)
             except Shed as shed:
@@ -243,6 +244,8 @@ class GenerationHandler(ApiMixin):
                     raise
                 # The objective's fallback model takes it, if its own queue keeps the objective.
                 engine, request = await self._submit_on(fallback, req, arrival)
+        except ClientGone:
+            return
         except Exception as exc:
             self.send_error_json(exc, self.prompt_param)
             return
@@ -253,9 +256,7 @@ class GenerationHandler(ApiMixin):
         resident, load_ms = await self.checkout_model(model, req.keep_alive)
         try:
             engine = resident.engine
-            request = await asyncio.get_running_loop().run_in_executor(
-                None, self._submit, engine, req, arrival, load_ms
-            )
+            request = await off_loop(self, self._body_size, lambda: self._submit(engine, req, arrival, load_ms))
             return engine, request
         finally:
             self.pool.checkin(resident)

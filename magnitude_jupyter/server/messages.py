@@ -7,7 +7,6 @@ are Anthropic's (api/anthropic.py).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from ..api.anthropic import MessageEvents, MessageShape, count_tokens_body, error_body, message_object, parse_messages
@@ -16,6 +15,7 @@ from ..api.openai import GenerationRequest, parse_json_body
 from ..engine import Engine, Request
 from .handlers import ApiMixin, GenerationHandler
 from .sse import send_sse, step_hub, wait_final
+from .work import ClientGone, off_loop
 
 
 class AnthropicErrors(ApiMixin):
@@ -54,16 +54,17 @@ class CountTokensHandler(AnthropicErrors):
     """The prompt's tokens as the engine computes them: the template rendered, tools described."""
 
     async def post(self) -> None:
-        loop = asyncio.get_running_loop()
+        size = len(self.request.body)
         try:
-            req = await loop.run_in_executor(None, lambda: count_tokens_body(self.json_body()))
+            req = await off_loop(self, size, lambda: count_tokens_body(self.json_body()))
             resident, _ = await self.checkout_model(req.model, req.keep_alive)
             try:
-                tokens = await loop.run_in_executor(
-                    None, lambda: resident.engine.prompt_tokens_for(None, req.messages, req.tools)
-                )
+                engine = resident.engine
+                tokens = await off_loop(self, size, lambda: engine.prompt_tokens_for(None, req.messages, req.tools))
             finally:
                 self.pool.checkin(resident)
+        except ClientGone:
+            return
         except Exception as exc:
             self.send_error_json(exc)
             return

@@ -7,6 +7,7 @@ store of finished responses (for `previous_response_id`) are api/responses.py's.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,9 +26,11 @@ from ..api.responses import (
     stored_input,
 )
 from ..engine import Engine, Request
+from ..engine.runner_api import EmbeddingCancelled
 from ..engine.streams import StreamEvent
 from .handlers import EVENT_ID, ApiMixin, GenerationHandler
 from .sse import Render, send_sse, step_hub, wait_closed, wait_final
+from .work import ClientGone, off_loop
 
 STORE_KEY = "magnitude_response_store"
 LIVE_KEY = "magnitude_live_responses"
@@ -250,16 +253,28 @@ def embedding_thread(handler: ApiMixin) -> ThreadPoolExecutor:
 class EmbeddingsHandler(ApiMixin):
     """POST /v1/embeddings: vectors computed on a worker thread, beside generation."""
 
+    _stop: threading.Event | None = None
+
+    def on_connection_close(self) -> None:
+        if self._stop is not None:
+            self._stop.set()  # the vectors not computed yet are not computed
+        super().on_connection_close()
+
     async def post(self) -> None:
         loop = asyncio.get_running_loop()
+        self._stop = threading.Event()
         try:
-            req = parse_embeddings(self.json_body())
+            req = await off_loop(self, len(self.request.body), lambda: parse_embeddings(self.json_body()))
             resident, _ = await self.checkout_model(req.model, None)
             try:
-                engine = resident.engine
-                vectors, tokens = await loop.run_in_executor(embedding_thread(self), engine.embed, req.inputs)
+                engine, stop = resident.engine, self._stop
+                vectors, tokens = await loop.run_in_executor(
+                    embedding_thread(self), lambda: engine.embed(req.inputs, stop)
+                )
             finally:
                 self.pool.checkin(resident)
+        except (ClientGone, EmbeddingCancelled):
+            return
         except Exception as exc:
             self.send_error_json(exc, "input")
             return
