@@ -151,11 +151,21 @@ class Shed(Exception):
         self.retry_after = wait_s
 
 
-def check_shed(settings: SloSettings, predict_wait_s: Callable[[], float | None], model: str = "") -> None:
+def check_shed(
+    settings: SloSettings,
+    predict_wait_s: Callable[[], float | None],
+    model: str = "",
+    release_unread: Callable[[], int] | None = None,
+) -> None:
     """Raise Shed when shedding is on and the predicted wait breaks `model`'s TTFT objective; the wait
-    is predicted only then (every request passes here)."""
+    is predicted only then (every request passes here). Before shedding a reader, `release_unread`
+    stops the answers nobody reads (their clients left) and the wait is predicted again without them:
+    an answer nobody reads never holds a slot against one somebody does."""
     if not settings.shed or settings.ttft_p95_ms is None:
         return
     predicted_wait_s = predict_wait_s()
+    if predicted_wait_s is not None and predicted_wait_s * 1000 > settings.ttft_p95_ms and release_unread is not None:
+        if release_unread():
+            predicted_wait_s = predict_wait_s()
     if predicted_wait_s is not None and predicted_wait_s * 1000 > settings.ttft_p95_ms:
         raise Shed(predicted_wait_s, settings.ttft_p95_ms, model)

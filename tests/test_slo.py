@@ -14,6 +14,8 @@ from magnitude_jupyter.engine.metrics import EngineMetrics, Finished
 from magnitude_jupyter.settings_surface import slo_overrides
 from magnitude_jupyter.slo import OBJECTIVES, evaluate, judge
 
+from .conftest import wait_for
+
 TTFT = next(o for o in OBJECTIVES if o.name == "ttft_p95_ms")
 RATE = next(o for o in OBJECTIVES if o.name == "min_tokens_per_s")
 
@@ -164,7 +166,50 @@ def test_with_shedding_on_an_interactive_request_that_would_wait_past_the_object
 
 
 @pytest.mark.model
+def test_an_answer_nobody_reads_gives_its_slot_to_a_reader_instead_of_having_it_shed():
+    """A client hung up on a long answer; the grace period (here 600 s) would keep it running. A reader
+    who would be shed for its slot is served instead: the unread answer is stopped first."""
+    import httpx
+
+    from magnitude_jupyter.client import Client
+    from magnitude_jupyter.runtime import LocalServer
+
+    with LocalServer(
+        ("--parallel", "1", "--ctx-size", "2048", "--slo-ttft-p95-ms", "1", "--slo-shed"),
+        token="unread-token",
+        config="engine:\n  grace_seconds: 600\n",
+    ) as server:
+        client = Client(server.url, server.token)
+        client.chat([{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0)
+        busy = client.open_chat_stream(
+            [{"role": "user", "content": "Count upwards."}], max_tokens=1500, ignore_eos=True, temperature=0
+        )
+        busy_id = busy.headers["X-Completion-Id"]
+        for line in busy.iter_lines():  # until its first token: the slot is taken
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                break
+        busy.close()  # the client hangs up; nobody reads the answer any more
+        headers = {"Authorization": f"Bearer {server.token}"}
+        body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2}
+        answers: list[int] = []
+
+        def served() -> bool:
+            r = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+            answers.append(r.status_code)
+            assert r.status_code in (200, 503), r.text
+            return r.status_code == 200
+
+        wait_for(served, timeout=120, interval=0.5, what="a reader served in the unread answer's slot")
+        replay = httpx.get(f"{server.url}/v1/streams/{busy_id}?starting_after=0", headers=headers, timeout=60)
+        chunks = [json.loads(line[6:]) for line in replay.text.splitlines() if line.startswith("data: {")]
+        assert chunks[-1]["choices"][0]["finish_reason"] in ("cancelled", "stop")
+        assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")) < 1500
+
+
+@pytest.mark.model
 def test_with_a_fallback_model_the_request_the_objective_would_shed_is_answered_by_it(models_dir):
+    import httpx
+
     from magnitude_jupyter.client import Client
     from magnitude_jupyter.runtime import LocalServer
     from tests.conftest import SECOND_MODEL
@@ -183,6 +228,15 @@ def test_with_a_fallback_model_the_request_the_objective_would_shed_is_answered_
         try:
             answer = client.chat([{"role": "user", "content": "Hello"}], max_tokens=2, temperature=0)
             assert answer.model == SECOND_MODEL  # the answer says which model served it
+            # The same on the other two APIs that generate.
+            headers = {"Authorization": f"Bearer {server.token}"}
+            for path, body in (
+                ("/v1/messages", {"max_tokens": 2, "messages": [{"role": "user", "content": "Hello"}]}),
+                ("/v1/responses", {"max_output_tokens": 2, "input": "Hello"}),
+            ):
+                r = httpx.post(server.url + path, json=body, headers=headers, timeout=120)
+                assert r.status_code == 200, r.text
+                assert r.json()["model"] == SECOND_MODEL
         finally:
             client.cancel(busy.headers["X-Completion-Id"])
             busy.close()

@@ -57,6 +57,7 @@ from .text import TextAssembler
 from .threads import ThreadGovernor
 from .tools import ToolRequest
 
+UNREAD_RELEASE_S = 1.0  # an answer unread this long is released when a reader would be shed
 log = logging.getLogger(__name__)
 
 
@@ -356,13 +357,15 @@ class Engine:
             sched = self.scheduler
             if sched is None:
                 return None
-            ahead = len(sched.waiting[Priority.INTERACTIVE])
-            if ahead == 0 and len(sched.running) < sched.max_running:
+            ending = {request_id for request_id, _, _ in self._cancels}  # cancelled, not yet taken out
+            ahead = sum(1 for r in sched.waiting[Priority.INTERACTIVE] if r.request_id not in ending)
+            running = [r for r in sched.running if r.request_id not in ending]
+            if ahead == 0 and len(running) < sched.max_running:
                 return None
             if not done:  # the running answers' likely tokens left: only a cold server needs them
                 left = sorted(
                     max(1, sched.lengths.estimate(r.priority, r.client, r.max_tokens) - len(r.output_tokens))
-                    for r in sched.running
+                    for r in running
                 )
                 whole = sched.lengths.estimate(Priority.INTERACTIVE, None, sched.ctx_size)
         if not done:
@@ -370,6 +373,24 @@ class Engine:
         prompts = sorted(f.prompt_s for f in done if f.prompt_s is not None)
         prompt = prompts[int(0.9 * (len(prompts) - 1))] if prompts else 0.0
         return (ahead + 1) / (len(done) / span) + prompt
+
+    def release_unread(self, unread_for_s: float = UNREAD_RELEASE_S) -> int:
+        """Cancel every answer nobody has read for `unread_for_s` (its client left; the grace period
+        would keep it running), so that it holds no slot against answers somebody reads; how many.
+        The shedding check calls it before it would shed a reader (slo.check_shed)."""
+        now = time.monotonic()
+        with self._lock:
+            unread = self.streams.abandoned(now, unread_for_s)
+            pending = {request_id for request_id, _, _ in self._cancels}
+            released = [request_id for request_id in unread if request_id not in pending]
+            for request_id in released:
+                why = "nobody read the answer, and a client that reads needed the slot"
+                self._cancels.append((request_id, FinishReason.CANCELLED, why))
+            if released:
+                self._lock.notify_all()
+        if released:
+            log.info("released %d answers nobody reads, for requests that would have been shed", len(released))
+        return len(released)
 
     def cancel(self, request_id: str, why: str | None = None) -> bool:
         """Cancel a queued or running request; its KV cells are freed before the next step."""

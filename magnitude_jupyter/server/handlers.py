@@ -211,6 +211,7 @@ class GenerationHandler(ApiMixin):
             self.pool.settings.model_slo(engine.model_id),
             lambda: engine.predicted_wait_s(req.priority),
             engine.model_id,
+            engine.release_unread,
         )
         return engine.submit(
             req.prompt,
