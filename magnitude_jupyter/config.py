@@ -284,6 +284,58 @@ class EngineSettings:
 
 
 @dataclass(frozen=True)
+class ApiKey:
+    """One client of `magnitude serve` (a tenant): its name, its secret, and what it may do beyond
+    asking for answers. Its stored responses, prefix-cache entries, streams and metrics are its own."""
+
+    name: str
+    key: str
+    batch: bool = False  # may send `priority: "batch"` (queued behind interactive work, never shed)
+    models: bool = False  # may load and unload models, and send `keep_alive`
+    never_shed: bool = False  # its interactive requests are never shed by the objectives
+
+    def __repr__(self) -> str:  # the secret never reaches a log
+        return f"ApiKey(name={self.name!r}, batch={self.batch}, models={self.models}, never_shed={self.never_shed})"
+
+
+API_KEY_FIELDS = ("name", "key", "key_env", "batch", "models", "never_shed")
+
+
+def parse_api_keys(raw: Any, where: str, environ: dict[str, str]) -> tuple[ApiKey, ...]:
+    """`api_keys:` from the config: a list of {name, key | key_env, batch, models, never_shed}."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where}: key 'api_keys' must be a list of {{name, key}} entries")
+    keys: list[ApiKey] = []
+    for i, entry in enumerate(raw):
+        at = f"{where}: api_keys[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{at} must be a mapping with 'name' and 'key' (or 'key_env')")
+        unknown = set(entry) - set(API_KEY_FIELDS)
+        if unknown:
+            raise ConfigError(f"{at}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(API_KEY_FIELDS)})")
+        name = entry.get("name")
+        if not isinstance(name, str) or not name or len(name) > 64:
+            raise ConfigError(f"{at}: 'name' must be a name of 1-64 characters")
+        key = entry.get("key")
+        if "key_env" in entry:
+            key = environ.get(str(entry["key_env"]))
+            if not key:
+                raise ConfigError(f"{at} ({name}): the variable {entry['key_env']!r} is not set")
+        if not isinstance(key, str) or len(key) < 16:
+            raise ConfigError(f"{at} ({name}): 'key' must be a secret of 16 characters or more")
+        flags = {flag: entry.get(flag, False) for flag in ("batch", "models", "never_shed")}
+        for flag, value in flags.items():
+            if not isinstance(value, bool):
+                raise ConfigError(f"{at} ({name}): {flag!r} must be true or false")
+        if any(k.name == name for k in keys) or any(k.key == key for k in keys):
+            raise ConfigError(f"{at}: two api_keys share the name {name!r} or a key")
+        keys.append(ApiKey(name, key, **flags))
+    return tuple(keys)
+
+
+@dataclass(frozen=True)
 class SloSettings:
     """Service-level objectives, watched over a rolling window (slo.py): `slo:` in the config (and per
     model under `models.<alias>.slo`), `magnitude serve --slo-...`, the extension's `slo_...` traitlets.
@@ -420,6 +472,8 @@ class Settings:
     memory_reserve_mib: int = 512  # memory a model load must leave free for everything else
     # Responses-API responses kept (stored, and being made), in MiB; 0: 1/128 of the machine's RAM, 16-256.
     response_store_mib: int = 0
+    # Clients of `magnitude serve`, each a tenant with its own key (docs/operations.md, "Several clients").
+    api_keys: tuple[ApiKey, ...] = ()
     models: dict[str, ModelSettings] = field(default_factory=dict)
     slo: SloSettings = field(default_factory=SloSettings)
 
@@ -450,6 +504,7 @@ TOP_KEYS = {
     "keep_alive",
     "memory_reserve_mib",
     "response_store_mib",
+    "api_keys",
     "models",
     "slo",
 }
@@ -572,7 +627,9 @@ def load_settings(path: Path | None = None, environ: dict[str, str] | None = Non
     if not isinstance(follow_links, bool):
         raise ConfigError(f"{where}: key 'models_dir_follow_links' must be true or false")
     slo = parse_slo(raw.get("slo"), f"{where}: key 'slo'")
+    api_keys = parse_api_keys(raw.get("api_keys"), where, environ)
     return Settings(
+        api_keys=api_keys,
         default_model=default_model,
         models_dir=models_dir,
         models_dir_follow_links=follow_links,

@@ -198,6 +198,11 @@ TOP_LEVEL = (
         "Memory for Responses-API responses, stored and being made (least recently used out first); "
         "0: 1/128 of RAM, 16-256 MiB.",
     ),
+    (
+        "api_keys",
+        "Clients of `magnitude serve`, each a tenant: `[{name, key or key_env, batch, models, never_shed}]` "
+        "(docs/operations.md).",
+    ),
     ("models", "Per model, by alias: engine settings that differ for it, `chat_template` and `slo`."),
     ("slo", "Service-level objectives, watched live (below)."),
     ("engine", "The engine settings below."),
@@ -236,6 +241,7 @@ def render_configuration() -> str:
     """docs/configuration.md, from the one definition of each setting."""
     top_defaults = {f.name: f.default for f in dataclasses.fields(Settings) if f.default is not dataclasses.MISSING}
     top_defaults["models_dir"] = DEFAULT_MODELS_DIR
+    top_defaults["api_keys"] = "[]"
     lines = [
         "# Configuration",
         "",

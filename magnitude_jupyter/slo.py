@@ -164,8 +164,8 @@ def check_shed(
     if not settings.shed or settings.ttft_p95_ms is None:
         return
     predicted_wait_s = predict_wait_s()
-    if predicted_wait_s is not None and predicted_wait_s * 1000 > settings.ttft_p95_ms and release_unread is not None:
-        if release_unread():
-            predicted_wait_s = predict_wait_s()
+    breaks = predicted_wait_s is not None and predicted_wait_s * 1000 > settings.ttft_p95_ms
+    if breaks and release_unread is not None and release_unread():
+        predicted_wait_s = predict_wait_s()
     if predicted_wait_s is not None and predicted_wait_s * 1000 > settings.ttft_p95_ms:
         raise Shed(predicted_wait_s, settings.ttft_p95_ms, model)

@@ -439,19 +439,21 @@ class ResponseStore:
     def __init__(self, max_bytes: int, count: int = STORE_COUNT, seconds: float = STORE_SECONDS) -> None:
         self.max_bytes, self.count, self.seconds = max_bytes, count, seconds
         self.nbytes = 0
-        # id -> (stored at, conversation, response, bytes)
-        self._items: OrderedDict[str, tuple[float, list[dict[str, Any]], dict[str, Any], int]] = OrderedDict()
+        # id -> (stored at, conversation, response, bytes, tenant)
+        self._items: OrderedDict[str, tuple[float, list[dict[str, Any]], dict[str, Any], int, str | None]] = (
+            OrderedDict()
+        )
         self._lock = threading.Lock()
 
-    def put(self, response: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
-        """Keep a finished response; False when it alone is over the byte limit (not kept)."""
+    def put(self, response: dict[str, Any], messages: list[dict[str, Any]], tenant: str | None = None) -> bool:
+        """Keep a finished response, `tenant`'s alone; False when it alone is over the byte limit."""
         conversation = [*messages, *_as_messages(response["output"])]
         size = len(json.dumps(conversation)) + len(json.dumps(response))
         if size > self.max_bytes:
             return False
         with self._lock:
             self._drop(response["id"])
-            self._items[response["id"]] = (time.monotonic(), conversation, response, size)
+            self._items[response["id"]] = (time.monotonic(), conversation, response, size, tenant)
             self.nbytes += size
             self._expire()
         return True
@@ -472,10 +474,13 @@ class ResponseStore:
             self._drop(oldest_id)
         # Age is counted from when a response was stored; use moves it to the back of the line only.
 
-    def get(self, response_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def get(self, response_id: str, tenant: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """A stored response of `tenant`'s; another tenant's is as unknown as one never stored."""
         with self._lock:
             self._expire()
             found = self._items.get(response_id)
+            if found is not None and found[4] != tenant:
+                found = None
             if found is not None:
                 self._items.move_to_end(response_id)
         if found is None:
@@ -484,9 +489,10 @@ class ResponseStore:
             )
         return found[1], found[2]
 
-    def delete(self, response_id: str) -> bool:
+    def delete(self, response_id: str, tenant: str | None = None) -> bool:
         with self._lock:
-            return self._drop(response_id)
+            found = self._items.get(response_id)
+            return found is not None and found[4] == tenant and self._drop(response_id)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -512,11 +518,11 @@ def conversation_to_store(data: dict[str, Any], messages: list[dict[str, Any]]) 
     return messages
 
 
-def stored_input(data: dict[str, Any], store: ResponseStore) -> list[dict[str, Any]] | None:
+def stored_input(data: dict[str, Any], store: ResponseStore, tenant: str | None = None) -> list[dict[str, Any]] | None:
     """The conversation a request continues (previous_response_id), or None."""
     previous = data.get("previous_response_id")
     if previous is None:
         return None
     if not isinstance(previous, str):
         raise _bad("'previous_response_id' must be a string", "previous_response_id")
-    return store.get(previous)[0]
+    return store.get(previous, tenant)[0]

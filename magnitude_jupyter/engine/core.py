@@ -255,12 +255,15 @@ class Engine:
             raise ValueError("give a prompt or messages")
         return runner.tokenize(prompt, add_special=True)
 
-    def _cache_scope(self, cache_salt: str | None, user: str | None) -> str | None:
+    def _cache_scope(self, cache_salt: str | None, user: str | None, tenant: str | None = None) -> str | None:
+        """A request's prefix-cache scope: its tenant's (one per API key, where there are several),
+        narrowed by its salt, or by its user with `prefix_cache_scope: user`."""
+        own = f"tenant:{tenant}|" if tenant is not None else ""
         if cache_salt is not None:
-            return "salt:" + cache_salt
+            return own + "salt:" + cache_salt
         if user is not None and self.engine_settings.prefix_cache_scope == "user":
-            return "user:" + user
-        return None
+            return own + "user:" + user
+        return own or None
 
     def submit(
         self,
@@ -278,6 +281,7 @@ class Engine:
         user: str | None = None,
         thinking: Thinking | None = None,
         origin: str | None = None,
+        tenant: str | None = None,
     ) -> Request:
         """Queue one generation; returns at once. Raises ValueError (bad input), PromptTooLongError,
         OverloadedError or EngineError; never blocks on the model. `arrival_time` (monotonic) and
@@ -320,7 +324,8 @@ class Engine:
             text=TextAssembler(params.stop),
             load_ms=load_ms,
             tool_form=tool_form,
-            cache_scope=self._cache_scope(cache_salt, user),
+            cache_scope=self._cache_scope(cache_salt, user, tenant),
+            tenant=tenant,
             client=user,
             origin=origin,
             prompt_head=prompt_head(prompt, messages),
@@ -391,6 +396,14 @@ class Engine:
         if released:
             log.info("released %d answers nobody reads, for requests that would have been shed", len(released))
         return len(released)
+
+    def tenant_of(self, request_id: str) -> str | None:
+        """The tenant a request came with (None: the server's one client); a KeyError if unknown."""
+        with self._lock:
+            request = self._requests.get(request_id)
+        if request is None:
+            raise KeyError(request_id)
+        return request.tenant
 
     def cancel(self, request_id: str, why: str | None = None) -> bool:
         """Cancel a queued or running request; its KV cells are freed before the next step."""

@@ -69,6 +69,9 @@ class EngineMetrics:
         self._lock = threading.Lock()
         self.window_seconds = window_seconds
         self.requests_by_outcome: Counter[str] = Counter()
+        # Per tenant (API key), where a server has several: requests by outcome, and tokens in and out.
+        self.tenant_requests: Counter[tuple[str, str]] = Counter()
+        self.tenant_tokens: Counter[tuple[str, str]] = Counter()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.draft_tokens_total = 0  # prompt-lookup draft tokens decoded (speculate.py) ...
@@ -110,6 +113,11 @@ class EngineMetrics:
         with self._lock:
             self.step_seconds_total += seconds
 
+    def tenant_counts(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+        """(requests by (tenant, outcome), tokens by (tenant, kind)): a consistent copy."""
+        with self._lock:
+            return dict(self.tenant_requests), dict(self.tenant_tokens)
+
     def step_counts(self) -> StepCounts:
         with self._lock:
             return StepCounts(
@@ -137,6 +145,10 @@ class EngineMetrics:
             outcome = request.finish_reason.value if request.finish_reason else "unknown"
             self.requests_by_outcome[outcome] += 1
             self.prompt_tokens_total += len(request.prompt_tokens)
+            if request.tenant is not None:
+                self.tenant_requests[(request.tenant, outcome)] += 1
+                self.tenant_tokens[(request.tenant, "prompt")] += len(request.prompt_tokens)
+                self.tenant_tokens[(request.tenant, "generated")] += len(request.output_tokens)
             if request.first_token_time is not None:
                 self.ttft.observe(request.first_token_time - request.arrival_time)
             if request.finished_time is not None:

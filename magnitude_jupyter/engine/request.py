@@ -234,6 +234,7 @@ class Request:
     thinking_budget: int | None = None  # past this many, the engine closes the block (Thinking.budget_tokens)
     continues_conversation: bool = False  # its messages hold an earlier answer: a round (slo.py)
     origin: str | None = None  # where it came from, as its client says (a notebook cell, a batch row...)
+    tenant: str | None = None  # the API key it came with, where a server has several (its own cache scope)
     prompt_head: str | None = None  # the first words it asks, for the panel (prompt_head())
 
     @property

@@ -31,10 +31,11 @@ from ..api.openai import (
     stream_renderer,
 )
 from ..api.status import model_json, pool_json, status_json
-from ..engine import Engine, Request
+from ..engine import Engine, Priority, Request
 from ..engine.pool import ROOM_POLL_SECONDS, ROOM_WAIT_SECONDS, ModelPool, NoRoomError, Resident
 from ..slo import Shed, check_shed
 from .sse import POOL_KEY, send_sse, step_hub, wait_final
+from .tenants import OWNER, Tenant
 from .work import ClientGone, off_loop
 
 MAX_BODY_KEY = "magnitude_max_body_bytes"
@@ -66,6 +67,7 @@ def redact_token(uri: str) -> str:
 class ApiMixin(RequestHandler):
     connection_gone = False  # the client closed its connection while we were answering
     _wake: asyncio.Event | None = None
+    tenant: Tenant = OWNER  # who is asking: the host's auth sets it (server/tenants.py)
 
     @property
     def pool(self) -> ModelPool:
@@ -108,6 +110,13 @@ class ApiMixin(RequestHandler):
             pool.checkin(resident)
             raise
         return resident, ((time.monotonic() - started) * 1000 if waited else None)
+
+    def authorize(self, batch: bool = False, keep_alive: bool = False) -> None:
+        """Refuse (403) what this request's tenant may not do: batch priority, keeping or unloading models."""
+        if batch and not self.tenant.batch:
+            raise self.tenant.refuse("send priority 'batch'", "priority")
+        if keep_alive and not self.tenant.models:
+            raise self.tenant.refuse("set keep_alive (it loads and unloads models)", "keep_alive")
 
     def send_json(self, body: Any, status: int = 200) -> None:
         self.set_status(status)
@@ -207,12 +216,13 @@ class GenerationHandler(ApiMixin):
 
     def _submit(self, engine: Engine, req: GenerationRequest, arrival: float, load_ms: float | None) -> Request:
         # With `slo.shed`, an interactive request that would wait past the TTFT objective is told now.
-        check_shed(
-            self.pool.settings.model_slo(engine.model_id),
-            lambda: engine.predicted_wait_s(req.priority),
-            engine.model_id,
-            engine.release_unread,
-        )
+        if not self.tenant.never_shed:
+            check_shed(
+                self.pool.settings.model_slo(engine.model_id),
+                lambda: engine.predicted_wait_s(req.priority),
+                engine.model_id,
+                engine.release_unread,
+            )
         return engine.submit(
             req.prompt,
             messages=req.messages,
@@ -226,6 +236,7 @@ class GenerationHandler(ApiMixin):
             user=req.user,
             thinking=req.thinking,
             origin=req.origin,
+            tenant=self.tenant.scope,
         )
 
     async def post(self) -> None:
@@ -237,6 +248,7 @@ class GenerationHandler(ApiMixin):
             arrival = time.monotonic()
             body = bytes(self._body)
             req = await off_loop(self, len(body), lambda: self._parse(body))
+            self.authorize(req.priority is Priority.BATCH, req.keep_alive is not None)
             try:
                 engine, request = await self._submit_on(req.model, req, arrival)
             except Shed as shed:
@@ -311,9 +323,20 @@ def parse_event_id(raw: str) -> int:
 class StreamHandler(ApiMixin):
     """Re-attach to a generation (`Last-Event-ID` or `?starting_after=N`), or cancel it."""
 
+    def _find(self, stream_id: str) -> tuple[Engine, Any]:
+        """The stream, if it is this tenant's: another tenant's answers as if it did not exist."""
+        engine, stream = self.pool.find_stream(stream_id)
+        try:
+            owner = engine.tenant_of(stream_id)
+        except KeyError:
+            owner = None
+        if owner != self.tenant.scope:
+            raise ApiError(404, f"no stream {stream_id!r}", code="stream_not_found")
+        return engine, stream
+
     async def get(self, stream_id: str) -> None:
         try:
-            engine, stream = self.pool.find_stream(stream_id)
+            engine, stream = self._find(stream_id)
             header = self.request.headers.get("Last-Event-ID")
             raw = header if header is not None else self.get_query_argument("starting_after", "0", strip=False)
             after = parse_event_id(raw)
@@ -334,7 +357,7 @@ class StreamHandler(ApiMixin):
 
     def delete(self, stream_id: str) -> None:
         try:
-            engine, _ = self.pool.find_stream(stream_id)
+            engine, _ = self._find(stream_id)
         except Exception as exc:
             self.send_error_json(exc)
             return
@@ -362,6 +385,8 @@ class ModelActionHandler(ApiMixin):
     async def post(self, model_id: str, action: str) -> None:
         loop = asyncio.get_running_loop()
         try:
+            if not self.tenant.models:
+                raise self.tenant.refuse(f"{action} models", "model")
             if action == "load":
                 resident, load_ms = await self.checkout_model(model_id, None)
                 self.pool.checkin(resident)
@@ -402,7 +427,10 @@ class StatusHandler(ApiMixin):
         except Exception as exc:
             self.send_error_json(exc, "model")
             return
-        self.send_json(status_json(stats, pool, engine))
+        body = status_json(stats, pool, engine)
+        if self.tenant.scope is not None:  # one of several tenants: the server's figures, not others' requests
+            body["requests"], body["recent"] = [], []
+        self.send_json(body)
 
 
 class MetricsHandler(ApiMixin):

@@ -57,6 +57,7 @@ class CountTokensHandler(AnthropicErrors):
         size = len(self.request.body)
         try:
             req = await off_loop(self, size, lambda: count_tokens_body(self.json_body()))
+            self.authorize(keep_alive=req.keep_alive is not None)
             resident, _ = await self.checkout_model(req.model, req.keep_alive)
             try:
                 engine = resident.engine

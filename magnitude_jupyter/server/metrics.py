@@ -64,6 +64,24 @@ class PoolCollector:
         )
         for outcome in OUTCOMES:
             requests.add_metric([model, outcome], metrics.requests_by_outcome.get(outcome, 0))
+        tenant_requests, tenant_tokens = metrics.tenant_counts()
+        if tenant_requests:  # a server with several API keys: each tenant's share
+            by_tenant = family(
+                CounterMetricFamily,
+                "magnitude_tenant_requests",
+                "Finished requests by API key (tenant) and outcome.",
+                ("model", "tenant", "outcome"),
+            )
+            for (tenant, outcome), n_requests in sorted(tenant_requests.items()):
+                by_tenant.add_metric([model, tenant, outcome], n_requests)
+            tokens = family(
+                CounterMetricFamily,
+                "magnitude_tenant_tokens",
+                "Prompt and generated tokens of finished requests, by API key (tenant).",
+                ("model", "tenant", "kind"),
+            )
+            for (tenant, kind), n_tokens in sorted(tenant_tokens.items()):
+                tokens.add_metric([model, tenant, kind], n_tokens)
         for counter_name, counter_help, count in (
             ("magnitude_prompt_tokens", "Prompt tokens of finished requests.", metrics.prompt_tokens_total),
             ("magnitude_generation_tokens", "Tokens generated.", metrics.generation_tokens_total),

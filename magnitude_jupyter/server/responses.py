@@ -47,6 +47,7 @@ class LiveResponse:
     meta: ResponseMeta
     messages: list[dict[str, Any]]
     nbytes: int
+    tenant: str | None = None  # whose it is: another tenant's is as unknown as one never made
     finished: dict[str, Any] | None = None  # the response object, once the answer is done
     deleted: bool = False  # DELETE came while it was being made: never stored
 
@@ -69,12 +70,16 @@ class LiveResponses:
         self._items[live.meta.id] = live
         self.nbytes += live.nbytes
         while self._items and (len(self._items) > self.count or self.nbytes > self.max_bytes):
-            self.remove(next(iter(self._items)))
+            oldest = next(iter(self._items.values()))
+            self.remove(oldest.meta.id, oldest.tenant)
 
-    def get(self, response_id: str) -> LiveResponse | None:
-        return self._items.get(response_id)
+    def get(self, response_id: str, tenant: str | None = None) -> LiveResponse | None:
+        live = self._items.get(response_id)
+        return live if live is not None and live.tenant == tenant else None
 
-    def remove(self, response_id: str) -> LiveResponse | None:
+    def remove(self, response_id: str, tenant: str | None = None) -> LiveResponse | None:
+        if self.get(response_id, tenant) is None:
+            return None
         live = self._items.pop(response_id, None)
         if live is not None:
             self.nbytes -= live.nbytes
@@ -107,9 +112,9 @@ def keep(handler: ApiMixin, live: LiveResponse, final: StreamEvent) -> dict[str,
             live.meta, live.request.output_text, final, reasoning=live.request.output_reasoning
         )
         if live.store:
-            response_store(handler).put(live.finished, live.messages)
+            response_store(handler).put(live.finished, live.messages, live.tenant)
         else:
-            live_responses(handler).remove(live.meta.id)
+            live_responses(handler).remove(live.meta.id, live.tenant)
     return live.finished
 
 
@@ -136,7 +141,7 @@ class ResponsesHandler(GenerationHandler):
         data = parse_json_body(body)
         self._data = data
         self._body_bytes = len(body)
-        return parse_responses(data, stored_input(data, response_store(self)))
+        return parse_responses(data, stored_input(data, response_store(self), self.tenant.scope))
 
     async def answer(self, engine: Engine, request: Request, req: GenerationRequest) -> None:
         # The response echoes its request's settings, not its input (the conversation is kept apart).
@@ -145,7 +150,7 @@ class ResponsesHandler(GenerationHandler):
         messages = conversation_to_store(self._data, req.messages or [])
         # What it holds: the body's JSON twice over (the echo and the conversation), and its tokens.
         nbytes = 2 * self._body_bytes + 8 * len(request.prompt_tokens or ())
-        live = LiveResponse(engine, request, meta, messages, nbytes)
+        live = LiveResponse(engine, request, meta, messages, nbytes, self.tenant.scope)
         live_responses(self).add(live)
         assert request.stream is not None
         hub = step_hub(self, engine)
@@ -178,7 +183,7 @@ class ResponseHandler(ApiMixin):
     `&starting_after=N` from the one after N); DELETE a stored one."""
 
     async def get(self, response_id: str) -> None:
-        live = live_responses(self).get(response_id)
+        live = live_responses(self).get(response_id, self.tenant.scope)
         try:
             streamed = self.get_query_argument("stream", "false").lower() in ("true", "1")
             if streamed:
@@ -197,7 +202,7 @@ class ResponseHandler(ApiMixin):
                 self.send_json(response_object(live.meta, None, None))
                 return
             else:
-                _, response = response_store(self).get(response_id)
+                _, response = response_store(self).get(response_id, self.tenant.scope)
         except Exception as exc:
             self.send_error_json(exc)
             return
@@ -210,13 +215,13 @@ class ResponseHandler(ApiMixin):
 
     async def delete(self, response_id: str) -> None:
         """Delete a stored response, or one being made: it is cancelled, and never stored."""
-        live = live_responses(self).remove(response_id)
+        live = live_responses(self).remove(response_id, self.tenant.scope)
         running = live is not None and not live.request.is_finished
         if live is not None and running:
             live.deleted = True
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, live.engine.cancel, live.request.request_id, "deleted by the client")
-        stored = response_store(self).delete(response_id)
+        stored = response_store(self).delete(response_id, self.tenant.scope)
         if not (stored or running):
             self.send_error_json(ApiError(404, f"no stored response {response_id!r}", code="not_found"))
             return
@@ -225,7 +230,7 @@ class ResponseHandler(ApiMixin):
 
 class ResponseCancelHandler(ApiMixin):
     async def post(self, response_id: str) -> None:
-        live = live_responses(self).get(response_id)
+        live = live_responses(self).get(response_id, self.tenant.scope)
         if live is None:
             self.send_error_json(ApiError(404, f"no response {response_id!r} is being made", code="not_found"))
             return

@@ -22,6 +22,7 @@ from ..runtime import write_runtime_file
 from .handlers import DEFAULT_MAX_BODY_BYTES, MAX_BODY_KEY, ApiMixin, api_key_as_bearer
 from .routes import fallback_route, make_routes
 from .sse import POOL_KEY
+from .tenants import API_KEYS_KEY, OWNER, Tenant, tenant_for
 
 log = logging.getLogger("magnitude.serve")
 SHUTDOWN_SECONDS = 3.0  # after SIGTERM or SIGINT, the most a graceful shutdown may take
@@ -50,18 +51,26 @@ class TokenAuthHandler(tornado.web.RequestHandler):
     `fetch`, even a "simple" text/plain POST that skips the CORS preflight, sends one).
     """
 
+    tenant: Tenant = OWNER
+
     def prepare(self) -> None:
         api_key_as_bearer(self)
         expected = self.settings.get(TOKEN_KEY)
-        if expected is None:
+        keys = self.settings.get(API_KEYS_KEY, ())
+        if expected is None and not keys:
             self._check_local_request()
             return
         header = self.request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
         if scheme.lower() not in ("bearer", "token"):
             given = self.get_query_argument("token", "")
-        if not given or not hmac.compare_digest(given.strip().encode(), expected.encode()):
+        given = given.strip()
+        if given and expected is not None and hmac.compare_digest(given.encode(), expected.encode()):
+            return  # the owner's key: every right
+        tenant = tenant_for(given, keys) if given else None
+        if tenant is None:
             raise tornado.web.HTTPError(401, "a valid token is required: Authorization: Bearer <token>")
+        self.tenant = tenant
 
     def _check_local_request(self) -> None:
         host = _hostname(self.request.host or "")
@@ -93,6 +102,7 @@ def make_app(
     routes = [(r"/", RootHandler), *make_routes(TokenAuthHandler, "/"), *make_routes(TokenAuthHandler, "/magnitude/")]
     routes.append(fallback_route(TokenAuthHandler, "/"))
     settings: dict[str, Any] = {POOL_KEY: pool, TOKEN_KEY: token, MAX_BODY_KEY: max_body_bytes}
+    settings[API_KEYS_KEY] = pool.settings.api_keys
     settings[REMOTE_KEY] = allow_remote
     return tornado.web.Application(routes, **settings)
 
