@@ -26,6 +26,7 @@ from .gguf_reader import (
     MAX_HEADS,
     MAX_LAYERS,
     MAX_VOCAB,
+    GGUFError,
     read_header,
     whole_number,
     whole_numbers,
@@ -195,7 +196,17 @@ def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
         value = meta.get(key)
         return default if value is None else value
 
-    arch = _field("general.architecture", "unknown")
+    def _text(key: str, default: str | None = None) -> str | None:
+        value = _field(key, default)
+        if value is not None and not isinstance(value, str):
+            raise GGUFError(f"its metadata {key!r} is a {type(value).__name__}, not text")
+        return value
+
+    def _token_id(key: str) -> int | None:
+        value = _field(key)
+        return None if value is None else whole_number(value, key, MAX_VOCAB)
+
+    arch = _text("general.architecture", "unknown") or "unknown"
 
     def arch_key(suffix: str, default: Any = None) -> Any:
         return _field(f"{arch}.{suffix}", default)
@@ -235,11 +246,13 @@ def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
     recurrent = next((kind for kind in RECURRENT_KEYS if any(k.startswith(f"{arch}.{kind}.") for k in meta)), None)
 
     file_type = _field("general.file_type")
+    if file_type is not None:
+        file_type = whole_number(file_type, "general.file_type", 1 << 16)
     try:
         quantization = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else "?"
     except ValueError:
         quantization = f"type {file_type}"
-    template = _field("tokenizer.chat_template")
+    template = _text("tokenizer.chat_template")
     vocab_size = whole_number(
         arch_key("vocab_size", 0) or header.array_lengths.get("tokenizer.ggml.tokens", 0), "vocab_size", MAX_VOCAB
     )
@@ -254,7 +267,7 @@ def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
 
     return ModelInfo(
         path=path,
-        name=str(_field("general.name", Path(path).stem)),
+        name=_text("general.name", Path(path).stem) or Path(path).stem,
         architecture=str(arch),
         parameters=sum(t.n_elements for t in header.tensors),
         quantization=quantization,
@@ -274,8 +287,8 @@ def _read_model_info(path: str, mtime_ns: int) -> ModelInfo:
         has_chat_template=bool(template),
         chat_template=str(template) if template else None,
         vocab_markers=dict(header.vocab_markers),
-        bos_token_id=_field("tokenizer.ggml.bos_token_id"),
-        eos_token_id=_field("tokenizer.ggml.eos_token_id"),
+        bos_token_id=_token_id("tokenizer.ggml.bos_token_id"),
+        eos_token_id=_token_id("tokenizer.ggml.eos_token_id"),
         weight_types=dict(weight_types.most_common()),
         recurrent_state=recurrent,
     )

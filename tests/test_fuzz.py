@@ -317,3 +317,87 @@ def test_generated_patterns_never_take_the_server_down(inproc, pattern):
         "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}},
     }
     _answered_or_refused(inproc, body)
+
+
+# -- GGUF headers: whatever a file says, it is read or refused in words, within bounds ---------------
+
+_GGUF_TYPES = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+gguf_keys = st.sampled_from(
+    [
+        "general.architecture",
+        "llama.block_count",
+        "llama.attention.head_count",
+        "llama.attention.head_count_kv",
+        "llama.embedding_length",
+        "llama.attention.key_length",
+        "llama.context_length",
+        "llama.attention.sliding_window",
+        "llama.attention.sliding_window_pattern",
+        "llama.vocab_size",
+        "general.file_type",
+        "tokenizer.chat_template",
+        "tokenizer.ggml.tokens",
+    ]
+)
+gguf_numbers = st.one_of(
+    st.integers(0, 2**64 - 1), st.floats(allow_nan=True, allow_infinity=True, width=32), st.booleans()
+)
+
+
+def _encode_value(kind: int, value: Any) -> bytes | None:
+    import struct
+
+    code = _GGUF_TYPES[kind]
+    try:
+        return struct.pack("<I", kind) + struct.pack("<" + code, value)
+    except (struct.error, OverflowError, TypeError):
+        return None
+
+
+@st.composite
+def gguf_files(draw: Any) -> bytes:
+    import struct
+
+    entries = []
+    for _ in range(draw(st.integers(0, 8))):
+        key = draw(gguf_keys).encode()
+        choice = draw(st.integers(0, 3))
+        if choice == 0:  # a string
+            text = draw(st.sampled_from(["llama", "gemma3", "", "x" * 3000])).encode()
+            value = struct.pack("<I", 8) + struct.pack("<Q", len(text)) + text
+        elif choice == 1:  # an array of numbers, its length told truly or not
+            kind = draw(st.sampled_from([4, 5, 6, 10]))
+            items = draw(st.lists(st.integers(0, 1000), max_size=6))
+            told = draw(st.one_of(st.just(len(items)), st.integers(0, 2**63)))
+            body = b"".join(struct.pack("<" + _GGUF_TYPES[kind], i) for i in items)
+            value = struct.pack("<I", 9) + struct.pack("<I", kind) + struct.pack("<Q", told) + body
+        else:  # a number of any type
+            kind = draw(st.sampled_from(sorted(_GGUF_TYPES)))
+            value = _encode_value(kind, draw(gguf_numbers)) or _encode_value(4, 1)
+        entries.append(struct.pack("<Q", len(key)) + key + value)
+    n_tensors = draw(st.one_of(st.just(0), st.integers(0, 2**63)))
+    n_entries = draw(st.one_of(st.just(len(entries)), st.integers(0, 2**64 - 1)))
+    return (
+        b"GGUF"
+        + struct.pack("<I", draw(st.sampled_from([3, 2, 7])))
+        + struct.pack("<QQ", n_tensors, n_entries)
+        + b"".join(entries)
+    )
+
+
+@settings(
+    max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=gguf_files())
+def test_generated_gguf_headers_are_read_or_refused_in_words(tmp_path, data):
+    from magnitude_jupyter.gguf_reader import GGUFError
+    from magnitude_jupyter.models import _read_model_info
+
+    path = tmp_path / "fuzzed.gguf"
+    path.write_bytes(data)
+    try:
+        info = _read_model_info.__wrapped__(str(path), path.stat().st_mtime_ns)  # uncached: every example read
+    except GGUFError as exc:
+        assert str(exc)
+        return
+    assert 0 <= info.layers <= 512 and len(info.windowed_layers) <= 512 and len(info.kv_heads_per_layer) <= 512
