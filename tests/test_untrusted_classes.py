@@ -93,17 +93,24 @@ def test_every_grammar_the_engine_writes_itself_passes_the_check():
     check_grammar_language(schema_grammar(schema))
 
 
+ANY_JSON_CHAR = "[\\x20-\\x21\\x23-\\x5B\\x5D-\\U0010FFFF]"  # what `.` may write inside a JSON string
+
+
 @pytest.mark.parametrize(
     ("pattern", "translated"),
     [
-        ("^\\d{3}$", "^[0-9]{3}$"),
-        ("(\\w+\\s?)+", "^.*([a-zA-Z0-9_]+[ \\t\\n\\r\\x0B\\x0C]?)+.*$"),
+        ("^\\d{3}$", "^[\\x30-\\x39]{3}$"),
+        ("^(\\w+\\s?)+$", "^([\\x30-\\x39\\x41-\\x5A\\x5F\\x61-\\x7A]+[\\x20]?)+$"),
         ("^a\\.b$", "^a[\\x2E]b$"),
-        ("^[\\w-]+$", "^[a-zA-Z0-9_\\x2D]+$"),
+        ("^[\\w-]+$", "^[\\x2D\\x30-\\x39\\x41-\\x5A\\x5F\\x61-\\x7A]+$"),
         ("^(?:ab)+$", "^(ab)+$"),
+        ("ab", f"^({ANY_JSON_CHAR})*ab({ANY_JSON_CHAR})*$"),
+        ('^a"b\\\\$', "^a([\\x5C][\\x22])b([\\x5C][\\x5C])$"),
+        ("^[^0-9]$", "^[\\x20-\\x21\\x23-\\x2F\\x3A-\\x5B\\x5D-\\U0010FFFF]$"),
     ],
 )
-def test_pattern_escapes_become_what_the_grammar_reads(pattern, translated):
+def test_pattern_escapes_become_what_the_grammar_reads_for_a_json_strings_text(pattern, translated):
+    """Classes are written out; what JSON escapes is written escaped, or left out of a class."""
     assert translate_pattern(pattern) == translated
 
 
@@ -114,7 +121,7 @@ def test_pattern_escapes_become_what_the_grammar_reads(pattern, translated):
         ("^\\bword$", "word boundary"),
         ("^(a)\\1$", "back-reference"),
         ("^(?=a)a$", "lookaround"),
-        ("^[\\D]$", "inside a character class"),
+        ("^\\p{L}$", "Unicode property"),
     ],
 )
 def test_patterns_a_grammar_cannot_hold_are_refused_by_name(pattern, words):
