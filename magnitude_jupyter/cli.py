@@ -23,13 +23,47 @@ def main() -> None:
     """Serve a local GGUF model and measure its magnitude: throughput, latency, capacity."""
 
 
+class _LoadProgress:
+    """What a model load is doing, on stderr while the command waits for it: one line rewritten in
+    place on a terminal, a line per phase elsewhere."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._clock = time.monotonic
+        self.started = self._clock()
+        self.tty = sys.stderr.isatty()
+        self.shown = 0
+
+    def __call__(self, phase: str) -> None:
+        line = f"magnitude: {phase} ({self._clock() - self.started:.0f} s)"
+        if self.tty:
+            sys.stderr.write("\r" + line.ljust(self.shown))
+            self.shown = len(line)
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.tty and self.shown:
+            sys.stderr.write("\r" + " " * self.shown + "\r")
+            sys.stderr.flush()
+
+
 def _client(url: str | None, token: str | None):
+    """The server to use (started in the background if none runs), once its model is loaded: the
+    wait lasts as long as the load makes progress, and says what it is doing."""
     from .client import Client, ClientError, discover
 
+    progress = _LoadProgress()
     try:
-        return Client(url, token, source="--url") if url else discover()
+        client = Client(url, token, source="--url") if url else discover(on_progress=progress)
+        client.wait_ready(on_progress=progress)
     except ClientError as exc:
+        progress.done()
         raise click.ClickException(str(exc)) from exc
+    progress.done()
+    return client
 
 
 @main.command()

@@ -91,6 +91,28 @@ def _model_details(entry: Any, settings: Any) -> dict[str, Any]:
     return details
 
 
+def _attention_line(entry: Any, settings: Any, served: dict[str, Any] | None) -> str:
+    """Which attention kernel the model runs (on a running server) or will run, and how that was chosen:
+    set, measured at load, remembered from an earlier load, or the CPU family's default."""
+    from dataclasses import replace
+
+    if served and served.get("reason"):
+        return f"{served['reason']} [{served.get('source')}, on the running server]"
+    engine = replace(settings.engine, **settings.model_settings(entry.alias).engine)
+    if engine.flash_attention is not None:
+        return f"flash attention {'on' if engine.flash_attention else 'off'}: set"
+    from .engine.attention_probe import default_flash_attention, remembered_for
+
+    known = remembered_for(entry.path, engine.kv_types)
+    if known is not None:
+        return known.reason.replace("measured at load", "measured at an earlier load") + " [remembered]"
+    default, family = default_flash_attention()
+    return (
+        f"measured at the next load (flash attention {'on' if default else 'off'}, the default for {family}, "
+        "if the machine is busy then) [not measured yet]"
+    )
+
+
 @click.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--show-details", is_flag=True, help="Read each model's GGUF metadata.")
@@ -103,13 +125,14 @@ def list_cmd(as_json: bool, show_details: bool) -> None:
     for entry in entries:
         row = entry.to_json()
         row["default"] = entry.alias == settings.default_model.lower()
+        on_server = (served or {}).get(entry.alias) or {}
         if served is not None:
-            on_server = served.get(entry.alias) or {}
             row["loaded"] = bool(on_server.get("loaded"))
             row["memory_bytes"] = (on_server.get("memory") or {}).get("resident") if row["loaded"] else None
         if show_details:
             try:
                 row["details"] = _model_details(entry, settings)
+                row["details"]["attention"] = _attention_line(entry, settings, on_server.get("attention"))
             except (OSError, ValueError) as exc:  # a file that is not a readable GGUF: listed with why
                 row["error"] = f"cannot read {entry.alias}: {exc}"
         rows.append(row)
@@ -151,6 +174,7 @@ def list_cmd(as_json: bool, show_details: bool) -> None:
                     if d.get("recurrent_state")
                     else []
                 ),
+                ("attention kernel", d["attention"]),
                 ("chat template", "yes" if d["has_chat_template"] else "no"),
                 ("chat format", _chat_format_line(d["chat_format"])),
                 ("weight types", ", ".join(f"{t} {n:,}" for t, n in d["weight_types"].items())),

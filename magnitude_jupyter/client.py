@@ -15,7 +15,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 from urllib.parse import quote
@@ -23,7 +23,7 @@ from urllib.parse import quote
 import httpx
 import numpy as np
 
-from .runtime import LocalServer, ServerStartError, jupyter_servers, runtime_dir, serve_runtime_files
+from .runtime import STALL_SECONDS, LocalServer, ServerStartError, jupyter_servers, runtime_dir, serve_runtime_files
 
 RESUMABLE_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.ReadTimeout, httpx.ConnectError)
 
@@ -169,6 +169,30 @@ class Client:
     def health(self) -> dict[str, Any]:
         return self._get("/health").json()
 
+    def wait_ready(self, on_progress: Callable[[str], None] | None = None, stall_s: float = STALL_SECONDS) -> None:
+        """Wait until the server's default model is loaded, for as long as its load makes progress
+        (`/health` says what it is doing, and that changes); `on_progress` is told each phase. A load
+        that stands still for `stall_s` seconds, or fails, is a ClientError saying where it stood."""
+        moved, seen, phase = time.monotonic(), None, "loading the model"
+        while True:
+            try:
+                response = self.http.get(self.api_base + "/health", timeout=httpx.Timeout(10.0, connect=5.0))
+            except httpx.TransportError as exc:
+                raise ClientError(f"cannot reach {self.api_base}: {exc}") from None
+            if response.status_code == 200:
+                return
+            body = response.json() if response.status_code == 503 else {}
+            if response.status_code != 503 or body.get("status") == "failed":
+                raise ClientError(f"the server's model did not load: {body.get('error') or response.text[:300]}")
+            state = (body.get("phase"), body.get("progress"))
+            if state != seen:
+                if body.get("phase") and body.get("phase") != phase and on_progress is not None:
+                    on_progress(body["phase"])
+                seen, moved, phase = state, time.monotonic(), body.get("phase") or phase
+            elif time.monotonic() - moved > stall_s:
+                raise ClientError(f"the server's model load made no progress for {stall_s:.0f} s while {phase}")
+            time.sleep(0.25)
+
     def status(self, model: str | None = None) -> dict[str, Any]:
         """The engine's figures: the default model's, or `model`'s (a magnitude server with many models)."""
         model = model or self.model
@@ -194,6 +218,34 @@ class Client:
         """Make a model resident on a magnitude server (waits for the load): {id, loaded, load_ms}."""
         return self._post(f"/models/{quote(model, safe='')}/load", timeout=None).json()
 
+    def load_showing_progress(self, model: str, on_progress: Callable[[str], None]) -> None:
+        """Load `model` if it is not resident, telling `on_progress` each phase of its load (from the
+        engine's /status) while the load call waits."""
+        import threading
+
+        errors: list[BaseException] = []
+
+        def load() -> None:
+            try:
+                self.load_model(model)
+            except BaseException as exc:  # handed to the caller
+                errors.append(exc)
+
+        loader = threading.Thread(target=load, name="magnitude-load", daemon=True)
+        loader.start()
+        shown = None
+        while loader.is_alive():
+            loader.join(0.25)
+            try:
+                phase = self.status(model).get("load_phase")
+            except ClientError:
+                continue
+            if phase and phase != shown and phase != "ready":
+                shown = phase
+                on_progress(phase)
+        if errors:
+            raise errors[0]
+
     def unload_model(self, model: str) -> dict[str, Any]:
         """Unload a model now, or once its requests end: {id, loaded, unload_when_idle}."""
         return self._post(f"/models/{quote(model, safe='')}/unload").json()
@@ -210,17 +262,6 @@ class Client:
     def cancel(self, completion_id: str) -> None:
         with contextlib.suppress(httpx.TransportError):
             self.http.delete(f"{self.api_base}/v1/streams/{completion_id}", timeout=5)
-
-    def wait_ready(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self.health()
-                return
-            except ClientError as exc:
-                if exc.status not in (None, 503) or time.monotonic() > deadline:
-                    raise
-            time.sleep(0.2)
 
     # -- generation -------------------------------------------------------------------------
 
@@ -350,8 +391,9 @@ def _try(api_base: str, token: str | None, source: str) -> Client | None:
     return None
 
 
-def start_background_server(timeout: float = 120.0) -> Client:
-    """Start `magnitude serve` detached from this process, so that it outlives the kernel and is reused."""
+def start_background_server(on_progress: Callable[[str], None] | None = None) -> Client:
+    """Start `magnitude serve` detached from this process, so that it outlives the kernel and is reused.
+    Waits as long as its start makes progress; `on_progress` is told each phase of the load."""
     folder = runtime_dir()
     folder.mkdir(parents=True, exist_ok=True)
     # Owner-only, as the runtime files with the token are; the child keeps its own copy of the descriptor.
@@ -359,13 +401,13 @@ def start_background_server(timeout: float = 120.0) -> Client:
     os.fchmod(log_fd, 0o600)  # a log made by an older version may be readable by others
     with os.fdopen(log_fd, "ab") as log:
         try:
-            server = LocalServer(detached=True, log=log, timeout=timeout)
+            server = LocalServer(detached=True, log=log, on_progress=on_progress)
         except ServerStartError as exc:
             raise ClientError(f"{exc}; see {folder / 'serve.log'}") from None
     return Client(server.url, server.token, source="magnitude serve (started)")
 
 
-def discover(start: bool = True) -> Client:
+def discover(start: bool = True, on_progress: Callable[[str], None] | None = None) -> Client:
     """The server a notebook should talk to (see the module docstring for the order)."""
     url = os.environ.get("MAGNITUDE_URL")
     if url:
@@ -380,4 +422,4 @@ def discover(start: bool = True) -> Client:
             return client
     if not start:
         raise ClientError("no magnitude server found; set MAGNITUDE_URL or run `magnitude serve`")
-    return start_background_server()
+    return start_background_server(on_progress)

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -84,12 +84,66 @@ class ServerStartError(RuntimeError):
     pass
 
 
+STALL_SECONDS = 120.0  # a start that makes no progress for this long has failed
+
+
+class _Progress:
+    """Whether a starting server is getting anywhere: what it says it is doing changed, or its
+    process spent CPU time, within `stall_timeout` seconds."""
+
+    def __init__(self, pid: int, stall_timeout: float, on_progress: Callable[[str], None] | None) -> None:
+        self.stall_timeout = stall_timeout
+        self.on_progress = on_progress
+        self.started = self.moved = time.monotonic()
+        self._seen: str | None = None
+        self._phase: str | None = None
+        try:
+            import psutil
+
+            self._process: Any = psutil.Process(pid)
+        except Exception:  # gone already: check() says so through the exit status
+            self._process = None
+        self._cpu = self._cpu_seconds()
+
+    def _cpu_seconds(self) -> float:
+        try:
+            times = self._process.cpu_times() if self._process is not None else None
+            return (times.user + times.system) if times is not None else 0.0
+        except Exception:
+            return 0.0
+
+    def saw(self, state: str, phase: str | None = None) -> None:
+        if state != self._seen:
+            self._seen, self.moved = state, time.monotonic()
+        phase = phase or state
+        if phase != self._phase:
+            self._phase = phase
+            if self.on_progress is not None:
+                self.on_progress(phase)
+
+    def check(self, phase: str) -> None:
+        now = time.monotonic()
+        cpu = self._cpu_seconds()
+        if cpu > self._cpu + 0.05:  # the process is working: imports, a context being made
+            self._cpu, self.moved = cpu, now
+        if now - self.moved > self.stall_timeout:
+            raise ServerStartError(
+                f"magnitude serve made no progress for {self.stall_timeout:.0f} s while {phase} "
+                f"({now - self.started:.0f} s after it started)"
+            )
+
+
 class LocalServer:
     """`magnitude serve` in a child process on a free port; returns once its model is loaded.
 
     `config` (YAML text) and a fresh runtime folder isolate it from the user's own settings; without
     them it reads the user's config and announces itself where kernels look. `detached` servers
     outlive this process (a kernel's background server, reused by later kernels).
+
+    It waits as long as the start makes progress: the server says what its load is doing (`/health`'s
+    phase), or its process keeps working (CPU time), so a busy machine only makes the wait longer.
+    `stall_timeout` seconds without either is an error that says what it was doing; `on_progress`
+    is told each new phase.
     """
 
     def __init__(
@@ -100,7 +154,8 @@ class LocalServer:
         config: str | None = None,
         detached: bool = False,
         log: IO[bytes] | int | None = subprocess.DEVNULL,
-        timeout: float = 120.0,
+        stall_timeout: float = STALL_SECONDS,
+        on_progress: Callable[[str], None] | None = None,
     ) -> None:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         env = dict(os.environ)
@@ -119,12 +174,13 @@ class LocalServer:
         self.proc = subprocess.Popen(
             cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=detached
         )
+        self._progress = _Progress(self.proc.pid, stall_timeout, on_progress)
         try:
-            info = self._wait_for_runtime_file(timeout)
+            info = self._wait_for_runtime_file()
             self.url: str = info["url"]
             self.token: str | None = info.get("token")
             self.port = int(self.url.rsplit(":", 1)[1])
-            self._wait_healthy(timeout)
+            self._wait_healthy()
         except BaseException:
             self.stop()
             raise
@@ -133,35 +189,40 @@ class LocalServer:
     def runtime_file(self) -> Path:
         return self.runtime / f"serve-{self.port}.json"
 
-    def _wait_for_runtime_file(self, timeout: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def _wait_for_runtime_file(self) -> dict[str, Any]:
+        self._progress.saw("starting")
+        while True:
             for info in live_runtime_files(self.runtime, "serve-*.json"):
                 if info.get("pid") == self.proc.pid:
                     return info
             if self.proc.poll() is not None:
                 raise ServerStartError(f"magnitude serve exited with status {self.proc.returncode}")
+            self._progress.check("starting")
             time.sleep(0.1)
-        raise ServerStartError(f"magnitude serve did not listen within {timeout:.0f} s")
 
-    def _wait_healthy(self, timeout: float) -> None:
+    def _wait_healthy(self) -> None:
         # Imported here, not at the top: `magnitude serve` imports this module for its runtime file and
         # never uses an HTTP client.
         import httpx
 
-        deadline = time.monotonic() + timeout
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.TransportError):
-                status = httpx.get(f"{self.url}/health", headers=headers, timeout=2).status_code
-                if status == 200:
+        phase = "loading the model"
+        while True:
+            with contextlib.suppress(httpx.TransportError, ValueError):
+                response = httpx.get(f"{self.url}/health", headers=headers, timeout=5)
+                if response.status_code == 200:
                     return
-                if status != 503:
-                    raise ServerStartError(f"magnitude serve answered /health with {status}")
+                if response.status_code != 503:
+                    raise ServerStartError(f"magnitude serve answered /health with {response.status_code}")
+                body = response.json()
+                if body.get("status") == "failed":
+                    raise ServerStartError(f"magnitude serve could not load its model: {body.get('error')}")
+                phase = body.get("phase") or phase
+                self._progress.saw(f"{phase} #{body.get('progress')}", phase)
             if self.proc.poll() is not None:
                 raise ServerStartError(f"magnitude serve exited with status {self.proc.returncode}")
+            self._progress.check(phase)
             time.sleep(0.2)
-        raise ServerStartError(f"magnitude serve did not load its model within {timeout:.0f} s")
 
     def stop(self) -> None:
         """SIGTERM (the server shuts its engine down and removes its runtime file), then SIGKILL if need be."""

@@ -39,6 +39,7 @@ class FakeRunner:
         self.repack: bool | None = None
         self.flash_attention: bool | None = None
         self.flash_attention_reason: str | None = None
+        self.flash_attention_source: str | None = None
         self.bos_token = ""
         self.eos_token = ""
         self.calls: list[list[DecodeItem]] = []

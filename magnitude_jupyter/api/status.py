@@ -64,6 +64,8 @@ def status_json(stats: EngineStats, pool: ModelPool | None = None, engine: Engin
         "kv_cache_type": stats.kv_cache_type,
         "flash_attention": stats.flash_attention,
         "flash_attention_reason": stats.flash_attention_reason,
+        "flash_attention_source": stats.flash_attention_source,
+        "load_phase": stats.load_phase,
         "kv_bytes_per_token": stats.kv_bytes_per_token,
         "kv_bytes_planned": stats.kv_bytes_planned,
         "kv_window": stats.kv_window,

@@ -16,6 +16,7 @@ import math
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,43 @@ PROBE_ROWS = 16  # sequences decoded together, one row each: a busy server's ste
 PROBE_STEPS = 3  # timed steps per kind and round
 PROBE_ROUNDS = 2  # rounds, the kinds alternating; each kind's fastest step counts
 PROBE_FILL_SECONDS = 1.5  # filling the cells stops here, at what is filled (a large model on a small CPU)
+PROBE_BUDGET_SECONDS = 8.0  # the whole probe, every phase: past it the CPU family's default runs
+# Measured while other processes kept more than this many cores busy, or with a kind's steps this
+# far apart, a result is not trusted: the default runs, and the next load measures again.
+CONTENDED_CORES = 0.5
+PROBE_VERSION = 2  # results remembered before the probe recorded its conditions are measured again
+NOISY_SPREAD = 1.5
+
+
+class ProbeNotTrusted(RuntimeError):
+    """The probe ran out of its time, or measured a busy machine: its result is not used."""
+
+
+def default_flash_attention() -> tuple[bool, str]:
+    """The kind for this CPU family when nothing was measured (docs/decisions.md, "Attention kernel"):
+    off where the CPU has AMX tiles (a Xeon whose matrix units make attention without it faster at
+    long contexts), on elsewhere (an AVX2 EPYC's every workload ran faster with it)."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    flags = line
+                    break
+    except OSError:
+        pass
+    if "amx_tile" in flags.split():
+        return False, "a CPU with AMX tiles"
+    return True, f"{platform.machine() or 'this'} CPUs without AMX"
+
+
+def _busy_seconds() -> tuple[float, float]:
+    """(CPU seconds any process spent working since boot, CPU seconds this process spent)."""
+    import psutil
+
+    times = psutil.cpu_times()
+    own = psutil.Process().cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0), own.user + own.system
 
 
 def remembered_path() -> Path:
@@ -44,6 +82,14 @@ class AttentionChoice:
     cells: int
     rows: int
     detail: str = ""  # each shape's step, on against off
+    # The conditions it was measured in: cores other processes kept busy, and the widest ratio of a
+    # kind's slowest timed step to its fastest.
+    others_cores: float = 0.0
+    spread: float = 1.0
+
+    @property
+    def trusted(self) -> bool:
+        return self.others_cores <= CONTENDED_CORES and self.spread <= NOISY_SPREAD
 
     @property
     def reason(self) -> str:
@@ -59,7 +105,7 @@ def probe_key(model_path: str | Path, cache_types: tuple[str, str]) -> str:
     then run the same kind, so a reproducible answer does not depend on how many threads ran it."""
     stat = Path(model_path).stat()
     parts = (str(Path(model_path).resolve()), str(stat.st_size), str(int(stat.st_mtime)))
-    return "|".join((*parts, platform.machine(), _cpu_name(), "/".join(cache_types)))
+    return "|".join((*parts, platform.machine(), _cpu_name(), "/".join(cache_types), f"v{PROBE_VERSION}"))
 
 
 def _cpu_name() -> str:
@@ -81,7 +127,21 @@ def remembered(key: str) -> AttentionChoice | None:
         return None
 
 
+def remembered_for(model_path: str | Path, cache_types: tuple[str, str]) -> AttentionChoice | None:
+    """What an earlier load measured for this model file, machine and cache type, at any probe size."""
+    prefix = probe_key(model_path, cache_types) + "|"
+    try:
+        known = json.loads(remembered_path().read_text())
+        entry = next((value for key, value in known.items() if key.startswith(prefix)), None)
+        return AttentionChoice(**entry) if entry else None
+    except (OSError, ValueError, TypeError):
+        return None
+
+
 def remember(key: str, choice: AttentionChoice) -> None:
+    """Keep a result for later loads: only one measured on a quiet machine (`trusted`)."""
+    if not choice.trusted:
+        return
     path = remembered_path()
     try:
         known = json.loads(path.read_text()) if path.exists() else {}
@@ -94,12 +154,35 @@ def remember(key: str, choice: AttentionChoice) -> None:
         log.debug("could not remember the attention probe's result", exc_info=True)
 
 
-def measure(make_context: Any, n_vocab: int, cells: int, rows: int, n_batch: int) -> AttentionChoice:
+def measure(
+    make_context: Any,
+    n_vocab: int,
+    cells: int,
+    rows: int,
+    n_batch: int,
+    budget_s: float = PROBE_BUDGET_SECONDS,
+    on_step: Callable[[int, int], None] | None = None,
+) -> AttentionChoice:
     """Time decode steps, flash attention on and off, in two shapes: `rows` sequences that all see
     the same cells (a long conversation's), and `rows` sequences of their own, shorter, beside them
     (many short requests among the cells in use). The kind whose steps take less time over both
     (their product) is kept. `make_context(n_ctx, n_seq_max, n_batch, flash_attention)` makes a
-    llama.cpp context. Filling stops after PROBE_FILL_SECONDS, at the same count for both kinds."""
+    llama.cpp context. Filling stops after PROBE_FILL_SECONDS, at the same count for both kinds.
+    Every phase counts against `budget_s`: past it, ProbeNotTrusted. `on_step(done, total)` follows
+    its decodes. The result says how busy the rest of the machine was (`trusted`)."""
+    deadline = time.perf_counter() + budget_s
+    total = 2 * 2 + 2 * 2 * PROBE_ROUNDS * (PROBE_STEPS + 1)  # fills, then the timed rounds
+    done = 0
+
+    def step_done() -> None:
+        nonlocal done
+        done += 1
+        if on_step is not None:
+            on_step(done, total)
+        if time.perf_counter() > deadline:
+            raise ProbeNotTrusted(f"the probe ran out of its {budget_s:g} s")
+
+    busy_before, own_before, wall_before = *_busy_seconds(), time.perf_counter()
     n_ctx = 2 * (cells + rows * PROBE_ROUNDS * (PROBE_STEPS + 1)) + 256
     contexts = {flash: make_context(n_ctx, 2 * rows, n_batch, flash) for flash in (True, False)}
     batch = llama_cpp.llama_batch_init(max(n_batch, rows), 0, 1)
@@ -107,13 +190,17 @@ def measure(make_context: Any, n_vocab: int, cells: int, rows: int, n_batch: int
         if not all(contexts.values()):
             raise RuntimeError("llama.cpp could not make the attention probe's contexts")
         tokens = [100 + (i * 7919) % max(1, n_vocab - 200) for i in range(cells)]  # any ids: only the count matters
-        filled = _fill_cells(contexts[True], batch, tokens, n_batch, rows, PROBE_FILL_SECONDS)
-        _fill_cells(contexts[False], batch, tokens[:filled], n_batch, rows, None)
+        fill_budget = min(PROBE_FILL_SECONDS, budget_s / 4)
+        filled = _fill_cells(contexts[True], batch, tokens, n_batch, rows, fill_budget)
+        step_done()
+        _fill_cells(contexts[False], batch, tokens[:filled], n_batch, rows, None, deadline)
+        step_done()
         own = max(1, filled // rows)
         for ctx in contexts.values():
-            _fill_own(ctx, batch, tokens[:own], n_batch, rows)
+            _fill_own(ctx, batch, tokens[:own], n_batch, rows, deadline)
+            step_done()
         shapes = {"shared": (0, filled), "own": (rows, own)}  # (first sequence, position of the next token)
-        best = {(shape, flash): float("inf") for shape in shapes for flash in contexts}
+        timed: dict[tuple[str, bool], list[float]] = {(shape, flash): [] for shape in shapes for flash in contexts}
         for round_ in range(PROBE_ROUNDS):  # the kinds alternate: drift on a busy machine hits both
             for shape, (first, start) in shapes.items():
                 for flash, ctx in contexts.items():
@@ -124,11 +211,18 @@ def measure(make_context: Any, n_vocab: int, cells: int, rows: int, n_batch: int
                         if llama_cpp.llama_decode(ctx, batch) != 0:
                             raise RuntimeError("the attention probe's step did not decode")
                         if step:
-                            best[shape, flash] = min(best[shape, flash], (time.perf_counter() - started) * 1000)
+                            timed[shape, flash].append((time.perf_counter() - started) * 1000)
+                        step_done()
+        best = {key: min(steps) for key, steps in timed.items()}
+        spread = max(max(steps) / max(min(steps), 1e-6) for steps in timed.values())
+        busy_after, own_after, wall_after = *_busy_seconds(), time.perf_counter()
+        others = max(0.0, ((busy_after - busy_before) - (own_after - own_before)) / max(1e-6, wall_after - wall_before))
         on = math.sqrt(best["shared", True] * best["own", True])
         off = math.sqrt(best["shared", False] * best["own", False])
         detail = ", ".join(f"{shape} {best[shape, True]:.1f} against {best[shape, False]:.1f} ms" for shape in shapes)
-        return AttentionChoice(on <= off, round(on, 2), round(off, 2), filled, rows, detail)
+        return AttentionChoice(
+            on <= off, round(on, 2), round(off, 2), filled, rows, detail, round(others, 2), round(spread, 2)
+        )
     finally:
         llama_cpp.llama_batch_free(batch)
         for ctx in contexts.values():
@@ -136,23 +230,38 @@ def measure(make_context: Any, n_vocab: int, cells: int, rows: int, n_batch: int
                 llama_cpp.llama_free(ctx)
 
 
-def _fill_own(ctx: Any, batch: Any, tokens: list[int], n_batch: int, rows: int) -> None:
+def _past(deadline: float | None) -> None:
+    if deadline is not None and time.perf_counter() > deadline:
+        raise ProbeNotTrusted("the probe ran out of its time while filling its cells")
+
+
+def _fill_own(ctx: Any, batch: Any, tokens: list[int], n_batch: int, rows: int, deadline: float | None = None) -> None:
     """Sequences `rows` to `2 * rows - 1`, each with `tokens` in cells of its own."""
     pending = [(token, pos, rows + seq) for seq in range(rows) for pos, token in enumerate(tokens)]
     chunk = max(1, min(n_batch, 256))
     for start in range(0, len(pending), chunk):
+        _past(deadline)
         _rows(batch, pending[start : start + chunk])
         if llama_cpp.llama_decode(ctx, batch) != 0:
             raise RuntimeError("the attention probe's prompts did not decode")
 
 
-def _fill_cells(ctx: Any, batch: Any, tokens: list[int], n_batch: int, rows: int, budget_s: float | None) -> int:
+def _fill_cells(
+    ctx: Any,
+    batch: Any,
+    tokens: list[int],
+    n_batch: int,
+    rows: int,
+    budget_s: float | None,
+    deadline: float | None = None,
+) -> int:
     """Decode `tokens` into sequence 0 and share its cells with the other `rows - 1` sequences; stop
-    early once `budget_s` has passed. Returns how many cells were filled."""
+    early once `budget_s` has passed (or fail past `deadline`). Returns how many cells were filled."""
     started = time.perf_counter()
     filled = 0
     chunk = max(1, min(n_batch, 256))
     while filled < len(tokens):
+        _past(deadline)
         part = tokens[filled : filled + chunk]
         _rows(batch, [(token, filled + i, 0) for i, token in enumerate(part)])
         if llama_cpp.llama_decode(ctx, batch) != 0:

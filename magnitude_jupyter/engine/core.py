@@ -155,6 +155,9 @@ class Engine:
         self._step_listeners: list[Callable[[], None]] = []
         self._sha256: str | None = None
         self.flash_attention_reason: str | None = None  # how the attention kernel was chosen
+        self.flash_attention_source: str | None = None  # set | measured | remembered | default
+        self.load_phase: str | None = None  # what the load is doing now, for whoever waits on it
+        self.load_phase_changes = 0  # how many times it changed: progress, for a waiter that polls
         self._recent: deque[FinishedRequest] = deque(maxlen=20)
         self._started_at = time.monotonic()
         self.started_at_wall = time.time()
@@ -178,7 +181,13 @@ class Engine:
             verbose=self._verbose,
             stop_tokens=self._stop_token_ids(),
             full_windows=es.swa_full,
+            on_phase=self._set_load_phase,
         )
+
+    def _set_load_phase(self, phase: str) -> None:
+        if phase != self.load_phase:
+            self.load_phase = phase
+            self.load_phase_changes += 1
 
     def _stop_token_ids(self) -> frozenset[int]:
         """The ids of the chat format's turn ends (the GGUF reader noted where they are)."""
@@ -531,6 +540,8 @@ class Engine:
             kv_cache_type=es.kv_type_label,
             flash_attention=es.uses_flash_attention,
             flash_attention_reason=self.flash_attention_reason,
+            flash_attention_source=self.flash_attention_source,
+            load_phase=self.load_phase,
             context_sizing=self.context_sizing.reason if self.context_sizing else None,
             kv_buffer_bytes_reported=self.runner.kv_buffer_bytes if self.runner is not None else None,
             rss_bytes=rss_bytes(),
@@ -557,6 +568,7 @@ class Engine:
             if self.engine_settings.flash_attention is None and self.runner.flash_attention is not None:
                 self.engine_settings = replace(self.engine_settings, flash_attention=self.runner.flash_attention)
             self.flash_attention_reason = self.runner.flash_attention_reason
+            self.flash_attention_source = getattr(self.runner, "flash_attention_source", None)
             if self.runner.recurrent and (self.engine_settings.prefix_reuse or self.engine_settings.draft_tokens):
                 # A recurrent state holds a whole sequence: it cannot be copied or cut at a position.
                 log.warning(
@@ -592,6 +604,7 @@ class Engine:
             self.state = "failed"
             self._ready.set()
             return
+        self._set_load_phase("ready")
         self.state = "ready"
         self._ready.set()
         try:

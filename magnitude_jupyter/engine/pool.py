@@ -70,6 +70,13 @@ class Resident:
             "load_seconds": round(self.load_seconds, 3) if self.load_seconds is not None else None,
             "keep_alive": self.keep_alive,
             "idle_s": round(time.monotonic() - self.last_used, 1) if not self.busy else 0.0,
+            "load_phase": self.engine.load_phase,
+            # Which attention kernel runs, and whether it was set, measured, remembered or defaulted.
+            "attention": {
+                "flash_attention": self.engine.engine_settings.flash_attention,
+                "source": self.engine.flash_attention_source,
+                "reason": self.engine.flash_attention_reason,
+            },
         }
 
 

@@ -12,7 +12,7 @@ import ctypes
 import logging
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,8 +152,10 @@ class LlamaRunner:
         verbose: bool = False,
         stop_tokens: frozenset[int] = frozenset(),
         full_windows: bool = False,
+        on_phase: Callable[[str], None] | None = None,
     ) -> None:
-        """`flash_attention` None: measured now, on this machine (attention_probe.py); `stop_tokens`: the
+        """`on_phase`: told what the load is doing, as it goes (progress for whoever waits on it).
+        `flash_attention` None: measured now, on this machine (attention_probe.py); `stop_tokens`: the
         chat format's turn ends, end of generation beside llama.cpp's own (chat_formats.py);
         `full_windows`: sliding-window layers keep every cell (llama.cpp's swa_full), else a window
         per sequence (kvmath.py)."""
@@ -167,6 +169,15 @@ class LlamaRunner:
             log.info("weight repacking off: this build has llama.cpp's AMX kernels, which crash (engine.repack)")
         if gpu_layers and not gpu_offload_supported():
             log.warning("gpu_layers=%d ignored: this build of llama-cpp-python has no GPU support", gpu_layers)
+        self._phase = on_phase or (lambda phase: None)
+
+        def loading(fraction: float, user_data: Any) -> bool:
+            self._phase(f"reading the model file ({fraction:.0%})")
+            return True
+
+        self._progress = llama_cpp.llama_progress_callback(loading)  # kept: llama.cpp holds a pointer to it
+        mparams.progress_callback = self._progress
+        self._phase("reading the model file")
         self.model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), mparams)
         if not self.model:
             raise RunnerError(f"llama.cpp could not load the model file {model_path}")
@@ -178,9 +189,10 @@ class LlamaRunner:
         self.recurrent = bool(
             llama_cpp.llama_model_is_recurrent(self.model) or llama_cpp.llama_model_is_hybrid(self.model)
         )
-        self.flash_attention, self.flash_attention_reason = self._choose_attention(
+        self.flash_attention, self.flash_attention_reason, self.flash_attention_source = self._choose_attention(
             model_path, flash_attention, n_ctx, n_seq_max, n_batch
         )
+        self._phase(f"making the KV cache ({n_ctx:,} cells)")
         flash_attention = self.flash_attention
         _kv_buffer_mib.clear()
         _compute_buffer_mib.clear()
@@ -239,24 +251,48 @@ class LlamaRunner:
 
     def _choose_attention(
         self, model_path: str | Path, given: bool | None, n_ctx: int, n_seq_max: int, n_batch: int
-    ) -> tuple[bool, str]:
+    ) -> tuple[bool, str, str]:
+        """(flash attention, why, how it was chosen: set | remembered | measured | default)."""
         if given is not None:
-            return given, f"flash attention {'on' if given else 'off'}: set"
+            return given, f"flash attention {'on' if given else 'off'}: set", "set"
         cells = min(attention_probe.PROBE_CELLS, n_ctx)
         rows = max(1, min(attention_probe.PROBE_ROWS, n_seq_max))
         key = f"{attention_probe.probe_key(model_path, self.cache_types)}|{cells}x{rows}"
         choice = attention_probe.remembered(key)
-        if choice is None:
-            vocab = llama_cpp.llama_model_get_vocab(self.model)
-            n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
-            try:
-                choice = attention_probe.measure(self._probe_context, n_vocab, cells, rows, n_batch)
-            except RuntimeError as exc:  # the model still loads, with the kind that needs no probe
-                log.warning("the attention probe failed (%s): flash attention off", exc)
-                return False, f"flash attention off: the probe failed ({exc})"
-            attention_probe.remember(key, choice)
-            return choice.flash_attention, choice.reason
-        return choice.flash_attention, choice.reason.replace("measured at load", "measured at an earlier load")
+        if choice is not None:
+            reason = choice.reason.replace("measured at load", "measured at an earlier load")
+            return choice.flash_attention, reason, "remembered"
+        vocab = llama_cpp.llama_model_get_vocab(self.model)
+        n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
+        default, family = attention_probe.default_flash_attention()
+
+        def defaulted(why: str) -> tuple[bool, str, str]:
+            kind = "on" if default else "off"
+            log.warning(
+                "%s: flash attention %s, the default for %s; measured again at the next load", why, kind, family
+            )
+            return (
+                default,
+                f"flash attention {kind}: the default for {family} ({why}; measured at the next load)",
+                "default",
+            )
+
+        def progress(done: int, total: int) -> None:
+            self._phase(f"measuring the attention kernels (step {done} of {total})")
+
+        try:
+            choice = attention_probe.measure(self._probe_context, n_vocab, cells, rows, n_batch, on_step=progress)
+        except attention_probe.ProbeNotTrusted as exc:
+            return defaulted(str(exc))
+        except RuntimeError as exc:  # the model still loads, with the family's default
+            return defaulted(f"the probe failed: {exc}")
+        if not choice.trusted:
+            return defaulted(
+                f"the machine was busy while the probe measured (other processes used {choice.others_cores:.1f} "
+                f"cores, steps {choice.spread:.1f}x apart)"
+            )
+        attention_probe.remember(key, choice)
+        return choice.flash_attention, choice.reason, "measured"
 
     def _special_text(self, token: int) -> str:
         if token < 0:

@@ -83,6 +83,8 @@ class EngineStats:
     kv_cache_type: str  # "f16", "q8_0", or "K/V" when they differ
     flash_attention: bool  # llama.cpp's attention kernel in the main context (EngineSettings.uses_flash_attention)
     flash_attention_reason: str | None  # set, or measured at load (attention_probe.py)
+    flash_attention_source: str | None  # set | measured | remembered | default
+    load_phase: str | None  # what a loading engine is doing now
     context_sizing: str | None  # how ctx_size auto was resolved
     rss_bytes: int
     recent_tokens_per_s: float

@@ -16,6 +16,35 @@ LAST_ANSWER = "_magnitude"
 T = TypeVar("T")
 
 
+class CellProgress:
+    """One line under the running cell while a model loads: "loading smollm2-135m … reading the model
+    file (40%), 3 s", rewritten as the load goes, and gone once it is done."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._clock = time.monotonic
+        self.started = self._clock()
+        self.model = ""
+        self._handle: Any = None
+
+    def __call__(self, phase: str) -> None:
+        from IPython.display import display
+
+        name = f"loading {self.model} … " if self.model and not phase.startswith("loading") else ""
+        line = f"{name}{phase}, {self._clock() - self.started:.0f} s"
+        text = {"text/plain": line}
+        if self._handle is None:
+            self._handle = display(text, raw=True, display_id=True)
+        else:
+            self._handle.update(text, raw=True)
+
+    def done(self) -> None:
+        if self._handle is not None:
+            self._handle.update({"text/plain": ""}, raw=True)
+            self._handle = None
+
+
 class NotebookSession:
     def __init__(self, shell: Any) -> None:
         self.shell = shell
@@ -42,12 +71,33 @@ class NotebookSession:
 
     @property
     def client(self) -> Client:
+        """The server, found (or started) on first use, its model loaded: meanwhile the cell shows
+        what the load is doing, with the time it has taken."""
         if self._client is None:
+            progress = CellProgress()
             try:
-                self._client = discover()
+                client = discover(on_progress=progress)
+                client.wait_ready(on_progress=progress)
+                self._load_first_model(client, progress)
             except ClientError as exc:
                 raise MagnitudeError(str(exc)) from None
+            finally:
+                progress.done()
+            self._client = client
         return self._client
+
+    def _load_first_model(self, client: Client, progress: CellProgress) -> None:
+        """A server that loads its model on first use (the Jupyter extension) loads it now, in view."""
+        try:
+            models = client.models()
+        except ClientError:
+            return  # another OpenAI-compatible server: nothing to load
+        wanted = self.model or next((m["id"] for m in models if m.get("default")), None)
+        entry = next((m for m in models if m.get("id") == wanted), None)
+        if entry is not None and entry.get("state") != "ready":
+            progress.model = str(wanted)
+            progress(f"loading {wanted}")
+            client.load_showing_progress(str(wanted), progress)
 
     def connect(self, client: Client | None) -> None:
         """Talk to this server from now on (None: find one again on the next call)."""

@@ -412,7 +412,10 @@ class HealthHandler(ApiMixin):
             return
         engine = resident.engine
         self.set_header("Retry-After", "2")
-        self.send_json({"status": engine.state, "model": engine.model_id, "error": engine.load_error}, 503)
+        body: dict[str, Any] = {"status": engine.state, "model": engine.model_id, "error": engine.load_error}
+        # What the load is doing, and how often that changed: a waiter keeps waiting while it moves.
+        body |= {"phase": engine.load_phase, "progress": engine.load_phase_changes}
+        self.send_json(body, 503)
 
 
 class StatusHandler(ApiMixin):
