@@ -49,7 +49,7 @@ BAD_BODIES = [
     ),
     ("top_logprobs without logprobs", {"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs"),
     ("top_logprobs above 20", {"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ("tools", {"messages": MESSAGES, "tools": []}, "tools"),
+    ("tools", {"messages": MESSAGES, "tools": {"f": 1}}, "tools"),
     ("tool_choice", {"messages": MESSAGES, "tool_choice": "none"}, "tool_choice"),
     ("functions", {"messages": MESSAGES, "functions": [{"name": "f"}]}, "functions"),
     ("an unknown field", {"messages": MESSAGES, "temprature": 0.5}, "temprature"),

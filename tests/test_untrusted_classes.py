@@ -531,3 +531,47 @@ def test_embeddings_stop_when_their_caller_stops_wanting_them(engine):
         engine.embed([f"text {i}" for i in range(200)], stop)
     vectors, _ = engine.embed(["still here"])
     assert len(vectors) == 1
+
+
+# -- what changes nothing is accepted ----------------------------------------------------------------
+
+
+@pytest.mark.model
+def test_fields_that_change_nothing_are_accepted_on_every_api(inproc):
+    """`store`, OpenAI's dashboard and routing hints, an empty tools list: as llama-server, vLLM and
+    Ollama do, accepted and ignored (Pi Agent sends `store` on every request; Claude Code `tools: []`)."""
+    ask = {"messages": MESSAGES, "max_tokens": 2}
+    for extra in (
+        {"store": False},
+        {"store": True, "metadata": {"run": "1"}},
+        {"service_tier": "auto", "prompt_cache_key": "k", "safety_identifier": "u1"},
+        {"tools": []},
+        {"tools": [], "tool_choice": "auto", "parallel_tool_calls": False},
+        {"parallel_tool_calls": True},
+        {"logit_bias": {}},
+        {"modalities": ["text"]},
+        {"reasoning_effort": "low"},
+        {"prediction": {"type": "content", "content": "Hi"}},
+    ):
+        r = post(inproc, {**ask, **extra})
+        assert r.status_code == 200, (extra, r.text)
+    r = post(inproc, {"prompt": "Hi", "max_tokens": 2, "store": False}, "/v1/completions")
+    assert r.status_code == 200, r.text
+    r = post(inproc, {"max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}], "tools": []}, "/v1/messages")
+    assert r.status_code == 200, r.text
+    r = post(inproc, {"max_output_tokens": 2, "input": "Hi", "tools": [], "store": False}, "/v1/responses")
+    assert r.status_code == 200, r.text
+    # What would change the answer and cannot be honoured is still refused by name.
+    for extra, param in (
+        ({"logit_bias": {"50": 5}}, "logit_bias"),
+        ({"tools": [], "tool_choice": "required"}, "tool_choice"),
+    ):
+        r = post(inproc, {**ask, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
+    for extra, param in (
+        ({"store": "no"}, "store"),
+        ({"metadata": "x"}, "metadata"),
+        ({"reasoning_effort": "max"}, "reasoning_effort"),
+    ):
+        r = post(inproc, {**ask, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)

@@ -264,6 +264,10 @@ def parse_messages(data: dict[str, Any]) -> GenerationRequest:
         "ignore_eos": data.get("ignore_eos"),
     }
     body["response_format"] = _output_format(data.get("output_config"))
+    if data.get("tools") == []:  # no tools (Claude Code's `--tools ""`): asks for nothing
+        data = {key: value for key, value in data.items() if key != "tools"}
+        if _tool_choice(data.get("tool_choice"))[0] in (None, "auto", "none"):
+            data.pop("tool_choice", None)
     if data.get("tools") is not None:
         body["tools"] = _tools(data["tools"])
         body["tool_choice"], body["parallel_tool_calls"] = _tool_choice(data.get("tool_choice"))

@@ -93,11 +93,25 @@ CHAT_FIELDS = COMMON_FIELDS | {
     "reasoning_format",  # llama.cpp's server's: "none" leaves a thinking model's reasoning in the content
     "chat_template_kwargs",  # vLLM's and llama.cpp's server's; here only {"enable_thinking": bool}
     "thinking_token_budget",  # vLLM's: a thinking model's reasoning is closed after this many tokens
+    "reasoning_effort",  # OpenAI's: "none"/"minimal" turn a thinking model's thinking off; others change nothing
 }
+# Fields that change nothing about the answer here: accepted and ignored, as llama-server, vLLM and
+# Ollama do (docs/http-api.md lists them; clients such as Pi Agent send `store` on every request).
+IGNORED_FIELDS = {
+    "store",  # OpenAI keeps the completion for its dashboard: nothing is kept here
+    "metadata",  # tags for OpenAI's dashboard (checked by OpenAI's rule, then dropped)
+    "service_tier",  # OpenAI's scheduling tier: one tier here
+    "prompt_cache_key",  # OpenAI's routing hint for its cache: the prefix cache needs no hint
+    "safety_identifier",  # an end-user id for OpenAI's abuse checks
+    "prediction",  # Predicted Outputs: a latency hint; the answer is the same without it
+}
+REASONING_EFFORTS = {"none", "minimal", "low", "medium", "high", "xhigh"}
 REASONING_FORMATS = {"none": False, "auto": True, "deepseek": True}  # -> reasoning apart from content
 TEMPLATE_KWARGS = {"enable_thinking"}
 MAX_THINKING_BUDGET = 1 << 20
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt"}
+CHAT_FIELDS |= IGNORED_FIELDS
+COMPLETION_FIELDS |= IGNORED_FIELDS
 NOT_SUPPORTED = {
     "tools": "tools are for /v1/chat/completions",
     "tool_choice": "tools are for /v1/chat/completions",
@@ -208,6 +222,42 @@ def _grammar(data: dict[str, Any]) -> str | None:
     raise bad_param("response_format", "response_format.type must be 'text', 'json_object' or 'json_schema'")
 
 
+def _without_no_ops(data: dict[str, Any]) -> dict[str, Any]:
+    """The body without what asks for nothing: an empty `tools` list (and the tool settings that then
+    have nothing to apply to, unless they demand a call), an empty `logit_bias`, `modalities: ["text"]`."""
+    out = dict(data)
+    if out.get("tools") == []:
+        del out["tools"]
+        if out.get("tool_choice") in ("auto", "none"):
+            del out["tool_choice"]
+    if out.get("tools") is None:
+        out.pop("parallel_tool_calls", None)
+    if out.get("logit_bias") == {}:
+        del out["logit_bias"]
+    if out.get("modalities") == ["text"]:
+        del out["modalities"]
+    return out
+
+
+def _check_ignored(data: dict[str, Any]) -> None:
+    """The ignored fields still have their documented types (a client's typo is told, not hidden)."""
+    if data.get("store") is not None and not isinstance(data["store"], bool):
+        raise bad_param("store", "'store' must be true or false")
+    metadata = data.get("metadata")
+    if metadata is not None and (
+        not isinstance(metadata, dict)
+        or len(metadata) > 16
+        or any(len(k) > 64 or not isinstance(v, str) or len(v) > 512 for k, v in metadata.items())
+    ):
+        raise bad_param("metadata", "'metadata' must be an object of up to 16 string pairs (keys ≤ 64, values ≤ 512)")
+    for name in ("service_tier", "prompt_cache_key", "safety_identifier"):
+        if data.get(name) is not None and (not isinstance(data[name], str) or len(data[name]) > 512):
+            raise bad_param(name, f"'{name}' must be a string")
+    effort = data.get("reasoning_effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise bad_param("reasoning_effort", f"'reasoning_effort' must be one of {', '.join(sorted(REASONING_EFFORTS))}")
+
+
 def _tools(data: dict[str, Any]) -> ToolRequest | None:
     """`tools`, `tool_choice` and `parallel_tool_calls`, checked (schemas become grammars here)."""
     if data.get("tools") is None:
@@ -251,6 +301,8 @@ def _thinking(data: dict[str, Any]) -> Thinking:
             "chat_template_kwargs", f"chat_template_kwargs.{unknown[0]} is not supported (only enable_thinking is)"
         )
     enabled = kwargs.get("enable_thinking")
+    if enabled is None and data.get("reasoning_effort") in ("none", "minimal"):
+        enabled = False  # a thinking model's template is asked not to think
     if enabled is not None and not isinstance(enabled, bool):
         raise bad_param("chat_template_kwargs", "chat_template_kwargs.enable_thinking must be true or false")
     budget = data.get("thinking_token_budget")
@@ -271,7 +323,9 @@ def _is_text_format(response_format: Any) -> bool:
 def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
     """Validate a /v1/chat/completions or /v1/completions body."""
     known = CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS
+    data = _without_no_ops(data)
     refuse_unknown_fields(data, known, NOT_SUPPORTED, code="unsupported_parameter")
+    _check_ignored(data)
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_param("model", "'model' must be a string")
