@@ -575,3 +575,18 @@ def test_fields_that_change_nothing_are_accepted_on_every_api(inproc):
     ):
         r = post(inproc, {**ask, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
+
+
+# -- discovery: what agents probe to learn the context window -----------------------------------------
+
+
+@pytest.mark.model
+def test_agents_learn_the_context_window_from_models_and_props(inproc):
+    models = httpx.get(inproc.url + "/v1/models", headers=inproc.headers(), timeout=60).json()["data"]
+    default = next(m for m in models if m["default"])
+    assert isinstance(default["context_length"], int) and default["context_length"] >= 1024
+    for path in ("/props", "/v1/props"):
+        props = httpx.get(inproc.url + path, headers=inproc.headers(), timeout=60).json()
+        assert props["default_generation_settings"]["n_ctx"] == default["context_length"]
+        assert props["model_alias"] == default["id"] and props["total_slots"] >= 1
+    assert httpx.get(inproc.url + "/props", timeout=30).status_code == 401  # behind the same auth

@@ -135,6 +135,10 @@ def model_json(pool: ModelPool, entry: ModelEntry) -> dict[str, Any]:
         body["settings"]["context_sizing"] = sizing.reason if sizing is not None else None
     try:
         info = read_model_info(entry.path)
+        # What one request may hold, as agents read it to size their prompts (Hermes Agent, Pi Agent).
+        running = resident.engine.context_length if resident is not None else None
+        cells = settings.ctx_size if isinstance(settings.ctx_size, int) else info.trained_context
+        body["context_length"] = running or min(cells, info.trained_context or cells)
         body["memory"] = pool.plan(entry).to_json()
         chat_format = info.chat_format(pool.settings.model_settings(entry.alias).chat_template)
         body["meta"] = {**info.to_json(), "sha256": file_sha256(entry.path), "chat_format": chat_format.to_json()}
@@ -142,6 +146,22 @@ def model_json(pool: ModelPool, entry: ModelEntry) -> dict[str, Any]:
         body["memory"] = body["meta"] = None
         body["error"] = body["error"] or f"cannot read {entry.path}: {exc}"
     return body
+
+
+def props_json(pool: ModelPool, entry: ModelEntry) -> dict[str, Any]:
+    """llama-server's `/props` for a model: what agent frameworks read to learn the context window
+    (`default_generation_settings.n_ctx`) and the slots. Reads the file: call off the loop."""
+    model = model_json(pool, entry)
+    settings = model["settings"]
+    return {
+        "default_generation_settings": {"n_ctx": model.get("context_length"), "model": entry.alias},
+        "total_slots": settings.get("parallel"),
+        "model_alias": entry.alias,
+        "model_path": entry.path.name,
+        "chat_template": read_model_info(entry.path).chat_template or "",
+        "modalities": {"vision": False, "audio": False},
+        "build_info": "magnitude-jupyter",
+    }
 
 
 def pool_json(pool: ModelPool) -> list[dict[str, Any]]:

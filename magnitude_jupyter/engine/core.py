@@ -388,6 +388,12 @@ class Engine:
         prompt = prompts[int(0.9 * (len(prompts) - 1))] if prompts else 0.0
         return (ahead + 1) / (len(done) / span) + prompt
 
+    @property
+    def context_length(self) -> int | None:
+        """The most tokens one request may hold (prompt and answer): the cells, and no more than the
+        model was trained on; None before the model is loaded."""
+        return self.scheduler.max_request_tokens if self.scheduler is not None else None
+
     def release_unread(self, unread_for_s: float = UNREAD_RELEASE_S) -> int:
         """Cancel every answer nobody has read for `unread_for_s` (its client left; the grace period
         would keep it running), so that it holds no slot against answers somebody reads; how many.
@@ -598,6 +604,16 @@ class Engine:
                 sliding_window=self.runner.sliding_window,
                 sequence_start=self.runner.sequence_start,
             )
+            if trained and es.cells > trained:
+                # Said at start-up, never discovered by a request (docs/configuration.md, ctx_size).
+                log.warning(
+                    "%s: ctx_size %d is above the %d tokens this model was trained on: one request holds at "
+                    "most %d tokens (the cells hold several requests at once)",
+                    self.model_id,
+                    es.cells,
+                    trained,
+                    trained,
+                )
         except Exception as exc:  # reported through state/load_error, and to wait_ready()
             log.exception("model load failed")
             self.load_error = str(exc)

@@ -30,7 +30,7 @@ from ..api.openai import (
     parse_json_body,
     stream_renderer,
 )
-from ..api.status import model_json, pool_json, status_json
+from ..api.status import model_json, pool_json, props_json, status_json
 from ..engine import Engine, Priority, Request
 from ..engine.pool import ROOM_POLL_SECONDS, ROOM_WAIT_SECONDS, ModelPool, NoRoomError, Resident
 from ..slo import Shed, check_shed
@@ -375,6 +375,19 @@ class ModelsHandler(ApiMixin):
                 self.send_json(await loop.run_in_executor(None, model_json, self.pool, entry))
                 return
             self.send_json({"object": "list", "data": await loop.run_in_executor(None, pool_json, self.pool)})
+        except Exception as exc:
+            self.send_error_json(exc, "model")
+
+
+class PropsHandler(ApiMixin):
+    """llama-server's `/props` (and `/v1/props`): the default model's context window and slots, as
+    agent frameworks probe for them (`?model=` for another)."""
+
+    async def get(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            entry = self.pool.resolve(self.get_query_argument("model", None))
+            self.send_json(await loop.run_in_executor(None, props_json, self.pool, entry))
         except Exception as exc:
             self.send_error_json(exc, "model")
 

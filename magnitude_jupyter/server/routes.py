@@ -10,6 +10,7 @@ from .handlers import (
     MetricsHandler,
     ModelActionHandler,
     ModelsHandler,
+    PropsHandler,
     StatusHandler,
     StreamHandler,
 )
@@ -30,6 +31,8 @@ ROUTES: list[tuple[str, type[ApiMixin]]] = [
     (r"models/([A-Za-z0-9_.\-]+)/(load|unload)", ModelActionHandler),
     (r"v1/streams/([A-Za-z0-9_\-]+)", StreamHandler),
     (r"health", HealthHandler),
+    (r"props", PropsHandler),  # llama-server's, where agents learn the context window
+    (r"v1/props", PropsHandler),
     (r"status", StatusHandler),
     (r"metrics", MetricsHandler),
 ]
