@@ -141,6 +141,10 @@ export interface EngineStatus {
   recent?: RequestSummary[];
   steps?: StepCounts | null;
   slo?: { window_s: number; objectives: ObjectiveState[] };
+  load_phase?: string | null;
+  flash_attention?: boolean | null;
+  flash_attention_source?: string | null;
+  flash_attention_reason?: string | null;
 }
 
 /** Share of the KV cache reserved by running requests, 0..100. */
@@ -356,8 +360,30 @@ export function chosenModel(picked: string | null, status: EngineStatus | null):
 }
 
 /** A model's state in words: "unloaded" is a model not yet in memory, which loads when first used. */
-export function stateLine(state: string): string {
-  return state === 'unloaded' ? 'no model loaded yet (loads on the first request)' : state;
+export function stateLine(state: string, phase?: string | null): string {
+  if (state === 'unloaded') {
+    return 'no model loaded yet (loads on the first request)';
+  }
+  return state === 'loading' && phase ? `loading: ${phase}` : state;
+}
+
+const ATTENTION_SOURCES: Record<string, string> = {
+  set: 'set in the config',
+  measured: 'measured at load',
+  remembered: 'measured at an earlier load',
+  default: "the CPU family's default, measured at the next load"
+};
+
+/** Which attention kernel runs, and how it was chosen: "flash attention on · measured at load". */
+export function attentionLine(
+  status: Pick<EngineStatus, 'flash_attention' | 'flash_attention_source'>
+): string {
+  if (status.flash_attention === null || status.flash_attention === undefined) {
+    return '—';
+  }
+  const kind = `flash attention ${status.flash_attention ? 'on' : 'off'}`;
+  const source = status.flash_attention_source;
+  return source ? `${kind} · ${ATTENTION_SOURCES[source] ?? source}` : kind;
 }
 
 /** The id of an open document whose file is called `name` (in any folder), if one is open. */

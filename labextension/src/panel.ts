@@ -17,6 +17,7 @@ import {
   sparklineCaption,
   sparklinePoints,
   stateLine,
+  attentionLine,
   stepsLine,
   tokensLine
 } from './format';
@@ -79,7 +80,8 @@ export class MagnitudePanel extends Widget {
       ['waiting', 'waiting'],
       ['rate', 'tokens/s'],
       ['tokens', 'tokens generated'],
-      ['steps', 'per engine step']
+      ['steps', 'per engine step'],
+      ['attention', 'attention']
     ]) {
       grid.appendChild(el('dt', 'mg-label', label));
       const value = el('dd', `mg-value mg-${key}`, '—');
@@ -138,7 +140,9 @@ export class MagnitudePanel extends Widget {
     }
     this.fields.model.textContent = status.model;
     this.renderModels(status);
-    this.fields.state.textContent = stateLine(status.state);
+    this.fields.state.textContent = stateLine(status.state, status.load_phase);
+    this.fields.attention.textContent = attentionLine(status);
+    this.fields.attention.title = status.flash_attention_reason ?? '';
     const unloaded = status.state === 'unloaded';
     this.loadButton.style.display = unloaded ? '' : 'none';
     this.loadButton.onclick = () => {

@@ -1,4 +1,5 @@
 import {
+  attentionLine,
   cacheLine,
   chosenModel,
   formatBytes,
@@ -135,6 +136,23 @@ describe('many models', () => {
   it('says in words that a model not yet loaded loads on the first request', () => {
     expect(stateLine('unloaded')).toBe('no model loaded yet (loads on the first request)');
     expect(stateLine('ready')).toBe('ready');
+  });
+
+  it('says what a loading model is doing', () => {
+    expect(stateLine('loading', 'measuring the attention kernels (step 5 of 36)')).toBe(
+      'loading: measuring the attention kernels (step 5 of 36)'
+    );
+    expect(stateLine('loading', null)).toBe('loading');
+  });
+
+  it('says which attention kernel runs and how it was chosen', () => {
+    expect(attentionLine({ flash_attention: true, flash_attention_source: 'measured' })).toBe(
+      'flash attention on · measured at load'
+    );
+    expect(attentionLine({ flash_attention: false, flash_attention_source: 'default' })).toBe(
+      "flash attention off · the CPU family's default, measured at the next load"
+    );
+    expect(attentionLine({ flash_attention: null })).toBe('—');
   });
 });
 
