@@ -15,9 +15,11 @@ from typing import Any
 import numpy as np
 
 from .api.errors import ApiError, api_error_from
-from .api.openai import parse_generation
+from .api.openai import ResponseShape, parse_generation
+from .api.submit import submit
 from .client import ClientError, StreamResult
 from .engine import Engine
+from .engine.tools import parse_answer
 
 STREAM_TIMEOUT_S = 600.0
 
@@ -72,6 +74,17 @@ class EngineClient:
     def close(self) -> None:
         pass
 
+    def _read_calls(self, result: StreamResult, request_id: str, tool_form: str) -> None:
+        shape = ResponseShape(request_id, "chat", self.engine.model_id, tool_form=tool_form)
+        answer = parse_answer(result.text, tool_form)
+        result.finish_reason = shape.finish_reason(result.engine_finish_reason, answer)
+        if answer.is_call:
+            result.text = answer.content
+            result.tool_calls = [
+                {"id": shape.call_id(i), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for i, c in enumerate(answer.calls)
+            ]
+
     def stream_chat(
         self, messages: list[dict[str, Any]], result: StreamResult | None = None, max_resumes: int = 0, **body: Any
     ) -> Iterator[str]:
@@ -80,18 +93,15 @@ class EngineClient:
             req = parse_generation({**body, "messages": messages}, "chat")
             if req.model not in (None, self.engine.model_id):
                 raise ApiError(404, f"this worker's engine serves {self.engine.model_id!r}, not {req.model!r}")
-            request = self.engine.submit(
-                messages=req.messages,
-                params=req.params,
-                priority=req.priority,
-                request_id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
-                thinking=req.thinking,
-            )
+            request = submit(self.engine, req, f"chatcmpl-{uuid.uuid4().hex[:24]}")
         except Exception as exc:
             raise _client_error(exc) from None
-        return self._follow(request.request_id, result)
+        return self._follow(request.request_id, result, request.tool_form)
 
-    def _follow(self, request_id: str, result: StreamResult) -> Iterator[str]:
+    def _follow(self, request_id: str, result: StreamResult, tool_form: str | None = None) -> Iterator[str]:
+        """The answer's text as it comes; with tools, the calls it makes are read at its end into
+        `result.tool_calls` (OpenAI's shape, as the HTTP client assembles them) and `result.text`
+        keeps only its content."""
         result.id, result.model = request_id, self.engine.model_id
         finished = False
         try:
@@ -111,6 +121,8 @@ class EngineClient:
                 if event.is_final:
                     finished = True
                     result.finish_reason = result.engine_finish_reason = event.finish_reason
+                    if tool_form is not None:
+                        self._read_calls(result, request_id, tool_form)
                     result.usage, result.timings = event.usage, event.timings
                     result.raw_final = {"magnitude": {"finish_reason": event.finish_reason, "error": event.error}}
         finally:

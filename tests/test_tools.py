@@ -384,3 +384,25 @@ def test_a_template_that_knows_tools_renders_them_and_is_answered_in_its_own_for
         assert history_text in render_chat(history, template, tools=tools)
     finally:
         engine.shutdown()
+
+
+def test_the_in_process_client_submits_tools_as_the_server_does(engine):
+    """The in-process client (what Dask workers score with) and the HTTP server share one submit
+    (api/submit.py): tools reach the engine and the answer's calls come back in OpenAI's shape."""
+    from magnitude_jupyter.inprocess import EngineClient
+
+    client = EngineClient(engine)
+    result = client.chat(
+        [{"role": "user", "content": "What is 2 plus 3? Use the tool."}],
+        tools=[ADD],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=48,
+        user="in-process-user",
+        cache_salt="in-process-salt",
+    )
+    assert result.finish_reason == "tool_calls", (result.finish_reason, result.text)
+    (call,) = result.tool_calls
+    assert call["function"]["name"] == "add" and call["id"].startswith("call_")
+    jsonschema.validate(json.loads(call["function"]["arguments"]), ADD["function"]["parameters"])

@@ -31,6 +31,7 @@ from ..api.openai import (
     stream_renderer,
 )
 from ..api.status import model_json, pool_json, props_json, status_json
+from ..api.submit import submit
 from ..engine import Engine, Priority, Request
 from ..engine.pool import ROOM_POLL_SECONDS, ROOM_WAIT_SECONDS, ModelPool, NoRoomError, Resident
 from ..slo import Shed, check_shed
@@ -223,21 +224,8 @@ class GenerationHandler(ApiMixin):
                 engine.model_id,
                 engine.release_unread,
             )
-        return engine.submit(
-            req.prompt,
-            messages=req.messages,
-            params=req.params,
-            priority=req.priority,
-            request_id=f"{self.id_prefix}-{uuid.uuid4().hex[:24]}",
-            arrival_time=arrival,
-            load_ms=load_ms,
-            tools=req.tools,
-            cache_salt=req.cache_salt,
-            user=req.user,
-            thinking=req.thinking,
-            origin=req.origin,
-            tenant=self.tenant.scope,
-        )
+        request_id = f"{self.id_prefix}-{uuid.uuid4().hex[:24]}"
+        return submit(engine, req, request_id, arrival=arrival, load_ms=load_ms, tenant=self.tenant.scope)
 
     async def post(self) -> None:
         # On worker threads: parsing (JSON, schema grammars), then submitting (chat template,
