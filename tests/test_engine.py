@@ -399,17 +399,29 @@ def test_a_reproducible_answer_is_the_same_across_a_preemption():
     assert preempted == alone.token_ids
 
 
-def test_the_attention_kernel_is_measured_at_load_and_remembered(tmp_path, monkeypatch):
+def test_the_attention_kernel_is_measured_at_load_and_remembered_only_when_trusted(tmp_path, monkeypatch):
+    """On a quiet machine the probe measures and the next load remembers; on a busy one (CI runs beside
+    a CPU hog) the CPU family's default runs and nothing is remembered. Either way the engine says
+    which kernel runs and how it was chosen."""
     monkeypatch.setenv("MAGNITUDE_ATTENTION_FILE", str(tmp_path / "attention.json"))
     with Engine(settings=Settings(), parallel=2, ctx_size=1024) as first:
         stats = first.stats()
         assert stats.flash_attention_reason is not None
         assert stats.flash_attention_reason.startswith(f"flash attention {'on' if stats.flash_attention else 'off'}")
-        assert "measured at load" in stats.flash_attention_reason
+        assert stats.flash_attention_source in ("measured", "default")
+        if stats.flash_attention_source == "measured":
+            assert "measured at load" in stats.flash_attention_reason
+        else:
+            assert "the default for" in stats.flash_attention_reason and "next load" in stats.flash_attention_reason
         assert first.generate("The capital of France is", params=greedy(4)).finish_reason in ("length", "stop")
-    assert (tmp_path / "attention.json").exists()
+    assert (tmp_path / "attention.json").exists() == (stats.flash_attention_source == "measured")
     with Engine(settings=Settings(), parallel=2, ctx_size=1024) as second:
-        assert "measured at an earlier load" in (second.stats().flash_attention_reason or "")
-        assert second.stats().flash_attention == stats.flash_attention
+        if stats.flash_attention_source == "measured":
+            assert second.stats().flash_attention_source == "remembered"
+            assert "measured at an earlier load" in (second.stats().flash_attention_reason or "")
+            assert second.stats().flash_attention == stats.flash_attention
+        else:
+            assert second.stats().flash_attention_source in ("measured", "default")
     with Engine(settings=Settings(), parallel=2, ctx_size=1024, flash_attention=False) as fixed:
+        assert fixed.stats().flash_attention_source == "set"
         assert fixed.stats().flash_attention_reason == "flash attention off: set"

@@ -60,6 +60,17 @@ def default_flash_attention() -> tuple[bool, str]:
     return True, f"{platform.machine() or 'this'} CPUs without AMX"
 
 
+def others_busy(sample_s: float = 0.3) -> float:
+    """How many cores other processes keep busy now, read over `sample_s`: the probe does not start
+    on a busy machine, where what it measured would not be kept anyway."""
+    busy_before, own_before = _busy_seconds()
+    started = time.perf_counter()
+    time.sleep(sample_s)
+    busy_after, own_after = _busy_seconds()
+    elapsed = max(1e-6, time.perf_counter() - started)
+    return max(0.0, ((busy_after - busy_before) - (own_after - own_before)) / elapsed)
+
+
 def _busy_seconds() -> tuple[float, float]:
     """(CPU seconds any process spent working since boot, CPU seconds this process spent)."""
     import psutil

@@ -280,6 +280,12 @@ class LlamaRunner:
         def progress(done: int, total: int) -> None:
             self._phase(f"measuring the attention kernels (step {done} of {total})")
 
+        self._phase("measuring the attention kernels")
+        others = attention_probe.others_busy()
+        if others > attention_probe.CONTENDED_CORES:
+            return defaulted(
+                f"the machine was busy (other processes used {others:.1f} cores), so the probe did not run"
+            )
         try:
             choice = attention_probe.measure(self._probe_context, n_vocab, cells, rows, n_batch, on_step=progress)
         except attention_probe.ProbeNotTrusted as exc:
