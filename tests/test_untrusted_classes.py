@@ -21,21 +21,7 @@ import pytest
 from magnitude_jupyter.engine.gbnf_check import GrammarLanguageError, GrammarSyntaxError, check_grammar_language
 from magnitude_jupyter.engine.patterns import PatternError, translate_pattern
 
-MESSAGES = [{"role": "user", "content": "Say hi."}]
-
-
-def post(inproc, body, path: str = "/v1/chat/completions", timeout: float = 120):
-    return httpx.post(inproc.url + path, json=body, headers=inproc.headers(), timeout=timeout)
-
-
-def assert_still_serving(inproc) -> None:
-    r = post(inproc, {"messages": MESSAGES, "max_tokens": 2})
-    assert r.status_code == 200, r.text
-
-
-def schema_format(schema):
-    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
-
+from .test_untrusted_server import MESSAGES, assert_still_serving, post, schema_format
 
 # -- grammars: the language check, without a model ------------------------------------------------
 
