@@ -252,7 +252,7 @@ def vocab(model_path):
 
 
 @settings(
-    max_examples=1500,
+    max_examples=800,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
@@ -291,7 +291,7 @@ def _answered_or_refused(inproc, body: dict[str, Any]) -> httpx.Response:
 
 
 @settings(
-    max_examples=120,
+    max_examples=80,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
@@ -304,7 +304,7 @@ def test_generated_grammars_never_take_the_server_down(inproc, grammar, sampled)
 
 
 @settings(
-    max_examples=150,
+    max_examples=100,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
