@@ -411,3 +411,78 @@ def test_generated_gguf_headers_are_read_or_refused_in_words(tmp_path, data):
         assert str(exc)
         return
     assert 0 <= info.layers <= 512 and len(info.windowed_layers) <= 512 and len(info.kv_heads_per_layer) <= 512
+
+
+# -- references: wherever a generated schema puts one, nothing is fetched ------------------------------
+
+
+def _ref_schemas(url: str) -> st.SearchStrategy[dict[str, Any]]:
+    ref = st.sampled_from([url, url + "#/a", "file:///etc/hostname", "/etc/hostname", "#/$defs/a", "#"]).map(
+        lambda target: {"$ref": target}
+    )
+    slots = st.one_of(
+        ref,
+        st.fixed_dictionaries({"type": st.just("string"), "enum": st.lists(ref, min_size=1, max_size=2)}),
+        st.fixed_dictionaries({"const": ref}),
+        st.fixed_dictionaries({"type": st.just("string"), "default": ref}),
+        st.fixed_dictionaries({"type": st.just("string"), "examples": st.lists(ref, max_size=2)}),
+    )
+    return st.recursive(
+        slots,
+        lambda inner: st.one_of(
+            st.fixed_dictionaries({"type": st.just("object"), "properties": st.dictionaries(names, inner, max_size=3)}),
+            st.fixed_dictionaries({"type": st.just("array"), "items": inner}),
+            st.fixed_dictionaries({"anyOf": st.lists(inner, min_size=1, max_size=2)}),
+            st.fixed_dictionaries({"type": st.just("object"), "$defs": st.fixed_dictionaries({"a": inner})}),
+        ),
+        max_leaves=6,
+    )
+
+
+class _Listener:
+    """A loopback HTTP server that counts every request it gets."""
+
+    def __init__(self) -> None:
+        import http.server
+
+        hits = self.hits = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                hits.append(self.path)
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b'{"type": "string"}')
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/schema"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+LISTENER = _Listener()
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(schema=_ref_schemas(LISTENER.url), where=st.sampled_from(["tools", "response_format", "messages_api"]))
+def test_generated_references_anywhere_fetch_nothing(inproc, schema, where):
+    parameters = {"type": "object", "properties": {"x": schema}}
+    if where == "tools":
+        tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+        path, body = "/v1/chat/completions", {"messages": SMALL["messages"], "max_tokens": 2, "tools": [tool]}
+    elif where == "response_format":
+        fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": parameters}}
+        path, body = "/v1/chat/completions", {"messages": SMALL["messages"], "max_tokens": 2, "response_format": fmt}
+    else:
+        tool = {"name": "f", "description": "f", "input_schema": parameters}
+        path, body = "/v1/messages", {"max_tokens": 2, "messages": SMALL["messages"], "tools": [tool]}
+    r = httpx.post(inproc.url + path, json=body, headers=inproc.headers(), timeout=120)
+    assert r.status_code in (200, 400), r.text
+    assert LISTENER.hits == []
