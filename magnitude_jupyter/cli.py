@@ -259,13 +259,6 @@ def batch(
         sys.exit(1)
 
 
-def _token_count(text: str, flag: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise click.BadParameter(f"a number of tokens or 'auto', got {text!r}", param_hint=flag) from None
-
-
 @main.command()
 @click.option("-m", "--model", default=None, help="Model alias or .gguf path (default: from config).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")

@@ -21,7 +21,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from .chat_formats import FAMILIES, family_named
+from .chat_formats import family_named
 
 _WORD_TEXT = (
     "the of and to in is you that it he was for on are as with his they at be this have from or one had by word "
@@ -275,9 +275,3 @@ def write_tiny_model(
     writer.write_tensors_to_file()
     writer.close()
     return Path(path)
-
-
-def family_kinds() -> dict[str, str]:
-    """Each chat family the tiny models cover, and the architecture that carries it."""
-    covered = {arch.family: kind for kind, arch in ARCHITECTURES.items()}
-    return {f.name: covered[f.name] for f in FAMILIES if f.name in covered}

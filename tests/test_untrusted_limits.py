@@ -332,7 +332,7 @@ def test_the_background_server_log_is_owner_only(tmp_path, monkeypatch):
 
     monkeypatch.setattr(client_module, "LocalServer", refuse)
     with pytest.raises(NoServer):
-        client_module.start_background_server(timeout=1)
+        client_module.start_background_server()
     assert (log.stat().st_mode & 0o777) == 0o600
 
 

@@ -449,11 +449,6 @@ class Engine:
         with self._lock:
             self._step_listeners.append(callback)
 
-    def remove_step_listener(self, callback: Callable[[], None]) -> None:
-        with self._lock:
-            if callback in self._step_listeners:
-                self._step_listeners.remove(callback)
-
     def _notify_step(self) -> None:
         with self._lock:
             listeners = list(self._step_listeners)

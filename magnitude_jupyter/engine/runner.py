@@ -246,8 +246,9 @@ class LlamaRunner:
         return llama_cpp.llama_init_from_model(self.model, cparams)
 
     def _probe_context(self, n_ctx: int, n_seq_max: int, n_batch: int, flash_attention: bool) -> Any:
-        """The attention probe's context: its windowed layers keep every cell, as it measures attention over all."""
-        return self._new_context(n_ctx, n_seq_max, n_batch, flash_attention, full_windows=True)
+        """The attention probe's context, with the engine's own window settings: it measures the
+        attention the engine will run (a window per sequence, unless `swa_full`)."""
+        return self._new_context(n_ctx, n_seq_max, n_batch, flash_attention)
 
     def _choose_attention(
         self, model_path: str | Path, given: bool | None, n_ctx: int, n_seq_max: int, n_batch: int

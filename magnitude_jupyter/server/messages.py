@@ -70,16 +70,3 @@ class CountTokensHandler(AnthropicErrors):
             self.send_error_json(exc)
             return
         self.send_json({"input_tokens": len(tokens)})
-
-
-class UnknownRouteHandler(ApiMixin):
-    """Any other path under the API: a 404 in JSON, in the shape of the API the path belongs to."""
-
-    def error_body(self, err: ApiError) -> dict[str, Any]:
-        return error_body(err) if "/v1/messages" in self.request.path else err.body()
-
-    def _not_found(self, *args: Any) -> None:
-        message = f"no route {self.request.method} {self.request.path} (see docs/http-api.md)"
-        self.send_error_json(ApiError(404, message, code="not_found"))
-
-    get = post = put = delete = patch = _not_found

@@ -1,4 +1,4 @@
-"""OpenAI's Responses API over HTTP (create, streamed or not; retrieve, delete, cancel), and embeddings.
+"""OpenAI's Responses API over HTTP (create, streamed or not; retrieve, delete, cancel).
 
 The same generation path as chat completions; the body's translation, the answer's shape and the
 store of finished responses (for `previous_response_id`) are api/responses.py's.
@@ -7,13 +7,10 @@ store of finished responses (for `previous_response_id`) are api/responses.py's.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ..api.embeddings import embeddings_response, parse_embeddings
 from ..api.errors import ApiError
 from ..api.openai import GenerationRequest, parse_json_body
 from ..api.responses import (
@@ -26,11 +23,9 @@ from ..api.responses import (
     stored_input,
 )
 from ..engine import Engine, Request
-from ..engine.runner_api import EmbeddingCancelled
 from ..engine.streams import StreamEvent
 from .handlers import EVENT_ID, ApiMixin, GenerationHandler
 from .sse import Render, send_sse, step_hub, wait_closed, wait_final
-from .work import ClientGone, off_loop
 
 STORE_KEY = "magnitude_response_store"
 LIVE_KEY = "magnitude_live_responses"
@@ -241,46 +236,3 @@ class ResponseCancelHandler(ApiMixin):
         await loop.run_in_executor(None, live.engine.cancel, live.request.request_id, "cancelled by the client")
         snapshot = response_object(live.meta, None, None)
         self.send_json({**snapshot, "status": "cancelled"})
-
-
-EMBED_THREAD_KEY = "magnitude_embedding_thread"
-
-
-def embedding_thread(handler: ApiMixin) -> ThreadPoolExecutor:
-    """The one thread embeddings run on: llama.cpp's OpenMP keeps a team of threads per calling
-    thread, and teams left spinning on other threads slow every call (docs/decisions.md)."""
-    executor: ThreadPoolExecutor | None = handler.settings.get(EMBED_THREAD_KEY)
-    if executor is None:
-        executor = handler.settings[EMBED_THREAD_KEY] = ThreadPoolExecutor(1, thread_name_prefix="magnitude-embed")
-    return executor
-
-
-class EmbeddingsHandler(ApiMixin):
-    """POST /v1/embeddings: vectors computed on a worker thread, beside generation."""
-
-    _stop: threading.Event | None = None
-
-    def on_connection_close(self) -> None:
-        if self._stop is not None:
-            self._stop.set()  # the vectors not computed yet are not computed
-        super().on_connection_close()
-
-    async def post(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._stop = threading.Event()
-        try:
-            req = await off_loop(self, len(self.request.body), lambda: parse_embeddings(self.json_body()))
-            resident, _ = await self.checkout_model(req.model, None)
-            try:
-                engine, stop = resident.engine, self._stop
-                vectors, tokens = await loop.run_in_executor(
-                    embedding_thread(self), lambda: engine.embed(req.inputs, stop)
-                )
-            finally:
-                self.pool.checkin(resident)
-        except (ClientGone, EmbeddingCancelled):
-            return
-        except Exception as exc:
-            self.send_error_json(exc, "input")
-            return
-        self.send_json(embeddings_response(engine.model_id, vectors, tokens, req.encoding_format))

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from ..api.anthropic import error_body
+from ..api.errors import ApiError
+from .embeddings import EmbeddingsHandler
 from .handlers import (
     ApiMixin,
     ChatCompletionsHandler,
@@ -14,8 +19,22 @@ from .handlers import (
     StatusHandler,
     StreamHandler,
 )
-from .messages import CountTokensHandler, MessagesHandler, UnknownRouteHandler
-from .responses import EmbeddingsHandler, ResponseCancelHandler, ResponseHandler, ResponsesHandler
+from .messages import CountTokensHandler, MessagesHandler
+from .responses import ResponseCancelHandler, ResponseHandler, ResponsesHandler
+
+
+class UnknownRouteHandler(ApiMixin):
+    """Any other path under the API: a 404 in JSON, in the shape of the API the path belongs to."""
+
+    def error_body(self, err: ApiError) -> dict[str, Any]:
+        return error_body(err) if "/v1/messages" in self.request.path else err.body()
+
+    def _not_found(self, *args: Any) -> None:
+        message = f"no route {self.request.method} {self.request.path} (see docs/http-api.md)"
+        self.send_error_json(ApiError(404, message, code="not_found"))
+
+    get = post = put = delete = patch = _not_found
+
 
 ROUTES: list[tuple[str, type[ApiMixin]]] = [
     (r"v1/chat/completions", ChatCompletionsHandler),
