@@ -146,9 +146,11 @@ def test_the_grammar_that_aborted_the_server_is_a_400_on_every_api_and_the_serve
 
 
 @pytest.mark.model
-def test_a_grammar_that_ends_while_ignore_eos_bans_the_end_finishes_the_answer_instead_of_aborting(inproc):
-    """A grammar at its end lets only end-of-generation tokens through; `ignore_eos` bans them. llama.cpp
-    would sample a token its grammar refuses and abort the process; the answer ends here, whole."""
+def test_a_grammar_that_ends_under_ignore_eos_finishes_the_answer_at_the_grammars_end(inproc):
+    """`ignore_eos` bans end-of-generation tokens, but not under a grammar (request.bans_eog): a grammar
+    at its end lets only those through, and banning them would leave no token at all. The answer ends
+    whole at the grammar's end, greedy or sampled. (The sampler's guard for a grammar that lets
+    nothing through is tested on the runner: test_runner.py.)"""
     body = {"messages": MESSAGES, "max_tokens": 16, "grammar": 'root ::= "yes"', "ignore_eos": True}
     r = post(inproc, body)
     assert r.status_code == 200, r.text

@@ -105,6 +105,7 @@ IGNORED_FIELDS = {
     "safety_identifier",  # an end-user id for OpenAI's abuse checks
     "prediction",  # Predicted Outputs: a latency hint; the answer is the same without it
 }
+METADATA_KEYS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
 REASONING_EFFORTS = {"none", "minimal", "low", "medium", "high", "xhigh"}
 REASONING_FORMATS = {"none": False, "auto": True, "deepseek": True}  # -> reasoning apart from content
 TEMPLATE_KWARGS = {"enable_thinking"}
@@ -239,17 +240,31 @@ def _without_no_ops(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def check_metadata(raw: Any) -> None:
+    """OpenAI's rule for `metadata`: at most 16 pairs, keys of up to 64 characters, string values of up
+    to 512."""
+    if raw is None:
+        return
+    if not isinstance(raw, dict):
+        raise bad_param("metadata", "'metadata' must be an object of up to 16 string pairs")
+    if len(raw) > METADATA_KEYS:
+        raise bad_param("metadata", f"'metadata' has {len(raw)} keys; the limit is {METADATA_KEYS}")
+    for key, value in raw.items():
+        if len(key) > METADATA_KEY_CHARS:
+            raise bad_param("metadata", f"a 'metadata' key is {len(key)} characters; the limit is {METADATA_KEY_CHARS}")
+        if not isinstance(value, str):
+            raise bad_param("metadata", f"'metadata.{key[:64]}' must be a string")
+        if len(value) > METADATA_VALUE_CHARS:
+            raise bad_param(
+                "metadata", f"'metadata.{key[:64]}' is {len(value)} characters; the limit is {METADATA_VALUE_CHARS}"
+            )
+
+
 def _check_ignored(data: dict[str, Any]) -> None:
     """The ignored fields still have their documented types (a client's typo is told, not hidden)."""
     if data.get("store") is not None and not isinstance(data["store"], bool):
         raise bad_param("store", "'store' must be true or false")
-    metadata = data.get("metadata")
-    if metadata is not None and (
-        not isinstance(metadata, dict)
-        or len(metadata) > 16
-        or any(len(k) > 64 or not isinstance(v, str) or len(v) > 512 for k, v in metadata.items())
-    ):
-        raise bad_param("metadata", "'metadata' must be an object of up to 16 string pairs (keys ≤ 64, values ≤ 512)")
+    check_metadata(data.get("metadata"))
     for name in ("service_tier", "prompt_cache_key", "safety_identifier"):
         if data.get(name) is not None and (not isinstance(data[name], str) or len(data[name]) > 512):
             raise bad_param(name, f"'{name}' must be a string")

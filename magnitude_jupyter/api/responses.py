@@ -19,7 +19,7 @@ from typing import Any
 from ..engine.streams import StreamEvent
 from ..engine.tools import parse_answer
 from .errors import ApiError, refuse_unknown_fields
-from .openai import GenerationRequest, bad_param, parse_generation
+from .openai import GenerationRequest, bad_param, check_metadata, parse_generation
 from .usage import token_counts
 
 FIELDS = {
@@ -58,7 +58,6 @@ REFUSED = {
 }
 STORE_COUNT = 1000  # finished responses kept for previous_response_id and GET, oldest dropped first
 STORE_SECONDS = 3600.0
-METADATA_KEYS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
 
 
 def _bad(message: str, param: str) -> ApiError:
@@ -161,26 +160,6 @@ def _format(text: Any) -> dict[str, Any] | None:
             "json_schema": {"name": form.get("name", "output"), "schema": form.get("schema")},
         }
     raise _bad("text.format.type must be text, json_object or json_schema", "text.format")
-
-
-def check_metadata(raw: Any) -> None:
-    """OpenAI's rule for `metadata`: at most 16 pairs, keys of up to 64 characters, string values of up
-    to 512."""
-    if raw is None:
-        return
-    if not isinstance(raw, dict):
-        raise _bad("'metadata' must be an object of up to 16 string pairs", "metadata")
-    if len(raw) > METADATA_KEYS:
-        raise _bad(f"'metadata' has {len(raw)} keys; the limit is {METADATA_KEYS}", "metadata")
-    for key, value in raw.items():
-        if len(key) > METADATA_KEY_CHARS:
-            raise _bad(f"a 'metadata' key is {len(key)} characters; the limit is {METADATA_KEY_CHARS}", "metadata")
-        if not isinstance(value, str):
-            raise _bad(f"'metadata.{key[:64]}' must be a string", "metadata")
-        if len(value) > METADATA_VALUE_CHARS:
-            raise _bad(
-                f"'metadata.{key[:64]}' is {len(value)} characters; the limit is {METADATA_VALUE_CHARS}", "metadata"
-            )
 
 
 def parse_responses(data: dict[str, Any], previous: list[dict[str, Any]] | None = None) -> GenerationRequest:

@@ -21,6 +21,7 @@ checks make the common mistakes an error message instead of a dead end.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .schema_limits import GrammarError
@@ -351,16 +352,22 @@ def _can_be_empty(element: Element, nullable: set[str]) -> bool:
     return False
 
 
-def _nullable(grammar: Grammar) -> set[str]:
-    nullable: set[str] = set()
+def _rules_where(grammar: Grammar, part_holds: Callable[[Element, set[str]], bool]) -> set[str]:
+    """The least set of rules with an alternative whose every part holds, given the rules found so
+    far (a fixpoint): the rules that can be empty, or that can finish."""
+    found: set[str] = set()
     changed = True
     while changed:
         changed = False
         for name, alternatives in grammar.rules.items():
-            if name not in nullable and any(all(_can_be_empty(e, nullable) for e in alt) for alt in alternatives):
-                nullable.add(name)
+            if name not in found and any(all(part_holds(e, found) for e in alt) for alt in alternatives):
+                found.add(name)
                 changed = True
-    return nullable
+    return found
+
+
+def _nullable(grammar: Grammar) -> set[str]:
+    return _rules_where(grammar, _can_be_empty)
 
 
 def _shown(name: str) -> str:
@@ -377,15 +384,7 @@ def check_grammar_language(text: str, root: str = "root") -> None:
             raise GrammarSyntaxError(f"the grammar refers to rule {name!r} (at character {where}) but never defines it")
     if root not in rules:
         raise GrammarSyntaxError(f"the grammar has no {root!r} rule: generation starts there")
-    # Productive rules: those that can finish (derive a finite string).
-    productive: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for name, alternatives in rules.items():
-            if name not in productive and any(all(_productive(e, productive) for e in alt) for alt in alternatives):
-                productive.add(name)
-                changed = True
+    productive = _rules_where(grammar, _productive)  # the rules that can finish (derive a finite string)
     reachable: list[str] = [root]
     seen = {root}
     while reachable:
