@@ -18,6 +18,7 @@ from ..config import parse_keep_alive
 from ..engine import Priority, SamplingParams
 from ..engine.grammar import GrammarError, json_grammar
 from ..engine.reasoning import Thinking
+from ..engine.schema_grammar import SchemaGrammar, grammar_for_schema
 from ..engine.streams import StreamEvent, TokenLogprob
 from ..engine.tools import ParsedAnswer, ToolError, ToolRequest, parse_answer
 from .errors import ApiError, refuse_unknown_fields
@@ -195,29 +196,30 @@ def _logprobs(data: dict[str, Any], kind: str) -> tuple[bool, int]:
     return count is not None, count or 0
 
 
-def _grammar(data: dict[str, Any]) -> str | None:
-    """The GBNF grammar `response_format` asks for (or llama.cpp's own `grammar` field gives), if any."""
+def _grammar(data: dict[str, Any]) -> SchemaGrammar | None:
+    """The GBNF grammar `response_format` asks for (or llama.cpp's own `grammar` field gives), if any,
+    with what of a JSON schema it leaves to the check after generation."""
     response_format, grammar = data.get("response_format"), data.get("grammar")
     if grammar is not None:
         if response_format is not None:
             raise bad_param("grammar", "give 'grammar' or 'response_format', not both")
         if not isinstance(grammar, str) or not grammar.strip():
             raise bad_param("grammar", "'grammar' must be a GBNF grammar with a 'root' rule")
-        return grammar
+        return SchemaGrammar(grammar)
     if response_format is None:
         return None
     kind = response_format.get("type") if isinstance(response_format, dict) else None
     if kind == "text":
         return None
     if kind == "json_object":
-        return json_grammar()
+        return SchemaGrammar(json_grammar())
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise bad_param("response_format", "response_format.json_schema.schema must be a JSON Schema object")
         try:
-            return json_grammar(schema)
+            return grammar_for_schema(schema)
         except GrammarError as exc:
             raise bad_param("response_format", str(exc)) from None
     raise bad_param("response_format", "response_format.type must be 'text', 'json_object' or 'json_schema'")
@@ -386,7 +388,11 @@ def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
         raise bad_param("stream_options", "'stream_options' must be an object")
     include_usage = _boolean(options or {}, "include_usage")
 
-    params.grammar = _grammar(data)
+    structured = _grammar(data)
+    if structured is not None:
+        params.grammar, params.unheld = structured.grammar, structured.unheld
+        if structured.unheld:  # what the grammar could not hold is checked once the answer is whole
+            params.answer_schema = data["response_format"]["json_schema"]["schema"]
     tools = _tools(data) if kind == "chat" else None
     keep_alive = None
     if data.get("keep_alive") is not None:

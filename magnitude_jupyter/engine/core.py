@@ -22,6 +22,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,7 +38,7 @@ from .plan import PromptTooLongError, ScheduledChunk, SchedulerOutput, Scheduler
 from .prefix_cache import KVOp
 from .prepare import prepare_params
 from .reasoning import ReasoningSplitter, Thinking, prompt_opens_thinking, reasoning_tags
-from .request import FinishReason, Priority, Request, SamplingParams, prompt_head
+from .request import FinishReason, Priority, Request, RequestStatus, SamplingParams, prompt_head
 from .runner_api import (
     EMBED_CTX,
     MAX_CHARS_PER_TOKEN,
@@ -153,6 +154,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stop = False
         self._step_listeners: list[Callable[[], None]] = []
+        self._checker: ThreadPoolExecutor | None = None  # answers checked after generation (answer_check.py)
         self._sha256: str | None = None
         self.flash_attention_reason: str | None = None  # how the attention kernel was chosen
         self.flash_attention_source: str | None = None  # set | measured | remembered | default
@@ -233,6 +235,8 @@ class Engine:
             self._lock.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._checker is not None:
+            self._checker.shutdown(wait=False, cancel_futures=False)
 
     def __enter__(self) -> Engine:
         return self.start()
@@ -301,7 +305,7 @@ class Engine:
         a prompt that alone does not fit is a PromptTooLongError. `thinking`: for a model whose
         template thinks, whether its reasoning comes apart from the answer, and thinking on or off."""
         runner, scheduler = self._require_ready()
-        params, tool_form = prepare_params(runner, params, messages, tools, self._chat_template)
+        params, tool_form, check = prepare_params(runner, params, messages, tools, self._chat_template)
         thinking = thinking or Thinking()
         splitter = None
         if prompt_tokens is not None:
@@ -333,6 +337,7 @@ class Engine:
             text=TextAssembler(params.stop),
             load_ms=load_ms,
             tool_form=tool_form,
+            answer_check=check,
             cache_scope=self._cache_scope(cache_salt, user, tenant),
             tenant=tenant,
             client=user,
@@ -844,22 +849,54 @@ class Engine:
         reasoning, text = _split(request, text, final=True)
         request.output_text += text
         request.output_reasoning += reasoning
+        final = {"text": text, "reasoning": reasoning, "token_ids": token_ids, "logprobs": logprobs}
+        if reason is FinishReason.STOP and request.answer_check is not None:
+            # Off the engine's thread: a client's schema may take a while to check a long answer.
+            self._answer_checks().submit(self._check_answer, request, final)
+        else:
+            self._write_final(request, final)
+        return seq_id
+
+    def _write_final(self, request: Request, final: dict[str, Any]) -> None:
+        """A finished request's last event, its metrics and its place in the recent list. Lock held."""
         if request.stream is not None and not request.stream.closed:
+            assert request.finish_reason is not None
             request.stream.append(
                 "done",
-                text=text,
-                reasoning=reasoning,
-                token_ids=token_ids,
-                finish_reason=reason.value,
+                **final,
+                finish_reason=request.finish_reason.value,
                 usage=request.usage(),
                 timings=request.timings().to_json(),
-                error=error,
-                logprobs=logprobs,
+                error=request.error,
                 stopped_by=request.text.stopped_by if request.text is not None else None,
             )
         self.metrics.record_finished(request)
         self._recent.appendleft(FinishedRequest.of(request))
-        return seq_id
+
+    def _answer_checks(self) -> ThreadPoolExecutor:
+        if self._checker is None:
+            self._checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="magnitude-answer-check")
+        return self._checker
+
+    def _check_answer(self, request: Request, final: dict[str, Any]) -> None:
+        """Validate a finished answer against what its grammar could not hold (answer_check.py); one
+        that fails ends with its error instead of "stop", its text kept."""
+        assert request.answer_check is not None
+        try:
+            problem = request.answer_check.problem(request.output_text, request.tool_form)
+        except Exception as exc:  # a check that breaks must not lose the answer's final event
+            log.exception("request %s: the answer check failed", request.request_id)
+            problem = f"the answer could not be checked: {exc}"
+        with self._lock:
+            if problem is not None:
+                log.info("request %s: %s", request.request_id, problem)
+                request.status, request.finish_reason, request.error = (
+                    RequestStatus.FINISHED_ERROR,
+                    FinishReason.ERROR,
+                    problem,
+                )
+            self._write_final(request, final)
+        self._notify_step()
 
     def _apply_cancels(self) -> tuple[list[int], bool]:
         """Finish the queued cancels: the sequence ids to clear, and whether any request ended."""

@@ -7,6 +7,7 @@ import random
 from dataclasses import replace
 from typing import Any
 
+from .answer_check import AnswerCheck
 from .gbnf_check import check_grammar_language
 from .gbnf_limits import measure_grammar, run_on_grammar_stack
 from .request import SamplingParams, invalid_param
@@ -21,9 +22,10 @@ def prepare_params(
     messages: Any,
     tools: ToolRequest | None,
     chat_template: str | None,
-) -> tuple[SamplingParams, str | None]:
-    """A request's own copy of its parameters, checked, and the tool-call form of the template (None
-    without tools). Raises ValueError (bad parameters, tools or grammar) naming the field."""
+) -> tuple[SamplingParams, str | None, AnswerCheck | None]:
+    """A request's own copy of its parameters, checked, the tool-call form of the template (None
+    without tools), and what its answer is checked against once generated (None: its grammar holds
+    everything). Raises ValueError (bad parameters, tools or grammar) naming the field."""
     params = replace(params or SamplingParams(), stop=list((params.stop if params else []) or []))
     params.validate()
     tool_form = None
@@ -43,6 +45,10 @@ def prepare_params(
             raise invalid_param("tools" if tools is not None else "grammar", str(exc)) from None
         if not run_on_grammar_stack(lambda: runner.check_grammar(grammar)):
             raise invalid_param("grammar", "llama.cpp could not parse it (GBNF with a 'root' rule)")
+    try:
+        check = AnswerCheck.of(params.answer_schema, params.unheld, tools)
+    except GrammarError as exc:
+        raise invalid_param("tools" if tools is not None else "response_format", str(exc)) from None
     if not params.greedy and params.seed is None:
         params.seed = random.getrandbits(32)  # recorded, so a sampled answer can be reproduced
-    return params, tool_form
+    return params, tool_form, check

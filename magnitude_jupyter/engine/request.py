@@ -10,6 +10,7 @@ from enum import Enum, IntEnum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .answer_check import AnswerCheck
     from .prefix_cache import SavedState
     from .reasoning import ReasoningSplitter
     from .speculate import NgramIndex
@@ -106,6 +107,10 @@ class SamplingParams:
     reproducible: bool = False
     ignore_eos: bool = False
     grammar: str | None = None  # GBNF the answer must follow (JSON answers: see grammar.py)
+    # The JSON Schema the whole answer is checked against once generated, where `grammar` could not
+    # hold all of it; `unheld` says what it left out, in words (answer_check.py).
+    answer_schema: dict[str, Any] | None = None
+    unheld: tuple[str, ...] = ()
     logprobs: bool = False  # report each sampled token's log probability under the model
     top_logprobs: int = 0  # ... and this many most likely alternatives at each position
 
@@ -212,6 +217,7 @@ class Request:
     cache_shared: int = 0  # ... of them from a prefix-cache entry (counted by the cache, pinned while it runs)
     seq_id: int | None = None
     tool_form: str | None = None  # the call form its answer is held to (see tools.py), when tools were given
+    answer_check: AnswerCheck | None = None  # what its finished answer is checked against (answer_check.py)
     finish_reason: FinishReason | None = None
     error: str | None = None
     admitted_time: float | None = None

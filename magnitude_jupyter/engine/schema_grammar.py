@@ -2,8 +2,10 @@
 
 llama-cpp-python's converter handles types, properties, enums, string lengths and patterns, but
 drops numeric bounds (`minimum`, `maximum`, ...): a schema asking for 1-7 days got 32. This
-converter adds them (integer ranges digit by digit; numbers from a non-negative whole bound), and
-refuses by name the keywords no grammar here enforces, rather than promising what it cannot keep.
+converter adds them (integer ranges digit by digit; numbers from a non-negative whole bound). What
+no grammar here holds (`propertyNames`, `not`, `if`/`then`, most formats, bounds on a number below 0
+or not whole...) it leaves out of the grammar and lists in `unheld`: the answer is checked against
+the whole schema once generated (answer_check.py), so a client's schema is never refused for it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import math
 import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from llama_cpp import llama_grammar
@@ -25,8 +28,8 @@ from .schema_limits import GrammarError, check_schema, clamped, no_bound
 
 MAX_DIGITS = 15  # as the converter's own integer rule: [1-9] [0-9]{0,15}
 
-# Keywords that constrain a value in ways a grammar built here does not follow.
-UNENFORCED = (
+# Keywords that constrain a value in ways a grammar built here does not follow: checked afterwards.
+UNHELD_KEYWORDS = (
     "multipleOf",
     "uniqueItems",
     "not",
@@ -54,6 +57,8 @@ ANNOTATIONS = frozenset(
     {"description", "title", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"}
 )
 COMPILE_SECONDS = 2.0  # a schema's conversion stops with an error past this
+# String formats llama-cpp-python's converter writes a rule for; any other format is checked afterwards.
+HELD_FORMATS = re.compile(r"^(uuid[1-5]?|date|time|date-time)$")
 
 
 def repetition(
@@ -148,6 +153,10 @@ def integer_range(lo: int | None, hi: int | None) -> str:
     return " | ".join(f"({a})" for a in alternatives)
 
 
+class UnheldBounds(GrammarError):
+    """Bounds on a number that the grammar does not hold (the answer is checked against them after)."""
+
+
 def _bound(schema: dict[str, Any], inclusive: str, exclusive: str, integer: bool) -> int | None:
     value, strict = schema.get(inclusive), schema.get(exclusive)
     value, strict = (None if no_bound(v) else v for v in (value, strict))
@@ -158,9 +167,9 @@ def _bound(schema: dict[str, Any], inclusive: str, exclusive: str, integer: bool
             raise GrammarError(f"'{inclusive}'/'{exclusive}' must be numbers")
     if not integer:
         if strict is not None:
-            raise GrammarError(f"'{exclusive}' on a number cannot be enforced while generating; use '{inclusive}'")
+            raise UnheldBounds(f"'{exclusive}' on a number")
         if value is not None and value != int(value):
-            raise GrammarError(f"'{inclusive}' on a number must be a whole number to be enforced, got {value}")
+            raise UnheldBounds(f"'{inclusive}' {value} on a number (not a whole number)")
         return None if value is None else int(value)
     up = inclusive == "maximum"
     bounds = []
@@ -181,7 +190,7 @@ def number_rule(schema: dict[str, Any]) -> str:
     if integer:
         return integer_range(lo, hi)
     if lo is None or lo < 0:
-        raise GrammarError("bounds on a number are enforced from a 'minimum' of 0 or more; use an integer")
+        raise UnheldBounds("bounds on a number without a 'minimum' of 0 or more")
     if hi is not None and hi < lo:
         raise GrammarError(f"no number lies between {lo} and {hi}")
     fraction = f'("." [0-9]{{1,{MAX_DIGITS}}})?'
@@ -203,6 +212,7 @@ class BoundedSchemaConverter(SchemaConverter):
         super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
         self.deadline = time.monotonic() + seconds
         self._branches = 0  # rules made by _trie
+        self.unheld: list[str] = []  # what the grammar leaves to the check after generation, in words
 
     def _format_literal(self, literal: str) -> str:
         """A GBNF string literal of `literal`. The converter escapes quotes and line breaks but not
@@ -218,22 +228,29 @@ class BoundedSchemaConverter(SchemaConverter):
             raise GrammarError("the JSON schema took too long to turn into a grammar; make it smaller")
         if isinstance(schema, dict):
             schema = clamped(schema)
-            if schema and not (schema.keys() - ANNOTATIONS):  # only words about the value: any JSON value
+            where = name or "the schema"
+            dropped = [keyword for keyword in UNHELD_KEYWORDS if keyword in schema]
+            if dropped:
+                self.unheld.extend(f"'{keyword}' in {where}" for keyword in dropped)
+            kept = {key: value for key, value in schema.items() if key not in UNHELD_KEYWORDS}
+            if (schema or dropped) and not (kept.keys() - ANNOTATIONS):  # nothing the grammar holds: any value
                 rule = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
                 return str(self._add_rule(rule, self._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"])))
-            where = name or "the schema"
-            for keyword in UNENFORCED:
-                if keyword in schema:
-                    raise GrammarError(
-                        f"'{keyword}' (in {where}) cannot be enforced while generating: drop it, or check it afterwards"
-                    )
+            schema = kept
+            form = schema.get("format")
+            if isinstance(form, str) and not HELD_FORMATS.match(form) and schema.get("type") in (None, "string"):
+                self.unheld.append(f"format '{form[:64]}' in {where}")
             if isinstance(schema.get("enum"), list) and schema["enum"] and "$ref" not in schema:
                 texts = sorted({json.dumps(value) for value in schema["enum"]})
                 rule = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
                 return str(self._add_rule(rule, self._trie(texts, rule)))
             bounded = any(key in schema for key in BOUNDS)
             if bounded and schema.get("type") in ("integer", "number") and not ({"enum", "const"} & schema.keys()):
-                return str(self._add_rule(name or "root", f"({number_rule(schema)}) space"))
+                try:
+                    return str(self._add_rule(name or "root", f"({number_rule(schema)}) space"))
+                except UnheldBounds as exc:  # a number whose bounds no grammar here holds: checked after
+                    self.unheld.append(f"{exc} in {where}")
+                    schema = {key: value for key, value in schema.items() if key not in BOUNDS}
         return str(super().visit(schema, name))
 
     def _trie(self, texts: list[str], name: str) -> str:
@@ -286,10 +303,24 @@ def without_trailing_space(converter: BoundedSchemaConverter, rule: str) -> None
         rules[rule] = rules[rule][: -len(" space")]
 
 
-def schema_grammar(schema: dict[str, Any]) -> str:
-    """GBNF for JSON that follows `schema`."""
+@dataclass(frozen=True)
+class SchemaGrammar:
+    """A schema's grammar, and what of the schema it leaves to the check after generation (in words;
+    empty: the grammar holds all of it)."""
+
+    grammar: str
+    unheld: tuple[str, ...] = ()
+
+
+def grammar_for_schema(schema: dict[str, Any]) -> SchemaGrammar:
+    """GBNF for JSON that follows `schema` as far as a grammar can hold it."""
     converter = BoundedSchemaConverter()
     schema_rules(converter, schema, "", "input")
     grammar = str(converter.format_grammar())
     measure_grammar(grammar)
-    return grammar
+    return SchemaGrammar(grammar, tuple(converter.unheld))
+
+
+def schema_grammar(schema: dict[str, Any]) -> str:
+    """GBNF for JSON that follows `schema` (what it cannot hold: `grammar_for_schema`)."""
+    return grammar_for_schema(schema).grammar

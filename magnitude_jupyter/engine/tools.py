@@ -54,6 +54,7 @@ class Tool:
     name: str
     description: str
     parameters: dict[str, Any]
+    unheld: tuple[str, ...] = ()  # what of `parameters` the grammar leaves to the check after (answer_check.py)
 
     def openai(self) -> dict[str, Any]:
         return {
@@ -151,9 +152,22 @@ def parse_tools(raw: Any) -> list[Tool]:
             raise ToolError(problem) from None
         if function.get("strict") not in (None, True, False):
             raise ToolError(f"{where}.function.strict must be true or false")
-        tools.append(Tool(name, description, parameters))
-    calls_grammar(tools, None, parallel=True, plain=False, form="generic")  # every schema becomes a grammar
+        tools.append(Tool(name, description, parameters, _unheld(parameters, i, name)))
     return tools
+
+
+def _unheld(parameters: dict[str, Any], index: int, name: str) -> tuple[str, ...]:
+    """What of a tool's parameters no grammar holds (checked after generation); ToolError when they
+    cannot become a grammar at all."""
+    converter = BoundedSchemaConverter()
+    try:
+        schema_rules(converter, parameters, f"tool-{index}-arguments", f"tool-{index}")
+    except GrammarError as exc:
+        raise ToolError(f"tools[{index}].function.parameters of {name!r}: {exc}") from None
+    inside = f"tool-{index}-arguments"  # the converter names rules after where they stand
+    return tuple(
+        w.replace(f"in {inside}-", "in ").replace(f"in {inside}", "in the parameters") for w in converter.unheld
+    )
 
 
 @dataclass(frozen=True)

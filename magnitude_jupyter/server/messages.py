@@ -47,6 +47,10 @@ class MessagesHandler(AnthropicErrors, GenerationHandler):
         if final is None:
             engine.cancel(request.request_id, "the client closed its connection before the answer was ready")
             return
+        if final.finish_reason == "error":  # the Messages API has no stop reason for it: its error shape
+            err = ApiError(500, final.error or "the generation failed", type="api_error")
+            self.send_json(self.error_body(err), err.status)
+            return
         self.send_json(message_object(shape, request.output_text, final, request.output_reasoning))
 
 
