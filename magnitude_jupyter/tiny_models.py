@@ -178,6 +178,66 @@ def vocabulary(family: str, more: tuple[str, ...] = ()) -> tuple[list[str], list
     return tokens, scores, types
 
 
+@dataclass(frozen=True)
+class BorrowedTokenizer:
+    """A real model's tokenizer, as its GGUF holds it (a byte-level BPE: tokens, types, merges)."""
+
+    model: str
+    pre: str
+    tokens: list[str]
+    types: list[int]
+    merges: list[str]
+    bos: int
+    eos: int
+    template: str | None
+
+    @classmethod
+    def read(cls, path: str | Path) -> BorrowedTokenizer:
+        reader = gguf.GGUFReader(str(path))
+
+        def text(key: str) -> str:
+            field = reader.fields[key]
+            return bytes(field.parts[field.data[0]]).decode()
+
+        def texts(key: str) -> list[str]:
+            field = reader.fields[key]
+            return [bytes(field.parts[i]).decode() for i in field.data]
+
+        def number(key: str) -> int:
+            field = reader.fields[key]
+            return int(field.parts[field.data[0]][0])
+
+        types = reader.fields["tokenizer.ggml.token_type"]
+        return cls(
+            model=text("tokenizer.ggml.model"),
+            pre=text("tokenizer.ggml.pre"),
+            tokens=texts("tokenizer.ggml.tokens"),
+            types=[int(types.parts[i][0]) for i in types.data],
+            merges=texts("tokenizer.ggml.merges"),
+            bos=number("tokenizer.ggml.bos_token_id"),
+            eos=number("tokenizer.ggml.eos_token_id"),
+            template=text("tokenizer.chat_template") if "tokenizer.chat_template" in reader.fields else None,
+        )
+
+
+AGENT_CONTEXT = 65536  # agents refuse smaller windows (Hermes Agent asks for 64k) and send 10-21k tokens
+AGENT_ANSWER = ("\u010a", "Hi", "!", "<|im_end|>")  # after the prompt's last token ("\\n"): "Hi!", then the turn ends
+
+
+def write_agent_model(path: str | Path, tokenizer_from: str | Path, context: int = AGENT_CONTEXT) -> Path:
+    """A tiny llama with a real model's tokenizer and chat template (the bundled SmolLM2's) and a
+    trained context of `context`: an agent's whole first turn fits, is computed in seconds, and the
+    answer is "Hi!" and the end of the turn, by construction."""
+    return write_tiny_model(
+        path,
+        "mistral",  # llama's architecture; the chat template is the tokenizer's model's
+        shape=TinyShape(layers=2, context=context),
+        name="tiny-agent",
+        predicts=AGENT_ANSWER,
+        tokenizer=BorrowedTokenizer.read(tokenizer_from),
+    )
+
+
 def write_tiny_model(
     path: str | Path,
     kind: str,
@@ -189,6 +249,7 @@ def write_tiny_model(
     name: str | None = None,
     predicts: str | tuple[str, ...] | None = None,
     pieces: tuple[str, ...] = (),
+    tokenizer: BorrowedTokenizer | None = None,
 ) -> Path:
     """A GGUF of architecture `kind` (a key of ARCHITECTURES) with random F32 weights; `template` is
     written as its chat template (none: the file has none, as many conversions ship). `predicts`: a
@@ -201,7 +262,11 @@ def write_tiny_model(
     arch = ARCHITECTURES[kind]
     s = shape or TinyShape(layers=arch.layers)
     window = sliding_window if sliding_window is not None else arch.sliding_window
-    tokens, scores, types = vocabulary(arch.family, pieces)
+    if tokenizer is not None:
+        tokens, types, scores = tokenizer.tokens, tokenizer.types, None
+        template = template or tokenizer.template
+    else:
+        tokens, scores, types = vocabulary(arch.family, pieces)
     writer = gguf.GGUFWriter(str(path), arch.name)
     writer.add_name(name or f"tiny-{kind}")
     writer.add_context_length(s.context)
@@ -222,14 +287,24 @@ def write_tiny_model(
         writer.add_expert_count(arch.experts)
         writer.add_expert_used_count(EXPERTS_USED)
         writer.add_expert_feed_forward_length(s.feed_forward)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_unk_token_id(0)
-    writer.add_add_bos_token(True)
+    if tokenizer is not None:
+        writer.add_tokenizer_model(tokenizer.model)
+        writer.add_tokenizer_pre(tokenizer.pre)
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        writer.add_token_merges(tokenizer.merges)
+        writer.add_bos_token_id(tokenizer.bos)
+        writer.add_eos_token_id(tokenizer.eos)
+        writer.add_add_bos_token(False)
+    else:
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(tokens)
+        writer.add_token_scores(scores)
+        writer.add_token_types(types)
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_unk_token_id(0)
+        writer.add_add_bos_token(True)
     if template:
         writer.add_chat_template(template)
     rng = np.random.default_rng(seed)
