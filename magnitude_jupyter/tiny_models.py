@@ -263,7 +263,7 @@ def write_tiny_model(
     s = shape or TinyShape(layers=arch.layers)
     window = sliding_window if sliding_window is not None else arch.sliding_window
     if tokenizer is not None:
-        tokens, types, scores = tokenizer.tokens, tokenizer.types, None
+        tokens, types, scores = tokenizer.tokens, tokenizer.types, []
         template = template or tokenizer.template
     else:
         tokens, scores, types = vocabulary(arch.family, pieces)
