@@ -263,7 +263,8 @@ def write_tiny_model(
     s = shape or TinyShape(layers=arch.layers)
     window = sliding_window if sliding_window is not None else arch.sliding_window
     if tokenizer is not None:
-        tokens, types, scores = tokenizer.tokens, tokenizer.types, []
+        tokens, types = tokenizer.tokens, tokenizer.types
+        scores: list[float] = []  # a BPE tokenizer ranks by its merges
         template = template or tokenizer.template
     else:
         tokens, scores, types = vocabulary(arch.family, pieces)
