@@ -8,11 +8,17 @@ text (tool_choice "none"). Each session has its own task (different cities), ove
 prompt. Every round resends the whole history, calls and results included: what the prefix cache
 keeps decides the later rounds. Greedy, streamed; alternating servers, best of two runs each.
 
-Per server: wall time, output tokens/s, round latency by round,
+Per server: wall time, output tokens/s, round latency by round, time to the first token by round,
 how many calls came back and how many of their arguments validate against the tool's schema, and
 prompt tokens served from cache (as each server reports them).
 
-    python benchmarks/agents.py [--sessions 8] [--rounds 4] [--repeats 2] [--llama-server PATH]
+`--system-tokens N` makes the shared system prompt about N tokens long with a reference of further
+tools (as agents send: one long prompt of tool descriptions, the same for every session): the
+sessions arrive together, so round 1 shows whether a server computes that prompt once or once per
+session.
+
+    python benchmarks/agents.py [--sessions 8] [--rounds 4] [--repeats 2] [--system-tokens 0]
+                                [--llama-server PATH]
 """
 
 from __future__ import annotations
@@ -49,12 +55,27 @@ from magnitude_jupyter.client import StreamResult, iter_sse
 from magnitude_jupyter.engine.tools import GENERIC, ToolRequest, generic_messages, parse_answer, tools_grammar
 
 
+def long_system(tokens: int) -> str:
+    """SYSTEM and a reference of made-up tools, about `tokens` tokens in all (4 characters a token)."""
+    text = SYSTEM
+    i = 0
+    while len(text) < 4 * tokens:
+        schema = {"type": "object", "properties": {f"field_{i}": {"type": "string"}, "limit": {"type": "integer"}}}
+        text += (
+            f"\n\nReference tool {i}: records_{i}. Looks up entry {i} of the archive and returns its fields as "
+            f"JSON. Parameters: {json.dumps(schema)}. Not callable in this task."
+        )
+        i += 1
+    return text
+
+
 @dataclass
 class Run:
     server: str
     seconds: float = 0.0
     tokens: int = 0
     latency_by_round: dict[int, list[float]] = field(default_factory=dict)
+    ttft_by_round: dict[int, list[float]] = field(default_factory=dict)
     calls: int = 0
     valid_calls: int = 0
     prompt_tokens: int = 0
@@ -88,10 +109,11 @@ def request_body(messages: list[dict], choice: str, max_tokens: int, client_side
 
 
 def one_round(http: httpx.Client, url: str, messages: list[dict], choice: str, max_tokens: int, client_side: bool):
-    """(seconds in all, the answer put together, with its usage)."""
+    """(seconds in all, seconds to the first token, the answer put together, with its usage)."""
     body = request_body(messages, choice, max_tokens, client_side)
     result = StreamResult()
     start = time.perf_counter()
+    first: float | None = None
     with http.stream("POST", url + "/v1/chat/completions", json=body) as response:
         if response.status_code >= 400:
             response.read()
@@ -102,6 +124,8 @@ def one_round(http: httpx.Client, url: str, messages: list[dict], choice: str, m
             chunk = json.loads(data)
             for c in chunk.get("choices") or []:
                 delta = c.get("delta") or {}
+                if first is None and (delta.get("content") or delta.get("tool_calls")):
+                    first = time.perf_counter() - start
                 result.text += delta.get("content") or ""
                 result.finish_reason = c.get("finish_reason") or result.finish_reason
                 result.add_tool_call_deltas(delta.get("tool_calls") or [])
@@ -117,22 +141,24 @@ def one_round(http: httpx.Client, url: str, messages: list[dict], choice: str, m
             for i, call in enumerate(answer.calls):
                 function = {"name": call.name, "arguments": call.arguments}
                 result.tool_calls.append({"id": f"call_{i}", "type": "function", "function": function})
-    return elapsed, result
+    return elapsed, first if first is not None else elapsed, result
 
 
-def run_workload(name: str, url: str, sessions: int, rounds: int, max_tokens: int, client_side: bool) -> Run:
+def run_workload(
+    name: str, url: str, sessions: int, rounds: int, max_tokens: int, client_side: bool, system: str = SYSTEM
+) -> Run:
     run = Run(name)
     lock = threading.Lock()
     tools = {tool.name: tool for tool in agent_tools()}
     schemas = {tool.name: tool.parameters for tool in agent_tools()}
 
     def session(i: int) -> None:
-        messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": agent_task(i)}]
+        messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": agent_task(i)}]
         with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=600) as http:
             for k in range(rounds):
                 choice = "required" if k < rounds - 1 else "none"
                 try:
-                    elapsed, result = one_round(http, url, messages, choice, max_tokens, client_side)
+                    elapsed, ttft, result = one_round(http, url, messages, choice, max_tokens, client_side)
                 except httpx.HTTPError as exc:
                     print(f"  {name}: session {i} round {k + 1}: {exc}", flush=True)
                     with lock:
@@ -154,6 +180,7 @@ def run_workload(name: str, url: str, sessions: int, rounds: int, max_tokens: in
                     run.calls += len(result.tool_calls)
                     run.valid_calls += valid
                     run.latency_by_round.setdefault(k + 1, []).append(elapsed)
+                    run.ttft_by_round.setdefault(k + 1, []).append(ttft)
                 if not result.tool_calls:
                     messages.append({"role": "assistant", "content": result.text})
                     continue
@@ -170,8 +197,14 @@ def run_workload(name: str, url: str, sessions: int, rounds: int, max_tokens: in
 
 
 def main() -> None:
-    args = session_arguments(__doc__, rounds=4, max_tokens=96)
+    args = session_arguments(
+        __doc__,
+        rounds=4,
+        max_tokens=96,
+        more=lambda parser: parser.add_argument("--system-tokens", type=int, default=0),
+    )
     binary = args.binary
+    system = long_system(args.system_tokens) if args.system_tokens else SYSTEM
 
     # (start, client_side): llama-server's own tool calling (--jinja) drops the tools of a template that
     # knows none (the bundled model's); given magnitude's prompt and grammar it does the same work.
@@ -196,7 +229,7 @@ def main() -> None:
         for name, (start, client_side) in servers.items():
             server = start()
             try:
-                run = run_workload(name, server.url, args.sessions, args.rounds, args.max_tokens, client_side)
+                run = run_workload(name, server.url, args.sessions, args.rounds, args.max_tokens, client_side, system)
             finally:
                 server.close()
             print(
@@ -213,6 +246,10 @@ def main() -> None:
         by_round = " / ".join(
             f"{run.p50(run.latency_by_round, range(r, r + 1)):.0f}" for r in range(1, args.rounds + 1)
         )
+        ttft_by_round = " / ".join(
+            f"{run.p50(run.ttft_by_round, range(r, r + 1)):.0f}" for r in range(1, args.rounds + 1)
+        )
+        round_1 = run.p50(run.ttft_by_round, range(1, 2)) / peer.p50(peer.ttft_by_round, range(1, 2))
         rows.append(
             [
                 name,
@@ -220,6 +257,8 @@ def main() -> None:
                 f"{run.tokens_per_s:.1f}",
                 f"{run.p50(run.latency_by_round, range(2, args.rounds + 1)):.0f}",
                 by_round,
+                ttft_by_round,
+                f"{round_1:.2f}×",
                 f"{run.valid_calls}/{run.calls}",
                 f"{run.cached_tokens / run.prompt_tokens:.0%}" if run.prompt_tokens else "—",
                 run.errors,
@@ -228,10 +267,12 @@ def main() -> None:
         )
     print(
         f"{args.sessions} agent sessions × {args.rounds} rounds ({args.rounds - 1} tool calls, then the answer), "
+        f"a shared system prompt of {args.system_tokens or 'about 300'} tokens, "
         f"≤{args.max_tokens} tokens per round, greedy, streamed, {args.threads} threads, parallel 16, 8,192 cells "
         f"(llama-server: -np 16 --kv-unified -c 8192); best of {args.repeats} alternating runs"
     )
     headers = ["server", "wall s", "output tok/s", "round p50 rounds 2+ ms", "round p50 by round ms"]
+    headers += ["TTFT p50 by round ms", "round-1 TTFT vs llama-server"]
     headers += ["valid calls", "prompt cached", "errors", "speed vs llama-server (same work)"]
     print(table(headers, rows))
 

@@ -543,3 +543,34 @@ def test_scoped_answers_are_no_drafts_for_anyone(scope):
     assert request.params.draftable
     run_and_finish(s, request)
     assert bool(s.answers.tokens) == (scope is None)
+
+
+def test_prompts_that_start_alike_wait_for_the_first_to_compute_what_they_share():
+    s = cached_scheduler(ctx_size=4000)
+    system = list(range(1000, 1300))  # 300 shared tokens: an agent's system prompt
+    requests = []
+    for i in range(3):
+        request = make_request(f"agent-{i}", 4, 4)
+        request.prompt_tokens = [*system, 10 + i, 20 + i]
+        s.add_request(request)
+        requests.append(request)
+    first, *others = requests
+    out = s.schedule()
+    assert out.admitted == [first] and all(r.status == RequestStatus.WAITING for r in others)
+    while first.num_computed_tokens < len(system):  # the first computes the shared part alone
+        (chunk,) = out.batched
+        assert chunk.request is first
+        s.advance(chunk, [7] if chunk.sample else [])
+        out = s.schedule()
+    assert set(out.admitted) == set(others)
+    for other in others:  # they copy it, and compute only their own tokens
+        assert other.cached_tokens >= len(system) and (first.seq_id, other.seq_id, 0, other.cached_tokens) in copies(
+            out.kv_ops
+        )
+    # a prompt that shares little with the running one is admitted at once, beside it
+    s2 = cached_scheduler(ctx_size=4000)
+    lead, short = make_request("lead", 4, 4), make_request("short", 4, 4)
+    lead.prompt_tokens, short.prompt_tokens = [*system, 1], [*system[:40], 2]
+    s2.add_request(lead)
+    s2.add_request(short)
+    assert set(s2.schedule().admitted) == {lead, short}

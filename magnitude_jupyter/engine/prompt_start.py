@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 # Restore a saved entry when it covers at least this many more prompt tokens than the tree: a restore
 # costs less than computing a prompt row (docs/decisions.md).
 RAM_RESTORE_GAIN = 2
+# A request waits for a running one to compute the prompt they share when they share at least this
+# many tokens (docs/decisions.md, "Prompts that start alike wait for the first").
+RIDE_MIN_TOKENS = 128
 
 
 class PromptStarts:
@@ -107,6 +110,25 @@ class PromptStarts:
             if n > best.length:
                 best = PrefixSource(other.seq_id, n)
         return best if best.length >= self.min_prefix_tokens else PrefixSource()
+
+    def _rides_on(self, request: Request) -> Request | None:
+        """A running request still computing a prompt that starts as `request`'s does, for at least
+        RIDE_MIN_TOKENS: admitted once those cells are all there, `request` copies them rather than
+        computing them beside it (agents that share a system prompt and
+        arrive together). Not on a sliding-window model: a running request's windowed layers hold
+        only the cells near its end, so there is nothing to copy mid-prompt."""
+        if request.params.reproducible or not self.prefix_reuse or self.sliding_window or request.output_tokens:
+            return None
+        context = request.context_tokens
+        for other in self.running:
+            if other.params.reproducible or other.seq_id is None or other.cache_scope != request.cache_scope:
+                continue
+            if other.output_tokens:  # its prompt is computed: admission copies it now
+                continue
+            shared = common_prefix_len(other.prompt_tokens, context, len(context) - 1)
+            if shared >= max(self.min_prefix_tokens, RIDE_MIN_TOKENS) and other.num_computed_tokens < shared:
+                return other
+        return None
 
     def _respell(self, request: Request, match: Match, limit: int) -> tuple[Match, int]:
         """Take the cache's spelling of the text after the match, where it has one (see

@@ -159,14 +159,19 @@ class Scheduler(PromptStarts):
     def _admit(self, now: float, out: SchedulerOutput) -> None:
         for priority in Priority:  # interactive first
             queue = self.waiting[priority]
+            riding: list[Request] = []  # waiting for a running request to compute the prompt they share
             while queue and self.free_seq_ids:
                 head = queue[0]
+                if self._rides_on(head) is not None:
+                    riding.append(queue.popleft())
+                    continue
                 source, shared, from_cache, window = self._prefix_source(head, out)
                 need = self.charge(head, shared if from_cache else 0)
                 room = need + self._headroom()
                 if not self._make_room(room, out, (head.cache_context_tokens, shared if from_cache else 0)):
                     # Strict FIFO: a large request at the head is not overtaken forever by small ones,
                     # and batch rows do not jump ahead of a waiting interactive request.
+                    queue.extendleft(reversed(riding))
                     return
                 queue.popleft()
                 self.budget.reserve(head.request_id, need)
@@ -199,6 +204,7 @@ class Scheduler(PromptStarts):
                         self.cache.window_checkpoint_tokens += shared
                 self.running.append(head)
                 out.admitted.append(head)
+            queue.extendleft(reversed(riding))
             if queue:
                 return
 
