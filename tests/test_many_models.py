@@ -196,8 +196,11 @@ def test_profiles_per_model_and_the_regression_gate(server, tmp_path, profile_ar
     faster = _calibrate(server, "--model", SECOND_MODEL, "--baseline", _doctored(profile, 10, tmp_path / "fast.json"))
     assert faster.returncode == 1 and "REGRESSED" in faster.stdout
     assert "tokens/s" in faster.stdout and "TTFT p50 ms" in faster.stdout
+    # `auto` finds the archived profile: the verdict is the doctored runs' above (two real runs on a
+    # busy machine may differ by any amount, so this one's is not asserted).
     auto = _calibrate(server, "--model", SECOND_MODEL, "--baseline", "auto", "--max-regression", "95%")
-    assert auto.returncode == 0 and "against baseline" in auto.stdout, auto.stdout + auto.stderr
+    assert auto.returncode in (0, 1) and "against baseline" in auto.stdout, auto.stdout + auto.stderr
+    assert (auto.returncode == 1) == ("REGRESSED" in auto.stdout)
     bad = _calibrate(server, "--baseline", "auto", "--max-regression", "lots")
     assert bad.returncode != 0 and "--max-regression takes a percentage" in bad.stderr
 

@@ -9,6 +9,7 @@ import pytest
 from magnitude_jupyter.client import Client
 from magnitude_jupyter.magics.prompt_cell import CUT_MARK
 
+from .conftest import SECOND_MODEL
 from .notebook_helpers import run_notebook, text_outputs
 from .proxy import DroppingProxy
 
@@ -199,7 +200,8 @@ def display_meta(cell) -> dict:
 
 def test_a_conversation_sends_its_history_and_a_rerun_replaces_its_turn(connected, tmp_path):
     first = "%%magnitude --chat trip -s 'You are a travel agent.' --max-tokens 16\nI want to visit Lisbon."
-    long_turn = "%%magnitude --chat long --max-tokens 4 {}\n{}: " + "word " * 4200
+    # The server's second model holds 2,048 cells: two turns of 1,100 tokens do not fit it.
+    long_turn = f"%%magnitude --chat long --model {SECOND_MODEL} --max-tokens 4 {{}}\n{{}}: " + "word " * 1100
     nb = run_notebook(
         [
             "%load_ext magnitude_jupyter",
@@ -211,7 +213,7 @@ def test_a_conversation_sends_its_history_and_a_rerun_replaces_its_turn(connecte
             "%magnitude chats",
             "%magnitude reset trip\n%magnitude chats",
             long_turn.format("", "First"),
-            long_turn.format("", "Second"),  # 2 × 4,200 tokens do not fit 8,192 cells
+            long_turn.format("", "Second"),  # 2 × 1,100 tokens do not fit 2,048 cells
             long_turn.format("--trim", "Second"),
         ],
         tmp_path,

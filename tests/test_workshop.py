@@ -94,6 +94,8 @@ def run_in_the_browser(path: Path, lab: dict) -> nbformat.NotebookNode:
     assert result["ok"] and result["tracebacks"] == result["widgetErrors"] == 0 and result["wide"] == [], result
     if path.stem.startswith("03"):  # one verdict per page: the widget's compares itself with the cell's run
         assert result["verdict"].startswith("This run: knee") and "the cell's run" in result["verdict"], result
+    if path.stem.startswith("01"):  # the lab loads its model on first use: the first cell says so meanwhile
+        assert any(line.startswith("loading smollm2-135m") for line in result["loading"]), result["loading"]
     if path.stem.startswith(NAMED_IN_PANEL):
         assert any(r.startswith(f"{path.name} · cell ") for r in result["recent"]), result["recent"]
     return nbformat.read(lab["root"] / path.name, as_version=4)

@@ -2,7 +2,8 @@
 // see: no traceback, no "Error displaying widget", no output wider than its cell. Where the notebook
 // has a calibration widget, press its Start, and its verdict names the knee and compares this run with
 // the cell's above it. Then the notebook is saved (the test reads its outputs from the file) and the
-// Magnitude panel's Recent list is read: its entries name the cells they came from. Prints a JSON
+// Magnitude panel's Recent list is read: its entries name the cells they came from. The lines cells
+// showed while the model loaded are recorded as they appeared (the first notebook loads it). Prints a JSON
 // result (a screenshot of the page where it fails). The lab runs with expose_app_in_browser.
 import assert from 'node:assert/strict';
 import { inLab, labUrl, token } from './lab.mjs';
@@ -15,6 +16,17 @@ await inLab(Number(process.env.UI_TIMEOUT_MS ?? 900_000), async page => {
   await page.goto(`${labUrl}lab/workspaces/${workspace}/tree/${notebook}?token=${token}`);
   await page.waitForSelector('.jp-Notebook .jp-Cell');
   await page.waitForFunction(() => /\|\s*Idle/.test(document.querySelector('.jp-StatusBar-Widget')?.textContent ?? ''));
+  // The lines a cell shows while its model loads ("loading smollm2-135m … …, 3 s") go once it is
+  // loaded: every one that appeared is recorded as it appears.
+  await page.evaluate(() => {
+    window.magnitudeLoadingLines = [];
+    new MutationObserver(() => {
+      for (const output of document.querySelectorAll('.jp-OutputArea-output')) {
+        const line = (output.textContent ?? '').trim();
+        if (/^loading \S+/.test(line) && !window.magnitudeLoadingLines.includes(line)) window.magnitudeLoadingLines.push(line);
+      }
+    }).observe(document.body, { childList: true, subtree: true, characterData: true });
+  });
   await page.locator('.lm-MenuBar-itemLabel', { hasText: /^Run$/ }).click();
   await page.locator('.lm-Menu-itemLabel', { hasText: /^Run All Cells$/ }).click();
   // Done: every code cell has its execution count, and the kernel is idle again.
@@ -55,8 +67,9 @@ await inLab(Number(process.env.UI_TIMEOUT_MS ?? 900_000), async page => {
   // A notebook whose requests went to this lab's server has them listed within a refresh or two.
   await page.waitForSelector('#magnitude-panel .mg-recent .mg-request', { timeout: 10_000 }).catch(() => {});
   const recent = await page.locator('#magnitude-panel .mg-recent .mg-request-text').allTextContents();
+  const loading = await page.evaluate(() => window.magnitudeLoadingLines);
   assert.equal(found.tracebacks, 0, 'a traceback in an output');
   assert.equal(found.widgetErrors, 0, 'a widget failed to display');
   assert.deepEqual(found.wide, [], 'an output wider than its cell');
-  console.log(JSON.stringify({ ok: true, verdict, recent, ...found }));
+  console.log(JSON.stringify({ ok: true, verdict, recent, loading, ...found }));
 });
