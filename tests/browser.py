@@ -55,6 +55,10 @@ def running_lab(folder: Path, models_dir: Path) -> Iterator[dict[str, Any]]:
     (folder / "magnitude.yaml").write_text(f"models_dir: {models_dir}\n")
     root = folder / "root"
     root.mkdir()
+    # Cells record when they ran (in the saved notebook's metadata): where a slow notebook spends it.
+    tracker = folder / "settings" / "@jupyterlab" / "notebook-extension"
+    tracker.mkdir(parents=True)
+    (tracker / "tracker.jupyterlab-settings").write_text('{"recordTiming": true}')
     port, token = free_port(), "lab-test-token"
     log = (folder / "lab.log").open("wb")
     env = {

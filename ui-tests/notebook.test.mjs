@@ -17,15 +17,30 @@ await inLab(Number(process.env.UI_TIMEOUT_MS ?? 900_000), async page => {
   await page.waitForSelector('.jp-Notebook .jp-Cell');
   await page.waitForFunction(() => /\|\s*Idle/.test(document.querySelector('.jp-StatusBar-Widget')?.textContent ?? ''));
   // The lines a cell shows while its model loads ("loading smollm2-135m … …, 3 s") go once it is
-  // loaded: every one that appeared is recorded as it appears.
+  // loaded: each is recorded as it appears, looking only at the outputs that changed.
   await page.evaluate(() => {
-    window.magnitudeLoadingLines = [];
-    new MutationObserver(() => {
-      for (const output of document.querySelectorAll('.jp-OutputArea-output')) {
-        const line = (output.textContent ?? '').trim();
-        if (/^loading \S+/.test(line) && !window.magnitudeLoadingLines.includes(line)) window.magnitudeLoadingLines.push(line);
+    const lines = (window.magnitudeLoadingLines = []);
+    const seen = output => {
+      const line = (output.textContent ?? '').trim();
+      if (line.startsWith('loading ') && !lines.includes(line)) lines.push(line);
+    };
+    window.magnitudeLoadingObserver = new MutationObserver(mutations => {
+      for (const m of mutations) {
+        const target = m.target.nodeType === 1 ? m.target : m.target.parentElement;
+        const inside = target?.closest('.jp-OutputArea-output');
+        if (inside) seen(inside);
+        for (const node of m.addedNodes) {
+          if (node.nodeType !== 1) continue;
+          if (node.matches('.jp-OutputArea-output')) seen(node);
+          node.querySelectorAll('.jp-OutputArea-output').forEach(seen);
+        }
       }
-    }).observe(document.body, { childList: true, subtree: true, characterData: true });
+    });
+    window.magnitudeLoadingObserver.observe(document.querySelector('.jp-Notebook'), {
+      childList: true,
+      subtree: true,
+      characterData: true
+    });
   });
   await page.locator('.lm-MenuBar-itemLabel', { hasText: /^Run$/ }).click();
   await page.locator('.lm-Menu-itemLabel', { hasText: /^Run All Cells$/ }).click();
@@ -35,6 +50,7 @@ await inLab(Number(process.env.UI_TIMEOUT_MS ?? 900_000), async page => {
     const idle = /\|\s*Idle/.test(document.querySelector('.jp-StatusBar-Widget')?.textContent ?? '');
     return idle && prompts.length > 0 && prompts.every(p => /\[\d+\]/.test(p));
   });
+  await page.evaluate(() => window.magnitudeLoadingObserver.disconnect());
   await page.waitForTimeout(2000);
   let verdict = null;
   const start = page.locator('.jp-OutputArea button', { hasText: /^Start$/ });

@@ -57,3 +57,20 @@ class ThreadGovernor:
         """Every free core; a core counts as taken once other processes use more than 40% of one."""
         free = self.cores - others_cores
         return max(1, min(self.max_threads, int(free + 0.4)))
+
+
+def threads_free_now(max_threads: int | None = None, sample_s: float = 0.3) -> int:
+    """The threads a llama.cpp context made now should use: the cores other processes leave free over
+    `sample_s` (as the governor counts them), at most `max_threads` (default: every core). For
+    short-lived contexts (measurements, probes) that no governor watches."""
+    import time
+
+    process = psutil.Process()
+    own = process.cpu_times()
+    busy_before, own_before, started = _busy_seconds(), own.user + own.system, time.perf_counter()
+    time.sleep(sample_s)
+    own = process.cpu_times()
+    elapsed = max(1e-6, time.perf_counter() - started)
+    others = max(0.0, ((_busy_seconds() - busy_before) - (own.user + own.system - own_before)) / elapsed)
+    cores = psutil.cpu_count() or 1
+    return ThreadGovernor(max_threads or cores, cores=cores).threads_for(others)

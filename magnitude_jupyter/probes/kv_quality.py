@@ -20,6 +20,7 @@ import numpy as np
 from ..engine.plan import DecodeItem
 from ..engine.request import SamplingParams
 from ..engine.runner import LlamaRunner
+from ..engine.threads import threads_free_now
 
 SEQ = 0
 
@@ -76,11 +77,13 @@ def measure(
     texts: Sequence[str],
     cache_types: Sequence[str] = ("f16", "q8_0", "q4_0"),
     greedy: int = 64,
-    threads: int = 2,
+    threads: int | None = None,
     reference: str = "f16",
 ) -> list[CacheQuality]:
     """Each cache type against `reference`, on the same texts (the reference compared with itself
-    too: it must come out exact, or the measurement itself is noisy)."""
+    too: it must come out exact, or the measurement itself is noisy). `threads`: default, the cores
+    other processes leave free (engine/threads.py: a thread on a busy core stalls every step)."""
+    threads = threads or threads_free_now()
     seen: dict[str, tuple[list[np.ndarray], list[list[int]], list[list[int]]]] = {}
     for cache_type in dict.fromkeys([reference, *cache_types]):
         runner = LlamaRunner(model_path, n_ctx=2048, n_seq_max=1, n_threads=threads, cache_types=(cache_type,) * 2)
