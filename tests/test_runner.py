@@ -16,6 +16,7 @@ import pytest
 from magnitude_jupyter.engine.plan import DecodeItem
 from magnitude_jupyter.engine.request import SamplingParams
 from magnitude_jupyter.engine.runner import LlamaRunner, repack_weights
+from magnitude_jupyter.engine.threads import threads_free_now
 
 pytestmark = pytest.mark.model
 
@@ -40,7 +41,8 @@ TARGET_SEQ = 5  # not seq 0 and not batch row 0: an index mix-up must show
 
 @pytest.fixture(scope="module")
 def runner(model_path):
-    r = LlamaRunner(model_path, n_ctx=4096, n_seq_max=9, n_batch=512, n_threads=2)
+    # the cores others leave free: a thread on a busy core stalls every step (engine/threads.py)
+    r = LlamaRunner(model_path, n_ctx=4096, n_seq_max=9, n_batch=512, n_threads=threads_free_now(2))
     yield r
     r.close()
 
