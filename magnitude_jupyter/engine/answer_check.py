@@ -45,36 +45,32 @@ def _regex(pattern: str) -> Any:
         ) from None
 
 
-def _patterns(schema: Any) -> Iterator[str]:
-    """Every regular expression in a schema: `pattern` values and `patternProperties` keys."""
+DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})  # values, not schemas
+
+
+def _schema_nodes(schema: Any) -> Iterator[dict[str, Any]]:
+    """Every object in a schema, data keywords' values left out (walked without recursion)."""
     stack = [schema]
     while stack:
         node = stack.pop()
         if isinstance(node, list):
             stack.extend(node)
         elif isinstance(node, dict):
-            for key, value in node.items():
-                if key in ("enum", "const", "default", "examples"):
-                    continue
-                if key == "pattern" and isinstance(value, str):
-                    yield value
-                elif key == "patternProperties" and isinstance(value, dict):
-                    yield from (name for name in value if isinstance(name, str))
-                if isinstance(value, (dict, list)):
-                    stack.append(value)
+            yield node
+            stack.extend(v for k, v in node.items() if isinstance(v, (dict, list)) and k not in DATA_KEYWORDS)
+
+
+def _patterns(schema: Any) -> Iterator[str]:
+    """Every regular expression in a schema: `pattern` values and `patternProperties` keys."""
+    for node in _schema_nodes(schema):
+        if isinstance(node.get("pattern"), str):
+            yield node["pattern"]
+        if isinstance(node.get("patternProperties"), dict):
+            yield from (name for name in node["patternProperties"] if isinstance(name, str))
 
 
 def _uses(schema: Any, keyword: str) -> bool:
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(node)
-        elif isinstance(node, dict):
-            if keyword in node:
-                return True
-            stack.extend(v for k, v in node.items() if isinstance(v, (dict, list)) and k not in ("enum", "const"))
-    return False
+    return any(keyword in node for node in _schema_nodes(schema))
 
 
 # -- keywords that match regular expressions or compare items, written for RE2 and one pass -------
