@@ -196,12 +196,17 @@ def run_workload(
     return run
 
 
+def options(parser: Any) -> None:
+    parser.add_argument("--system-tokens", type=int, default=0, help="the shared system prompt's length")
+    parser.add_argument("--ctx-size", type=int, default=8192, help="KV cells of each server")
+
+
 def main() -> None:
     args = session_arguments(
         __doc__,
         rounds=4,
         max_tokens=96,
-        more=lambda parser: parser.add_argument("--system-tokens", type=int, default=0),
+        more=options,
     )
     binary = args.binary
     system = long_system(args.system_tokens) if args.system_tokens else SYSTEM
@@ -209,7 +214,7 @@ def main() -> None:
     # (start, client_side): llama-server's own tool calling (--jinja) drops the tools of a template that
     # knows none (the bundled model's); given magnitude's prompt and grammar it does the same work.
     def ours(config: str = "") -> Any:
-        return MagnitudeServer(config, parallel=16, ctx_size=8192, threads=args.threads)
+        return MagnitudeServer(config, parallel=16, ctx_size=args.ctx_size, threads=args.threads)
 
     servers = {
         "magnitude serve": (ours, False),
@@ -217,9 +222,9 @@ def main() -> None:
         # charging every request its whole max_tokens: what each default costs here, this run.
         "magnitude serve, flash attention": (lambda: ours(FLASH_ATTENTION), False),
         "magnitude serve, admission reserve": (lambda: ours("engine:\n  admission: reserve\n"), False),
-        "llama-server, our prompt+grammar": (lambda: LlamaServer(binary, 16, 8192, args.threads), True),
+        "llama-server, our prompt+grammar": (lambda: LlamaServer(binary, 16, args.ctx_size, args.threads), True),
         "llama-server --jinja, its tools": (
-            lambda: LlamaServer(binary, 16, 8192, args.threads, extra_args=("--jinja",)),
+            lambda: LlamaServer(binary, 16, args.ctx_size, args.threads, extra_args=("--jinja",)),
             False,
         ),
     }
@@ -268,8 +273,9 @@ def main() -> None:
     print(
         f"{args.sessions} agent sessions × {args.rounds} rounds ({args.rounds - 1} tool calls, then the answer), "
         f"a shared system prompt of {args.system_tokens or 'about 300'} tokens, "
-        f"≤{args.max_tokens} tokens per round, greedy, streamed, {args.threads} threads, parallel 16, 8,192 cells "
-        f"(llama-server: -np 16 --kv-unified -c 8192); best of {args.repeats} alternating runs"
+        f"≤{args.max_tokens} tokens per round, greedy, streamed, {args.threads} threads, parallel 16, "
+        f"{args.ctx_size:,} cells "
+        f"(llama-server: -np 16 --kv-unified -c {args.ctx_size}); best of {args.repeats} alternating runs"
     )
     headers = ["server", "wall s", "output tok/s", "round p50 rounds 2+ ms", "round p50 by round ms"]
     headers += ["TTFT p50 by round ms", "round-1 TTFT vs llama-server"]
