@@ -124,7 +124,9 @@ def one_round(http: httpx.Client, url: str, messages: list[dict], choice: str, m
             chunk = json.loads(data)
             for c in chunk.get("choices") or []:
                 delta = c.get("delta") or {}
-                if first is None and (delta.get("content") or delta.get("tool_calls")):
+                # The first token's chunk: its role, text or a call's first piece (a call is streamed once
+                # its name is whole, some tokens in: that is not when the first token came).
+                if first is None and (delta.get("role") or delta.get("content") or delta.get("tool_calls")):
                     first = time.perf_counter() - start
                 result.text += delta.get("content") or ""
                 result.finish_reason = c.get("finish_reason") or result.finish_reason
