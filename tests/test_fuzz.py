@@ -128,7 +128,7 @@ def post(inproc, body, results: dict[str, Any], key: str) -> None:
 )
 @given(body=bodies)
 def test_generated_requests_never_take_the_server_down_or_hold_others_up(inproc, body):
-    body = {**body, "max_tokens": 48, "temperature": 0}
+    body = {**body, "max_tokens": 32, "temperature": 0}
     results: dict[str, Any] = {}
     generated = threading.Thread(target=post, args=(inproc, body, results, "generated"))
     generated.start()

@@ -88,7 +88,13 @@ def run_in_the_browser(path: Path, lab: dict) -> nbformat.NotebookNode:
     panel naming the notebook's cells, then the notebook as the browser saved it, outputs and all."""
     shutil.copy(path, lab["root"] / path.name)
     try:
-        result = run_ui_test("notebook.test.mjs", lab, NOTEBOOK=path.name, UI_TIMEOUT_MS=str(NOTEBOOK_SECONDS * 1000))
+        result = run_ui_test(
+            "notebook.test.mjs",
+            lab,
+            NOTEBOOK=path.name,
+            UI_TIMEOUT_MS=str(NOTEBOOK_SECONDS * 1000),
+            EXPECT_RECENT="1" if path.stem.startswith(NAMED_IN_PANEL) else "",
+        )
     finally:
         shut_down_kernels(lab)
     assert result["ok"] and result["tracebacks"] == result["widgetErrors"] == 0 and result["wide"] == [], result

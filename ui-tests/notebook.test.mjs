@@ -80,8 +80,11 @@ await inLab(Number(process.env.UI_TIMEOUT_MS ?? 900_000), async page => {
   await page.waitForFunction(() => !document.querySelector('.lm-DockPanel-tabBar .jp-mod-current.jp-mod-dirty'));
   await page.locator('.jp-SideBar [data-id="magnitude-panel"]').click();
   await page.locator('#magnitude-panel').waitFor({ state: 'visible' });
-  // A notebook whose requests went to this lab's server has them listed within a refresh or two.
-  await page.waitForSelector('#magnitude-panel .mg-recent .mg-request', { timeout: 10_000 }).catch(() => {});
+  // A notebook whose requests went to this lab's server has them listed within a refresh or two
+  // (waited for where the test checks them: other notebooks may send theirs elsewhere).
+  if (process.env.EXPECT_RECENT) {
+    await page.waitForSelector('#magnitude-panel .mg-recent .mg-request', { timeout: 10_000 }).catch(() => {});
+  }
   const recent = await page.locator('#magnitude-panel .mg-recent .mg-request-text').allTextContents();
   const loading = await page.evaluate(() => window.magnitudeLoadingLines);
   assert.equal(found.tracebacks, 0, 'a traceback in an output');
