@@ -15,11 +15,24 @@ from magnitude_jupyter.runtime import LocalServer, free_port  # noqa: F401 (test
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 
+_ATTENTION_FOLDERS: list[Path] = []
+
+
 def pytest_configure(config):
     """The attention probe's results (engine/attention_probe.py) in a file of this run's own, never in
     ~/.magnitude; set before any engine or server starts, so servers in child processes share it."""
-    folder = Path(tempfile.mkdtemp(prefix="magnitude-attention-"))
-    os.environ.setdefault("MAGNITUDE_ATTENTION_FILE", str(folder / "attention.json"))
+    if "MAGNITUDE_ATTENTION_FILE" not in os.environ:
+        folder = Path(tempfile.mkdtemp(prefix="magnitude-attention-"))
+        _ATTENTION_FOLDERS.append(folder)
+        os.environ["MAGNITUDE_ATTENTION_FILE"] = str(folder / "attention.json")
+
+
+def pytest_unconfigure(config):
+    """The run's folder goes with it (every server has stopped by now)."""
+    import shutil
+
+    for folder in _ATTENTION_FOLDERS:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
