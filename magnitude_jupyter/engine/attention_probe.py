@@ -24,6 +24,9 @@ from typing import Any
 
 import llama_cpp
 
+# The CPU time read before and after the probe (a module name of its own: the tests give it a fake clock).
+from .threads import busy_and_own_seconds as _busy_seconds
+
 log = logging.getLogger("magnitude.runner")
 
 PROBE_CELLS = 1024  # cells each decode attends over: a conversation's worth of context
@@ -59,26 +62,6 @@ def default_flash_attention() -> tuple[bool, str]:
     if "amx_tile" in flags.split():
         return False, "a CPU with AMX tiles"
     return True, f"{platform.machine() or 'this'} CPUs without AMX"
-
-
-def others_busy(sample_s: float = 0.3) -> float:
-    """How many cores other processes keep busy now, read over `sample_s`: the probe does not start
-    on a busy machine, where what it measured would not be kept anyway."""
-    busy_before, own_before = _busy_seconds()
-    started = time.perf_counter()
-    time.sleep(sample_s)
-    busy_after, own_after = _busy_seconds()
-    elapsed = max(1e-6, time.perf_counter() - started)
-    return max(0.0, ((busy_after - busy_before) - (own_after - own_before)) / elapsed)
-
-
-def _busy_seconds() -> tuple[float, float]:
-    """(CPU seconds any process spent working since boot, CPU seconds this process spent)."""
-    import psutil
-
-    times = psutil.cpu_times()
-    own = psutil.Process().cpu_times()
-    return sum(times) - times.idle - getattr(times, "iowait", 0.0), own.user + own.system
 
 
 def remembered_path() -> Path:

@@ -29,6 +29,7 @@ from .request import SamplingParams
 from .runner_api import NoRoomForBatch
 from .sampling import TokenPicker
 from .streams import TokenLogprob
+from .threads import others_cores_now
 
 log = logging.getLogger("magnitude.runner")
 _backend_ready = False
@@ -282,7 +283,7 @@ class LlamaRunner:
             self._phase(f"measuring the attention kernels (step {done} of {total})")
 
         self._phase("measuring the attention kernels")
-        others = attention_probe.others_busy()
+        others = others_cores_now()  # the probe does not start where what it measured would not be kept
         if others > attention_probe.CONTENDED_CORES:
             return defaulted(
                 f"the machine was busy (other processes used {others:.1f} cores), so the probe did not run"

@@ -59,18 +59,27 @@ class ThreadGovernor:
         return max(1, min(self.max_threads, int(free + 0.4)))
 
 
+def busy_and_own_seconds() -> tuple[float, float]:
+    """(CPU seconds any process spent working since boot, CPU seconds this process spent)."""
+    own = psutil.Process().cpu_times()
+    return _busy_seconds(), own.user + own.system
+
+
+def others_cores_now(sample_s: float = 0.3) -> float:
+    """How many cores other processes keep busy now, read over `sample_s`."""
+    import time
+
+    busy_before, own_before = busy_and_own_seconds()
+    started = time.perf_counter()
+    time.sleep(sample_s)
+    busy_after, own_after = busy_and_own_seconds()
+    elapsed = max(1e-6, time.perf_counter() - started)
+    return max(0.0, ((busy_after - busy_before) - (own_after - own_before)) / elapsed)
+
+
 def threads_free_now(max_threads: int | None = None, sample_s: float = 0.3) -> int:
     """The threads a llama.cpp context made now should use: the cores other processes leave free over
     `sample_s` (as the governor counts them), at most `max_threads` (default: every core). For
     short-lived contexts (measurements, probes) that no governor watches."""
-    import time
-
-    process = psutil.Process()
-    own = process.cpu_times()
-    busy_before, own_before, started = _busy_seconds(), own.user + own.system, time.perf_counter()
-    time.sleep(sample_s)
-    own = process.cpu_times()
-    elapsed = max(1e-6, time.perf_counter() - started)
-    others = max(0.0, ((_busy_seconds() - busy_before) - (own.user + own.system - own_before)) / elapsed)
     cores = psutil.cpu_count() or 1
-    return ThreadGovernor(max_threads or cores, cores=cores).threads_for(others)
+    return ThreadGovernor(max_threads or cores, cores=cores).threads_for(others_cores_now(sample_s))
