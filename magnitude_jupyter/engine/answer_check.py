@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .schema_limits import GrammarError
+from .schema_limits import GrammarError, schema_objects
 from .tools import ToolRequest, parse_answer
 
 MAX_ERRORS_READ = 32  # the errors the message is chosen from (the validator yields them lazily)
@@ -43,34 +43,6 @@ def _regex(pattern: str) -> Any:
             f"the pattern {pattern[:80]!r} cannot be checked in linear time ({reason}): back-references "
             "and lookarounds are not supported"
         ) from None
-
-
-DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})  # values, not schemas
-
-
-def _schema_nodes(schema: Any) -> Iterator[dict[str, Any]]:
-    """Every object in a schema, data keywords' values left out (walked without recursion)."""
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(node)
-        elif isinstance(node, dict):
-            yield node
-            stack.extend(v for k, v in node.items() if isinstance(v, (dict, list)) and k not in DATA_KEYWORDS)
-
-
-def _patterns(schema: Any) -> Iterator[str]:
-    """Every regular expression in a schema: `pattern` values and `patternProperties` keys."""
-    for node in _schema_nodes(schema):
-        if isinstance(node.get("pattern"), str):
-            yield node["pattern"]
-        if isinstance(node.get("patternProperties"), dict):
-            yield from (name for name in node["patternProperties"] if isinstance(name, str))
-
-
-def _uses(schema: Any, keyword: str) -> bool:
-    return any(keyword in node for node in _schema_nodes(schema))
 
 
 # -- keywords that match regular expressions or compare items, written for RE2 and one pass -------
@@ -157,10 +129,16 @@ class SchemaCheck:
         from jsonschema.exceptions import SchemaError
         from referencing import Registry
 
-        if _uses(schema, "unevaluatedProperties") and _uses(schema, "patternProperties"):
+        keywords: set[str] = set()
+        for node, _, _ in schema_objects(schema):  # every pattern compiles on RE2, or is refused now
+            keywords.update(node)
+            if isinstance(node.get("pattern"), str):
+                _regex(node["pattern"])
+            if isinstance(node.get("patternProperties"), dict):
+                for pattern in node["patternProperties"]:
+                    _regex(pattern)
+        if {"unevaluatedProperties", "patternProperties"} <= keywords:  # jsonschema matches these with `re`
             raise GrammarError("'unevaluatedProperties' beside 'patternProperties' cannot be checked here")
-        for pattern in _patterns(schema):
-            _regex(pattern)
         base = validators.validator_for(schema, default=Draft202012Validator)
         try:
             base.check_schema(schema)

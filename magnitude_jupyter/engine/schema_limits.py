@@ -12,6 +12,7 @@ a URL. docs/decisions.md gives what each cap costs at its limit.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
 MAX_STRING_LENGTH = 4096  # minLength / maxLength: llama.cpp builds a grammar rule per character
@@ -145,14 +146,11 @@ def clamped(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, **over} if over else schema
 
 
-def check_schema(schema: Any, where: str = "") -> None:
-    """Refuse a schema over any cap, or with a reference outside itself, before anything compiles it.
-
-    Walks without recursion, whatever the nesting; raises SchemaLimitError naming what is wrong.
-    """
-    root = [where] if where else []
-    stack: list[tuple[Any, list[str], int]] = [(schema, root, 0)]
-    nodes = 0
+def schema_objects(schema: Any, root: list[str] | None = None) -> Iterator[tuple[dict[str, Any], list[str], int]]:
+    """Every schema object in a schema, with where it stands and how deep, walked without recursion:
+    data keywords' values (`enum`, `const`, ...) are not schemas, and the schemas under `properties`
+    and its kind are walked by name, whatever the names are."""
+    stack: list[tuple[Any, list[str], int]] = [(schema, root or [], 0)]
     while stack:
         node, path, depth = stack.pop()
         if isinstance(node, list):
@@ -161,12 +159,7 @@ def check_schema(schema: Any, where: str = "") -> None:
             continue
         if not isinstance(node, dict):
             continue
-        nodes += 1
-        if nodes > MAX_NODES:
-            raise _over("schema", "larger", MAX_NODES, root)
-        if depth > MAX_DEPTH:
-            raise SchemaLimitError(f"the schema is nested more than {MAX_DEPTH} levels deep (at {_where(path)})")
-        _check_node(node, path)
+        yield node, path, depth
         for key, value in node.items():
             if key in DATA_KEYWORDS:
                 continue
@@ -175,6 +168,20 @@ def check_schema(schema: Any, where: str = "") -> None:
                     stack.append((sub, [*path, key, str(name)[:64]], depth + 1))
             elif isinstance(value, (dict, list)):
                 stack.append((value, [*path, key], depth + 1))
+
+
+def check_schema(schema: Any, where: str = "") -> None:
+    """Refuse a schema over any cap, or with a reference outside itself, before anything compiles it.
+
+    Walks without recursion, whatever the nesting; raises SchemaLimitError naming what is wrong.
+    """
+    root = [where] if where else []
+    for nodes, (node, path, depth) in enumerate(schema_objects(schema, root), start=1):
+        if nodes > MAX_NODES:
+            raise _over("schema", "larger", MAX_NODES, root)
+        if depth > MAX_DEPTH:
+            raise SchemaLimitError(f"the schema is nested more than {MAX_DEPTH} levels deep (at {_where(path)})")
+        _check_node(node, path)
 
 
 def _check_node(node: dict[str, Any], path: list[str]) -> None:
