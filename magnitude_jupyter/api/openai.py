@@ -389,10 +389,12 @@ def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
     include_usage = _boolean(options or {}, "include_usage")
 
     structured = _grammar(data)
-    if structured is not None:
-        params.grammar, params.unheld = structured.grammar, structured.unheld
-        if structured.unheld:  # what the grammar could not hold is checked once the answer is whole
-            params.answer_schema = data["response_format"]["json_schema"]["schema"]
+    if structured is not None:  # what the grammar could not hold is checked once the answer is whole
+        params.grammar, params.unheld, params.answer_schema = (
+            structured.grammar,
+            structured.unheld,
+            structured.checked_after,
+        )
     tools = _tools(data) if kind == "chat" else None
     keep_alive = None
     if data.get("keep_alive") is not None:

@@ -310,6 +310,12 @@ class SchemaGrammar:
 
     grammar: str
     unheld: tuple[str, ...] = ()
+    schema: dict[str, Any] | None = None  # the schema it came from
+
+    @property
+    def checked_after(self) -> dict[str, Any] | None:
+        """The schema the finished answer is checked against: None where the grammar holds all of it."""
+        return self.schema if self.unheld else None
 
 
 def grammar_for_schema(schema: dict[str, Any]) -> SchemaGrammar:
@@ -318,7 +324,7 @@ def grammar_for_schema(schema: dict[str, Any]) -> SchemaGrammar:
     schema_rules(converter, schema, "", "input")
     grammar = str(converter.format_grammar())
     measure_grammar(grammar)
-    return SchemaGrammar(grammar, tuple(converter.unheld))
+    return SchemaGrammar(grammar, tuple(converter.unheld), schema)
 
 
 def schema_grammar(schema: dict[str, Any]) -> str:
