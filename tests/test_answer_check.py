@@ -49,12 +49,12 @@ def test_every_keyword_no_grammar_holds_is_left_to_the_check_by_name(keyword):
         ({"type": "string", "format": "email"}, "format 'email'"),
         ({"type": "number", "exclusiveMinimum": -1.5}, "'exclusiveMinimum' on a number"),
         ({"type": "number", "minimum": 0.5}, "'minimum' 0.5"),
-        ({"type": "number", "minimum": -3, "maximum": 3}, "below 0"),
+        ({"type": "number", "minimum": -3, "maximum": 3}, "without a 'minimum' of 0 or more"),
     ],
 )
 def test_formats_and_number_bounds_the_grammar_cannot_write_are_left_to_the_check(schema, words):
     held = grammar_for_schema(schema)
-    assert any(words in w or "without a 'minimum' of 0" in w for w in held.unheld), held.unheld
+    assert any(words in w for w in held.unheld), held.unheld
     assert SchemaCheck(schema).problem("nope" if schema["type"] == "string" else -10) is not None
 
 
