@@ -214,11 +214,13 @@ class Client:
     def _with_model(self, body: dict[str, Any]) -> dict[str, Any]:
         return {"model": self.model, **body} if self.model else body
 
-    def load_model(self, model: str) -> dict[str, Any]:
-        """Make a model resident on a magnitude server (waits for the load): {id, loaded, load_ms}."""
-        return self._post(f"/models/{quote(model, safe='')}/load", timeout=None).json()
+    def load_model(self, model: str, origin: str | None = None) -> dict[str, Any]:
+        """Make a model resident on a magnitude server (waits for the load): {id, loaded, load_ms}.
+        `origin`: who waits for it (a notebook cell), listed in /status while it loads."""
+        body = {"origin": origin} if origin else None
+        return self._call("POST", f"/models/{quote(model, safe='')}/load", None, body).json()
 
-    def load_showing_progress(self, model: str, on_progress: Callable[[str], None]) -> None:
+    def load_showing_progress(self, model: str, on_progress: Callable[[str], None], origin: str | None = None) -> None:
         """Load `model` if it is not resident, telling `on_progress` each phase of its load (from the
         engine's /status) while the load call waits."""
         import threading
@@ -227,7 +229,7 @@ class Client:
 
         def load() -> None:
             try:
-                self.load_model(model)
+                self.load_model(model, origin)
             except BaseException as exc:  # handed to the caller
                 errors.append(exc)
 

@@ -129,7 +129,7 @@ def test_a_waiter_follows_the_loads_progress_and_names_the_phase_where_it_stoppe
     try:
         client = Client(f"http://127.0.0.1:{server.server_address[1]}")
         with pytest.raises(ClientError, match=r"no progress .* while measuring the attention kernels \(step 8 of 40\)"):
-            client.wait_ready(on_progress=seen.append, stall_s=10.0)
+            client.wait_ready(on_progress=seen.append, stall_s=4.0)
     finally:
         server.shutdown()
     assert seen == phases  # told every phase, in order, once each
@@ -144,3 +144,58 @@ def test_the_cli_shows_each_phase_on_one_line_of_a_terminal(capsys, monkeypatch)
     progress("measuring the attention kernels (step 3 of 40)")
     err = capsys.readouterr().err
     assert "magnitude: reading the model file (40%)" in err and "step 3 of 40" in err
+
+
+def test_a_request_waiting_for_its_model_is_listed_under_its_cells_name(model_path):
+    """While the model loads, /status lists the request under the origin its client gave (the panel's
+    Running list shows it there, with no cancel); once the engine has it, it is listed as the engine's."""
+    import httpx
+
+    from magnitude_jupyter.config import Settings
+    from magnitude_jupyter.engine import Engine
+
+    from .conftest import InProcessServer, wait_for
+
+    engine = Engine(
+        str(model_path), settings=Settings(), parallel=2, ctx_size=1024, prefix_cache_ram_mib=0, flash_attention=True
+    )
+    held = threading.Event()
+    load = engine._runner_factory
+    engine._runner_factory = lambda es: (held.wait(60), load(es))[1]  # the load waits for the test
+    server = InProcessServer(engine)
+    answers: list[httpx.Response] = []
+    body = {
+        "messages": [{"role": "user", "content": "Name three colours of the sky at dusk"}],
+        "max_tokens": 2,
+        "origin": "01_first_prompts.ipynb · cell 2",
+    }
+    url, headers = server.url, server.headers()
+    calls = [
+        lambda: httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120),
+        # How the magics load the first model: the cell waits for the load, named.
+        lambda: httpx.post(
+            f"{url}/models/{engine.model_id}/load", json={"origin": "cell 1"}, headers=headers, timeout=120
+        ),
+    ]
+    callers = [threading.Thread(target=lambda c=c: answers.append(c())) for c in calls]
+    try:
+        for caller in callers:
+            caller.start()
+
+        def listed() -> list[dict[str, Any]]:
+            status = httpx.get(f"{url}/status", headers=headers, timeout=10).json()
+            return [r for r in status["requests"] if r["status"] == "waiting for the model"]
+
+        wait_for(lambda: len(listed()) == 2, what="both requests listed as waiting for their model")
+        by_origin = {r["origin"]: r for r in listed()}
+        assert by_origin["01_first_prompts.ipynb · cell 2"]["prompt_head"] == "Name three colours of the sky at dusk"
+        assert "cell 1" in by_origin
+        held.set()
+        for caller in callers:
+            caller.join(120)
+        assert [a.status_code for a in answers] == [200, 200]
+        assert listed() == []
+    finally:
+        held.set()
+        server.stop()
+        engine.shutdown()

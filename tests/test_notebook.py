@@ -44,7 +44,8 @@ def test_prompt_streams_interpolates_and_stores(connected, tmp_path):
     # The panel names the cell each request came from (nbclient gives no notebook path: "notebook").
     recent = Client(connected.url, connected.token).status()["recent"]
     cells = {r["origin"] for r in recent if (r.get("origin") or "").startswith("notebook · cell ")}
-    assert len(cells) >= 2  # the two %%magnitude cells, each by its execution number
+    # The two %%magnitude cells, each by its execution number, as In [N] shows it.
+    assert {f"notebook · cell {nb.cells[i].execution_count}" for i in (2, 4)} <= cells, cells
     # The stored answer is what the cell showed, less the mark of an answer --max-tokens cut.
     cut = CUT_MARK if meta["finish_reason"] == "length" else ""
     assert display.data["text/plain"] == eval(printed[0]) + cut

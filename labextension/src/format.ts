@@ -17,9 +17,16 @@ export interface RequestSummary {
   prompt_head?: string | null;
 }
 
+/** The status /status gives a request waiting for its model's load (no engine has it yet). */
+export const WAITING_FOR_MODEL = 'waiting for the model';
+
 /** One request in the panel's Running or Recent list, led by where it came from (a notebook cell, a
  * batch row, a calibration level, an API client's user) where its client said. */
 export function requestLine(item: RequestSummary, running: boolean): string {
+  if (running && item.status === WAITING_FOR_MODEL) {
+    const what = `${WAITING_FOR_MODEL} · ${Math.round(item.age_s ?? 0)} s`;
+    return item.origin ? `${item.origin} · ${what}` : what;
+  }
   const tokens = `${item.completion_tokens} token${item.completion_tokens === 1 ? '' : 's'}`;
   const what = running
     ? `${item.status} · ${item.priority} · ${tokens}`
@@ -32,6 +39,7 @@ export interface RequestGroup {
   text: string;
   ids: string[];
   title: string;
+  cancellable: boolean; // false for a request still waiting for its model (no engine has it to cancel)
 }
 
 // A batch row's origin: "BATCH · row LABEL · N rows" (batch.py), BATCH naming the notebook cell and DataFrame.
@@ -47,13 +55,15 @@ export function groupRequests(items: RequestSummary[], running: boolean): Reques
     const match = BATCH_ROW.exec(item.origin ?? '');
     if (!match) {
       const title = [item.origin, item.prompt_head ? `“${item.prompt_head}”` : null].filter(Boolean).join('\n');
-      groups.push({ text: requestLine(item, running), ids: [item.id], title });
+      const cancellable = running && item.status !== WAITING_FOR_MODEL;
+      groups.push({ text: requestLine(item, running), ids: [item.id], title, cancellable });
       continue;
     }
     const [, batch, label, total] = match;
     let entry = batches.get(batch);
     if (!entry) {
-      entry = { group: { text: '', ids: [], title: '' }, rows: [], total: Number(total), labels: [] };
+      const group = { text: '', ids: [], title: '', cancellable: running };
+      entry = { group, rows: [], total: Number(total), labels: [] };
       batches.set(batch, entry);
       groups.push(entry.group);
     }

@@ -210,7 +210,7 @@ export class MagnitudePanel extends Widget {
           const text = el('span', 'mg-request-text', group.text);
           text.title = group.title;
           row.appendChild(text);
-          if (cancellable) {
+          if (cancellable && group.cancellable) {
             const cancel = el('button', 'jp-Button mg-cancel', group.ids.length > 1 ? 'cancel all' : 'cancel');
             cancel.onclick = () => group.ids.forEach(id => this.actions.cancel(id));
             row.appendChild(cancel);

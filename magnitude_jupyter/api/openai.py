@@ -294,7 +294,7 @@ def _tools(data: dict[str, Any]) -> ToolRequest | None:
 MAX_ID_CHARS = 256  # `user`, `cache_salt`
 
 
-def _short_string(data: dict[str, Any], name: str) -> str | None:
+def short_string(data: dict[str, Any], name: str) -> str | None:
     value = data.get(name)
     if value is None:
         return None
@@ -403,7 +403,7 @@ def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
         except ValueError as exc:
             raise bad_param("keep_alive", str(exc)) from None
 
-    cache_salt, user, origin = (_short_string(data, name) for name in ("cache_salt", "user", "origin"))
+    cache_salt, user, origin = (short_string(data, name) for name in ("cache_salt", "user", "origin"))
     thinking = _thinking(data) if kind == "chat" else Thinking()
     return GenerationRequest(
         origin=origin,

@@ -79,7 +79,9 @@ def status_json(stats: EngineStats, pool: ModelPool | None = None, engine: Engin
         "drafts": stats.drafts,
         "steps": asdict(stats.steps) if stats.steps is not None else None,
         "uptime_s": stats.uptime_s,
-        "requests": [asdict(r) for r in stats.live],
+        # Requests waiting for this model's load come first: its engine has not got them yet.
+        "requests": [asdict(r) for r in (pool.load_waiters(stats.model) if pool is not None else [])]
+        + [asdict(r) for r in stats.live],
         "recent": [asdict(r) for r in stats.recent],
     }
     if pool is not None:

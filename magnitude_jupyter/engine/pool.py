@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from ..config import EngineSettings, Settings
 from ..models import ModelEntry, ModelNotFoundError, list_models, read_model_info, resolve_model
 from .core import Engine, EngineError
 from .memory import ContextSizing, MemoryPlan, plan_memory, resolve_settings
-from .stats import EngineStats
+from .stats import EngineStats, LiveRequest, LoadWaiter
 from .streams import TokenStream, UnknownStreamError
 
 log = logging.getLogger("magnitude.pool")
@@ -59,6 +59,8 @@ class Resident:
     load_started: float
     load_seconds: float | None = None
     users: int = 0  # requests between choosing this model and being queued by its engine
+    # Requests waiting for this model's load, by id: /status lists them before its engine has them.
+    load_waiters: dict[str, LoadWaiter] = field(default_factory=dict)
 
     @property
     def busy(self) -> bool:
@@ -397,6 +399,28 @@ class ModelPool:
         entry = self.resolve(name)
         engine = Engine(entry, settings=self.settings, **self.engine_settings_overrides(entry))
         return replace(engine.stats(), state="unloaded")
+
+    @contextlib.contextmanager
+    def waiting_for_load(self, resident: Resident, waiter: LoadWaiter | None) -> Iterator[None]:
+        """While the body waits for `resident`'s load, `waiter` is listed as waiting for it."""
+        if waiter is None:
+            yield
+            return
+        with self._lock:
+            resident.load_waiters[waiter.id] = waiter
+        try:
+            yield
+        finally:
+            with self._lock:
+                resident.load_waiters.pop(waiter.id, None)
+
+    def load_waiters(self, model_id: str) -> list[LiveRequest]:
+        """The requests waiting for this model's load (none when it is not loading), oldest first."""
+        now = time.monotonic()
+        with self._lock:
+            resident = next((r for r in self._resident.values() if r.engine.model_id == model_id), None)
+            waiters = list(resident.load_waiters.values()) if resident is not None else []
+        return [w.live(now) for w in sorted(waiters, key=lambda w: w.since)]
 
     def failure(self, alias: str) -> str | None:
         return self._failures.get(alias)

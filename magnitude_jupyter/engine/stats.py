@@ -40,6 +40,29 @@ class LiveRequest:
 
 
 @dataclass(frozen=True)
+class LoadWaiter:
+    """A request waiting for its model to load, before any engine has it: the panel lists it."""
+
+    id: str
+    priority: str
+    since: float  # time.monotonic() when it began to wait
+    origin: str | None = None
+    prompt_head: str | None = None
+
+    def live(self, now: float) -> LiveRequest:
+        return LiveRequest(
+            id=self.id,
+            status="waiting for the model",
+            priority=self.priority,
+            prompt_tokens=0,
+            completion_tokens=0,
+            age_s=round(now - self.since, 2),
+            origin=self.origin,
+            prompt_head=self.prompt_head,
+        )
+
+
+@dataclass(frozen=True)
 class FinishedRequest:
     """A request that ended, with the figures a person looks at first."""
 

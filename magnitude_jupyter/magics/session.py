@@ -58,9 +58,17 @@ class NotebookSession:
         """Where this cell's requests come from, for the panel: the notebook (its path, as Jupyter
         tells its kernels), the cell's execution number, and `what` within it (a batch row...)."""
         notebook = os.path.basename(os.environ.get("JPY_SESSION_NAME", "")) or "notebook"
-        count = getattr(self.shell, "execution_count", None)
+        count = self.cell_number()
         where = f"{notebook} · cell {count}" if count else notebook
         return f"{where} · {what}" if what else where
+
+    def cell_number(self) -> int | None:
+        """The running cell's In [N]: the input history's last index, as it is stored before the cell
+        runs (IPython 9 counts `execution_count` up before running a cell, earlier versions after)."""
+        history = getattr(self.shell, "history_manager", None)
+        if history is not None and len(history.input_hist_raw) > 1:
+            return len(history.input_hist_raw) - 1
+        return getattr(self.shell, "execution_count", None)
 
     @property
     def user_ns(self) -> dict[str, Any]:
@@ -97,7 +105,7 @@ class NotebookSession:
         if entry is not None and entry.get("state") != "ready":
             progress.model = str(wanted)
             progress(f"loading {wanted}")
-            client.load_showing_progress(str(wanted), progress)
+            client.load_showing_progress(str(wanted), progress, origin=self.origin())
 
     def connect(self, client: Client | None) -> None:
         """Talk to this server from now on (None: find one again on the next call)."""

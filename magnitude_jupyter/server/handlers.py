@@ -28,12 +28,15 @@ from ..api.openai import (
     completion_response,
     parse_generation,
     parse_json_body,
+    short_string,
     stream_renderer,
 )
 from ..api.status import model_json, pool_json, props_json, status_json
 from ..api.submit import submit
 from ..engine import Engine, Priority, Request
 from ..engine.pool import ROOM_POLL_SECONDS, ROOM_WAIT_SECONDS, ModelPool, NoRoomError, Resident
+from ..engine.request import prompt_head
+from ..engine.stats import LoadWaiter
 from ..slo import Shed, check_shed
 from .sse import POOL_KEY, send_sse, step_hub, wait_final
 from .tenants import OWNER, Tenant
@@ -87,10 +90,12 @@ class ApiMixin(RequestHandler):
         """Set `wake` when the client goes away, so a waiting reader notices at once."""
         self._wake = wake
 
-    async def checkout_model(self, name: str | None, keep_alive: float | None) -> tuple[Resident, float | None]:
+    async def checkout_model(
+        self, name: str | None, keep_alive: float | None, waiter: LoadWaiter | None = None
+    ) -> tuple[Resident, float | None]:
         """The model for one request, loaded, and the milliseconds its load took (None when it was
         resident), without blocking the loop: waits for room while busy models leave none, and for
-        the load. The caller hands it back with `pool.checkin`."""
+        the load (listed in /status as `waiter` meanwhile). The caller hands it back with `pool.checkin`."""
         loop = asyncio.get_running_loop()
         pool = self.pool
         started = time.monotonic()
@@ -104,8 +109,9 @@ class ApiMixin(RequestHandler):
                 await asyncio.sleep(ROOM_POLL_SECONDS)
         waited = resident.engine.state == "loading"
         try:
-            while resident.engine.state == "loading":
-                await asyncio.sleep(0.05)
+            with pool.waiting_for_load(resident, waiter if waited else None):
+                while resident.engine.state == "loading":
+                    await asyncio.sleep(0.05)
             pool.check_loaded(resident)
         except BaseException:
             pool.checkin(resident)
@@ -254,7 +260,14 @@ class GenerationHandler(ApiMixin):
 
     async def _submit_on(self, model: str | None, req: GenerationRequest, arrival: float) -> tuple[Engine, Request]:
         """Submit to `model`'s engine (loaded first if need be): the engine and the request."""
-        resident, load_ms = await self.checkout_model(model, req.keep_alive)
+        waiter = LoadWaiter(
+            f"waiting-{uuid.uuid4().hex[:12]}",
+            req.priority.name.lower(),
+            time.monotonic(),
+            origin=req.origin or req.user,
+            prompt_head=prompt_head(req.prompt, req.messages),
+        )
+        resident, load_ms = await self.checkout_model(model, req.keep_alive, waiter)
         try:
             engine = resident.engine
             request = await off_loop(self, self._body_size, lambda: self._submit(engine, req, arrival, load_ms))
@@ -389,7 +402,8 @@ class ModelActionHandler(ApiMixin):
             if not self.tenant.models:
                 raise self.tenant.refuse(f"{action} models", "model")
             if action == "load":
-                resident, load_ms = await self.checkout_model(model_id, None)
+                waiter = LoadWaiter(f"waiting-{uuid.uuid4().hex[:12]}", "interactive", time.monotonic(), self._origin())
+                resident, load_ms = await self.checkout_model(model_id, None, waiter)
                 self.pool.checkin(resident)
                 body = {"id": resident.entry.alias, "loaded": True, "load_ms": round(load_ms, 1) if load_ms else None}
             else:
@@ -400,6 +414,12 @@ class ModelActionHandler(ApiMixin):
             self.send_error_json(exc, "model")
             return
         self.send_json(body)
+
+    def _origin(self) -> str | None:
+        """Who waits for this load (a notebook cell), as an optional body {"origin": ...} says."""
+        if not self.request.body:
+            return None
+        return short_string(self.json_body(), "origin")
 
 
 class HealthHandler(ApiMixin):

@@ -210,6 +210,22 @@ describe('requestLine', () => {
     const done = { ...running, finish_reason: 'length', ttft_ms: 1100, completion_tokens: 8, origin: '01_first_prompts.ipynb · cell 3' };
     expect(requestLine(done, false)).toBe('01_first_prompts.ipynb · cell 3 · length · TTFT 1.1 s · 8 tokens');
   });
+
+  it('lists a request waiting for its model under its cell, with no cancel', () => {
+    const waiting = {
+      id: 'w',
+      status: 'waiting for the model',
+      priority: 'interactive',
+      prompt_tokens: 0,
+      completion_tokens: 0,
+      age_s: 4.6,
+      origin: '01_first_prompts.ipynb · cell 2'
+    };
+    expect(requestLine(waiting, true)).toBe('01_first_prompts.ipynb · cell 2 · waiting for the model · 5 s');
+    const [group] = groupRequests([waiting], true);
+    expect(group.cancellable).toBe(false);
+    expect(groupRequests([{ ...waiting, status: 'running' }], true)[0].cancellable).toBe(true);
+  });
 });
 
 describe('the panel names things', () => {
