@@ -84,11 +84,41 @@ def _model_details(entry: Any, settings: Any) -> dict[str, Any]:
     details["kv_windowed"] = bool(layouts["f16"].window)
     details["kv_cache_type"] = engine.kv_type_label  # what this model is configured to run with
     details["kv_bytes_per_token_configured"] = layout(*engine.kv_types).bytes_per_cell
+    details["kv_cache_planned"] = _planned_kv(info, engine, settings.memory_reserve_mib << 20)
     details["chat_format"] = info.chat_format(settings.model_settings(entry.alias).chat_template).to_json()
     share, types = info.unbatched_weights()
     details["unbatched_weight_share_x86"] = round(share, 4)
     details["unbatched_weight_types_x86"] = types
     return details
+
+
+def _planned_kv(info: Any, engine: Any, reserve_bytes: int) -> dict[str, Any] | str:
+    """The KV cache llama.cpp will make for the configured settings (ctx_size auto sized as a load
+    would size it now): bytes, cells, and the windowed layers' cells; or why it cannot be planned."""
+    from .config import ConfigError
+    from .engine.memory import plan_kv, resolve_settings
+
+    try:
+        es, _ = resolve_settings(info, engine, reserve_bytes)
+    except ConfigError as exc:
+        return str(exc)
+    kv = plan_kv(info, es)
+    return {
+        "bytes": kv.bytes,
+        "cells": kv.cells,
+        "window_cells": kv.window_cells if kv.window else None,
+        "parallel": es.parallel,
+        "cache_type": es.kv_type_label,
+    }
+
+
+def _planned_kv_line(planned: dict[str, Any] | str) -> str:
+    if isinstance(planned, str):
+        return planned
+    line = f"{_human_bytes(planned['bytes'])} ({planned['cache_type']}): {planned['cells']:,} cells"
+    if planned["window_cells"]:
+        line += f", {planned['window_cells']:,} in the windowed layers"
+    return line + f" (parallel {planned['parallel']})"
 
 
 def _attention_line(entry: Any, settings: Any, served: dict[str, Any] | None) -> str:
@@ -198,6 +228,7 @@ def list_cmd(as_json: bool, show_details: bool) -> None:
             if d["kv_cache_type"] not in d["kv_bytes_per_token"]:
                 configured = f"{d['kv_bytes_per_token_configured']:,.0f} bytes/token"
                 lines.append((f"KV cache ({d['kv_cache_type']})", configured + "  (configured)"))
+            lines.append(("KV cache planned", _planned_kv_line(d["kv_cache_planned"])))
             for label, value in lines:
                 click.echo(f"    {label:<16} {value}")
 

@@ -127,9 +127,10 @@ def test_ctx_size_auto_gives_the_windowed_layers_their_windows_and_the_rest_to_c
         parallel=2, prefix_cache_entries=4, prefix_cache_ram_mib=0, ctx_size="auto", flash_attention=True
     )
     layout = plan_kv(info, dataclasses.replace(es, ctx_size=4096))
-    assert (layout.window, layout.window_cells) == (64, 1024)  # (2 + 4) x 64 + 512, in blocks of 256
-    assert layout.bytes == 4096 * layout.global_bytes_per_token + 1024 * layout.window_bytes_per_token
-    budget = info.file_size + _buffers(info, es) + 1024 * layout.window_bytes_per_token + 6000 * 128
+    # 2 slots x 64 + 512, in blocks of 256: the cache's 4 entries take their ids from the slots
+    assert (layout.window, layout.window_cells) == (64, 768)
+    assert layout.bytes == 4096 * layout.global_bytes_per_token + 768 * layout.window_bytes_per_token
+    budget = info.file_size + _buffers(info, es) + 768 * layout.window_bytes_per_token + 6000 * 128
     sizing = size_context(info, dataclasses.replace(es, memory_budget=int(budget)), 0)
     fits = [
         c
@@ -137,11 +138,11 @@ def test_ctx_size_auto_gives_the_windowed_layers_their_windows_and_the_rest_to_c
         if plan_kv(info, es, c).bytes <= budget - info.file_size - _buffers(info, es)
     ]
     assert sizing.cells == fits[-1] == 5888
-    assert "window cells" in sizing.reason and "(window 64 x 6 sequences + a batch)" in sizing.reason
+    assert "window cells" in sizing.reason and "(window 64 x 2 sequences + a batch)" in sizing.reason
     plan = plan_memory(info, dataclasses.replace(es, ctx_size=sizing.cells))
     assert plan.kv_cache == plan_kv(info, es, sizing.cells).bytes and plan.resident <= budget
-    # With full-size windows every layer holds every cell: the same budget holds 1,792, short of one sequence
-    with pytest.raises(ConfigError, match="1,792 cells at 768 bytes/token"):
+    # With full-size windows every layer holds every cell: the same budget holds 1,536, short of one sequence
+    with pytest.raises(ConfigError, match="1,536 cells at 768 bytes/token"):
         size_context(info, dataclasses.replace(es, memory_budget=int(budget), swa_full=True), 0)
 
 
@@ -224,5 +225,87 @@ def test_a_turn_that_parts_from_the_last_answer_goes_on_from_the_window_checkpoi
         status = engine.stats().scheduler
         assert again.usage["prompt_tokens_details"]["cached_tokens"] == 0 and again.token_ids == [21, 22, 23]
         assert status.prompt_tokens_window_checkpoint == 40 and len(runner.windows_loaded) == 1
+    finally:
+        engine.shutdown()
+
+
+def test_a_windowed_models_entries_take_their_ids_from_the_request_slots():
+    """llama.cpp gives a windowed layer a window per sequence id: the cache's entries hold the slots'
+    own ids (two here), a conversation goes on in the sequence its last turn left, and entries that
+    need an id more than they do go to the RAM tier and come back."""
+    runner = FakeRunner(n_ctx=512, step_seconds=0)
+    engine = windowed_engine(runner)  # parallel 2
+    try:
+        talks = [list(range(100 + 50 * i, 140 + 50 * i)) for i in range(3)]
+        firsts = [engine.generate(prompt_tokens=t, params=SamplingParams(max_tokens=5)) for t in talks]
+        assert engine.stats().scheduler.prefix_cache_entries == 2  # the third took the first's id
+        copies = len(runner.copies)
+        for talk, first in zip(talks, firsts, strict=True):
+            turn = engine.generate(prompt_tokens=[*talk, *first.token_ids, 7, 8], params=SamplingParams(max_tokens=3))
+            # its prompt and the answer's computed tokens: in the sequence it was handed, or restored
+            assert turn.usage["prompt_tokens_details"]["cached_tokens"] == len(talk) + 4
+        assert set(runner.started) <= {0, 1} and set(runner.seqs) <= {0, 1}
+        assert runner.restored >= 1  # the first conversation came back from the RAM tier
+        assert len(runner.copies) == copies  # no request copied a cache entry: each was handed its sequence
+    finally:
+        engine.shutdown()
+
+
+def test_entries_holding_every_id_never_keep_requests_from_running_side_by_side():
+    runner = FakeRunner(n_ctx=512, step_seconds=0.01)
+    engine = windowed_engine(runner)
+    try:
+        for base in (100, 200):  # two entries: both ids held
+            engine.generate(prompt_tokens=list(range(base, base + 30)), params=SamplingParams(max_tokens=3))
+        assert engine.stats().scheduler.prefix_cache_entries == 2
+        runner.calls.clear()
+        requests = [
+            engine.submit(prompt_tokens=list(range(base, base + 30)), params=SamplingParams(max_tokens=20))
+            for base in (300, 400)
+        ]
+        for request in requests:
+            assert request.stream is not None
+            request.stream.wait_final(30)
+        assert all(r.finish_reason is not None and r.finish_reason.value == "length" for r in requests)
+        assert max(len(call) for call in runner.calls) == 2  # they decoded together
+        assert set(runner.seqs) <= {0, 1}
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("window", [512, 1024])
+def test_a_windowed_models_kv_cache_is_the_size_llama_server_gives_it(tmp_path, window):
+    """`--parallel 4 --ctx-size 8192` on a windowed model: llama.cpp's KV buffer is what llama-server
+    makes for `-np 4 --kv-unified -c 8192` (its arithmetic written out here), and the plan says the same;
+    then a conversation on it reuses its last turn."""
+    from magnitude_jupyter.cli_models import _model_details
+    from magnitude_jupyter.config import EngineSettings
+    from magnitude_jupyter.engine.memory import plan_kv
+    from magnitude_jupyter.kvmath import kv_bytes_per_token
+    from magnitude_jupyter.models import read_model_info, resolve_model
+    from magnitude_jupyter.tiny_models import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "tiny-gemma3.gguf", "gemma3", sliding_window=window)
+    info = read_model_info(path)
+    engine = Engine(str(path), settings=Settings(), parallel=4, ctx_size=8192, flash_attention=True).start()
+    try:
+        windowed = info.windowed_layers
+        glob = kv_bytes_per_token(info, "f16", "f16", [not w for w in windowed])
+        swa = kv_bytes_per_token(info, "f16", "f16", windowed)
+        # llama-server: window x 4 sequences + a 512-token ubatch, in blocks of 256, within the context
+        swa_cells = min(8192, -(-(window * 4 + 512) // 256) * 256)
+        llama_server = 8192 * glob + swa_cells * swa
+        stats = engine.stats()
+        assert stats.kv_buffer_bytes_reported == pytest.approx(llama_server, rel=0.05)
+        assert plan_kv(info, engine.engine_settings).bytes == pytest.approx(llama_server, rel=0.05)
+        # `magnitude list --show-details` plans the same for these settings
+        settings = Settings(engine=EngineSettings(parallel=4, ctx_size=8192), models_dir=tmp_path)
+        details = _model_details(resolve_model(str(path), settings), settings)
+        assert details["kv_cache_planned"]["bytes"] == pytest.approx(llama_server, rel=0.05)
+        prompt = "The sky is blue and the grass is green. " * 40
+        first = engine.generate(prompt, params=SamplingParams(max_tokens=8, temperature=0))
+        again = engine.generate(prompt + first.text + " And", params=SamplingParams(max_tokens=4, temperature=0))
+        assert again.usage["prompt_tokens_details"]["cached_tokens"] >= first.usage["prompt_tokens"]
     finally:
         engine.shutdown()

@@ -32,7 +32,15 @@ from ..chat_formats import ChatFormat
 from ..config import EngineSettings, Settings, load_settings
 from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
 from .gbnf_limits import start_with_grammar_stack
-from .memory import ContextSizing, cache_sequences, context_sequences, plan_kv, resolve_settings
+from .memory import (
+    ContextSizing,
+    cache_sequences,
+    context_sequences,
+    is_windowed,
+    plan_kv,
+    resolve_settings,
+    shares_sequences,
+)
 from .metrics import EngineMetrics, StepCounts
 from .plan import PromptTooLongError, ScheduledChunk, SchedulerOutput, SchedulerStats
 from .prefix_cache import KVOp
@@ -171,7 +179,7 @@ class Engine:
         return LlamaRunner(
             self.model_entry.path,
             n_ctx=es.cells,
-            n_seq_max=context_sequences(es),
+            n_seq_max=context_sequences(es, self._windowed),
             n_batch=es.n_batch,
             n_threads=es.n_threads,
             gpu_layers=es.gpu_layers,
@@ -185,6 +193,14 @@ class Engine:
             full_windows=es.swa_full,
             on_phase=self._set_load_phase,
         )
+
+    @property
+    def _windowed(self) -> bool:
+        """A model with sliding-window layers, as its file says (the context and the scheduler agree on
+        how many sequence ids there are from this one reading); a runner made otherwise says itself."""
+        if self.model_info is not None:
+            return is_windowed(self.model_info)
+        return self.runner is not None and bool(self.runner.sliding_window)
 
     def _set_load_phase(self, phase: str) -> None:
         if phase != self.load_phase:
@@ -603,6 +619,7 @@ class Engine:
                 admission=es.admission,
                 sliding_window=self.runner.sliding_window,
                 sequence_start=self.runner.sequence_start,
+                shared_sequences=shares_sequences(self._windowed, es),
             )
             if trained and es.cells > trained:
                 # Said at start-up, never discovered by a request (docs/configuration.md, ctx_size).

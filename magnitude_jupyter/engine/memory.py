@@ -72,9 +72,21 @@ def cache_sequences(es: EngineSettings) -> int:
     return min(es.prefix_cache_entries, LLAMA_MAX_SEQ - es.parallel) if es.prefix_reuse else 0
 
 
-def context_sequences(es: EngineSettings) -> int:
-    """Every sequence of the context (llama.cpp's n_seq_max): the request slots and the cache's entries."""
-    return es.parallel + cache_sequences(es)
+def is_windowed(info: ModelInfo) -> bool:
+    """Whether the model has sliding-window layers (as llama.cpp reads them: kvmath.kv_layout)."""
+    return bool(info.sliding_window) and any(info.windowed_layers)
+
+
+def shares_sequences(windowed: bool, es: EngineSettings) -> bool:
+    """Whether the prefix cache's entries take their sequence ids from the request slots: on a model
+    with sliding-window layers (llama.cpp gives those a window per sequence id), unless `swa_full`."""
+    return windowed and not es.swa_full and es.prefix_reuse
+
+
+def context_sequences(es: EngineSettings, windowed: bool = False) -> int:
+    """Every sequence of the context (llama.cpp's n_seq_max): the request slots and the cache's entries,
+    or only the slots where entries share them (`shares_sequences`)."""
+    return es.parallel if shares_sequences(windowed, es) else es.parallel + cache_sequences(es)
 
 
 def _buffers(info: ModelInfo, es: EngineSettings, cells: int = 0) -> int:
@@ -87,7 +99,7 @@ def _buffers(info: ModelInfo, es: EngineSettings, cells: int = 0) -> int:
 
 
 def _output_buffer(info: ModelInfo, es: EngineSettings) -> int:
-    return context_sequences(es) * info.vocab_size * FLOAT_BYTES
+    return context_sequences(es, is_windowed(info)) * info.vocab_size * FLOAT_BYTES
 
 
 def _scores_bytes_per_cell(info: ModelInfo, es: EngineSettings) -> int:
@@ -100,7 +112,7 @@ def _scores_bytes_per_cell(info: ModelInfo, es: EngineSettings) -> int:
 def plan_kv(info: ModelInfo, es: EngineSettings, cells: int | None = None) -> KVLayout:
     """The KV cache llama.cpp makes for these settings (of `cells`, or the settings' own)."""
     cells = -(-(es.cells if cells is None else cells) // KV_PADDING) * KV_PADDING
-    sequences = context_sequences(es)
+    sequences = context_sequences(es, is_windowed(info))
     return kv_layout(info, cells, *es.kv_types, sequences=sequences, batch=es.n_batch, full_windows=es.swa_full)
 
 
@@ -193,7 +205,7 @@ def size_context(
     if layout.window:
         kv += (
             f" + {layout.window_cells:,} window cells x {layout.window_bytes_per_token:,.0f} bytes/token "
-            f"(window {layout.window} x {context_sequences(es)} sequences + a batch)"
+            f"(window {layout.window} x {context_sequences(es, True)} sequences + a batch)"
         )
     reason = (
         f"ctx_size auto: {cells:,} cells ({why}); budget {mib(budget)} ({source}): weights {mib(info.file_size)}, "

@@ -67,6 +67,17 @@ class TrimSequence:
 
 
 @dataclass
+class TakeTreeCells:
+    """`seq_id` drops its cells of positions [0, end) and shares `holder`'s there instead: a request's
+    sequence kept as an entry holds the tree's own cells for the part the tree had (never the same
+    tokens twice)."""
+
+    seq_id: int
+    holder: int
+    end: int
+
+
+@dataclass
 class SaveSequence:
     """Save the state of `seq_id` (its `tokens`) to the RAM tier before it is cleared (its windowed
     layers' cells whole from `window_floor`)."""
@@ -133,6 +144,7 @@ KVOp = (
     CopyCells
     | ClearSequence
     | TrimSequence
+    | TakeTreeCells
     | SaveSequence
     | RestoreSequence
     | SaveWindow
@@ -351,22 +363,28 @@ class PrefixCache:
             leaf = match.path[-1].any_leaf()
             leaf.last_used, leaf.used_at_row = now, self.rows
 
-    def insert(self, tokens: Sequence[int], src_seq: int, ops: list[KVOp], pinned: Pins = ()) -> None:
+    def insert(
+        self, tokens: Sequence[int], src_seq: int, ops: list[KVOp], pinned: Pins = (), adopt: bool = False
+    ) -> bool:
         """Keep `tokens`, whose cells `src_seq` holds, as an entry (before `src_seq` is cleared).
 
         Only the part the tree lacks is taken from `src_seq`: what it already holds stays as it is,
         so a span of tokens never has its cells twice. The new cells come from the request that
         ends, whose reservation covered them, so inserting never overruns the budget.
+
+        `adopt` (sequence ids shared with the request slots, see "Shared sequence ids"): the entry
+        keeps `src_seq` itself, its cells below the match replaced by the tree's; True when it did
+        (the caller then neither clears nor frees `src_seq`).
         """
         match = self.match(tokens, len(tokens))
         self.touch(match)
         if match.length == len(tokens):
-            return  # nothing new
+            return False  # nothing new
         extends_leaf = bool(match.path) and match.path[-1].is_leaf and match.length == self._end(match.path)
-        if not extends_leaf and not self.free_seq_ids:
+        if not adopt and not extends_leaf and not self.free_seq_ids:
             # Free a sequence id first (its entry may fold nodes together), keeping this path.
             if not self._evict_leaf(ops, [*pinned, (tokens, match.length)]):
-                return  # every entry is pinned: nothing is kept this time
+                return False  # every entry is pinned: nothing is kept this time
             match = self.match(tokens, len(tokens))
         parent = self._split_at(match)
         new = list(tokens[match.length :])
@@ -374,18 +392,29 @@ class PrefixCache:
         if parent.is_leaf and parent.seq_id is not None:
             # The request continued an entry (the next turn of a conversation): the entry grows.
             parent.window_floor = self._made_floor(match.length, src_seq, self._floor_now(parent))
-            ops.append(CopyCells(src_seq, parent.seq_id, match.length, len(tokens)))
+            if adopt:
+                ops.append(TakeTreeCells(src_seq, parent.seq_id, match.length))
+                ops.append(ClearSequence(parent.seq_id))
+                self.free_seq_ids.append(parent.seq_id)
+                parent.seq_id, parent.plan = src_seq, self.plan
+            else:
+                ops.append(CopyCells(src_seq, parent.seq_id, match.length, len(tokens)))
             parent.tokens += new
             parent.last_used, parent.used_at_row = now, self.rows
             self.cells += len(new)
-            return
+            return adopt
         holder = parent.any_leaf() if match.length else None
         # Below the match its cells are the holder's, whole from the holder's floor up to its end.
         floor = self._made_floor(match.length, src_seq, self._floor_now(holder) if holder else 0)
-        seq_id = self.free_seq_ids.pop(0)
-        if holder is not None:
-            ops.append(CopyCells(self._holder(holder), seq_id, 0, match.length))
-        ops.append(CopyCells(src_seq, seq_id, match.length, len(tokens)))
+        if adopt:
+            seq_id = src_seq
+            if holder is not None:
+                ops.append(TakeTreeCells(src_seq, self._holder(holder), match.length))
+        else:
+            seq_id = self.free_seq_ids.pop(0)
+            if holder is not None:
+                ops.append(CopyCells(self._holder(holder), seq_id, 0, match.length))
+            ops.append(CopyCells(src_seq, seq_id, match.length, len(tokens)))
         parent.children[new[0]] = Node(
             tokens=new,
             parent=parent,
@@ -396,6 +425,21 @@ class PrefixCache:
             plan=self.plan,
         )
         self.cells += len(new)
+        return adopt
+
+    def hand_over(self, seq_id: int, length: int, pinned: Pins, ops: list[KVOp]) -> int | None:
+        """A request about to go on from the first `length` tokens of the leaf whose sequence is `seq_id`
+        takes that sequence (ids shared with the request slots, and none free): the leaf leaves the
+        tree, saved to the RAM tier first, and the sequence is cut back to `length`. Returns how many
+        of those tokens the tree still holds (the request shares them), or None when no unpinned
+        leaf has that sequence."""
+        leaf = next((leaf for leaf in self.leaves() if leaf.seq_id == seq_id), None)
+        if leaf is None or id(leaf) in self.pinned_nodes(pinned):
+            return None
+        below = len(self._path_tokens(leaf)) - len(leaf.tokens)  # where the leaf's own span starts
+        self._drop(leaf, ops, clear=False)
+        ops.append(TrimSequence(seq_id, length))
+        return min(below, length)
 
     @staticmethod
     def _end(path: list[Node]) -> int:
@@ -552,6 +596,11 @@ class PrefixCache:
         del leaf.tokens[keep:]
         self.cells -= cut
 
+    def evict_one(self, pinned: Pins, ops: list[KVOp]) -> bool:
+        """Evict the least recently used leaf nothing in `pinned` shares (saved to the RAM tier first),
+        freeing its sequence id; False if every leaf is shared."""
+        return self._evict_leaf(ops, pinned)
+
     def _evict_leaf(self, ops: list[KVOp], pinned: Pins) -> bool:
         held = self.pinned_nodes(pinned)
         candidates = [leaf for leaf in self.leaves() if id(leaf) not in held]
@@ -568,13 +617,16 @@ class PrefixCache:
             node = node.parent
         return tuple(itertools.chain.from_iterable(reversed(parts)))
 
-    def _drop(self, leaf: Node, ops: list[KVOp], save: bool = True) -> None:
+    def _drop(self, leaf: Node, ops: list[KVOp], save: bool = True, clear: bool = True) -> None:
+        """Take a leaf out of the tree (saved to the RAM tier first, unless not `save`); its sequence is
+        cleared and its id freed, unless not `clear` (a request takes the sequence: `hand_over`)."""
         assert leaf.seq_id is not None and leaf.parent is not None
         if self.ram is not None and save:
             path = self._path_tokens(leaf)
             ops.append(SaveSequence(leaf.seq_id, path, self._saved_floor(leaf, len(path))))
-        ops.append(ClearSequence(leaf.seq_id))
-        self.free_seq_ids.append(leaf.seq_id)
+        if clear:
+            ops.append(ClearSequence(leaf.seq_id))
+            self.free_seq_ids.append(leaf.seq_id)
         parent = leaf.parent
         del parent.children[leaf.tokens[0]]
         self.cells -= len(leaf.tokens)

@@ -23,6 +23,7 @@ from .prefix_cache import (
     SaveSequence,
     SaveWindow,
     SuspendSequence,
+    TakeTreeCells,
     TrimSequence,
 )
 from .ram_tier import RamTier, SavedState
@@ -146,6 +147,9 @@ def apply_kv_ops(runner: Runner, ops: list[KVOp], ram: RamTier | None) -> None:
             runner.end_sequence(op.seq_id)
         elif isinstance(op, TrimSequence):
             runner.drop_cells(op.seq_id, op.start, -1)
+        elif isinstance(op, TakeTreeCells):
+            runner.drop_cells(op.seq_id, 0, op.end)
+            runner.copy_cells(op.holder, op.seq_id, 0, op.end)
         elif isinstance(op, SaveSequence):
             if ram is not None:
                 ram.put(op.tokens, runner.save_sequence(op.seq_id), op.window_floor)

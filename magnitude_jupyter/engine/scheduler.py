@@ -84,9 +84,12 @@ class Scheduler(PromptStarts):
         admission: str = "estimate",
         sliding_window: int | None = None,
         sequence_start: Callable[[int], int] | None = None,
+        shared_sequences: bool = False,
     ) -> None:
         """`sliding_window`: the tokens the runner's windowed layers see, and `sequence_start` where a
-        sequence's cells start now (Runner.sliding_window, .sequence_start)."""
+        sequence's cells start now (Runner.sliding_window, .sequence_start). `shared_sequences`: the
+        cache's entries take their sequence ids from the request slots' own `max_running` (a windowed
+        model: llama.cpp gives its windowed layers a window per sequence id, docs/decisions.md)."""
         if admission not in ADMISSION_MODES:
             raise ValueError(f"admission must be one of {', '.join(ADMISSION_MODES)}, got {admission!r}")
         self.ctx_size = ctx_size
@@ -109,13 +112,17 @@ class Scheduler(PromptStarts):
         self.waiting: dict[Priority, deque[Request]] = {p: deque() for p in Priority}
         self.running: list[Request] = []
         self.free_seq_ids: list[int] = list(range(max_running))
-        # Sequence ids after the request slots belong to cache entries (see prefix_cache.py).
-        cache_ids = range(max_running, max_running + cache_sequences)
+        # Sequence ids after the request slots belong to cache entries (see prefix_cache.py); or, shared,
+        # an entry holds a slot's id while no request runs in it, and a request that needs one takes it.
+        self.shared_sequences = shared_sequences and prefix_reuse
+        cache_ids = () if self.shared_sequences else range(max_running, max_running + cache_sequences)
         self.cache = (
             PrefixCache(cache_ids, cache_ram_bytes, cache_spill_rows, sliding_window or 0, sequence_start)
-            if prefix_reuse and cache_sequences
+            if prefix_reuse and (cache_sequences or self.shared_sequences)
             else None
         )
+        if self.cache is not None and self.shared_sequences:
+            self.cache.free_seq_ids = self.free_seq_ids  # one list: what one takes, the other sees gone
         self.sliding_window = sliding_window
         self.prefix_reuse = prefix_reuse  # off: every prompt is computed, none copied (not even from a running one)
         self._window_missed = 0
@@ -148,7 +155,7 @@ class Scheduler(PromptStarts):
     def add_request(self, request: Request) -> None:
         self.check_fits(len(request.prompt_tokens), request.max_tokens)
         # Requests that the next step will admit into a free slot are not "waiting" for the limit.
-        if self.num_waiting - len(self.free_seq_ids) >= self.max_waiting:
+        if self.num_waiting - (self.max_running - len(self.running)) >= self.max_waiting:
             raise OverloadedError(
                 f"the waiting queue is full ({self.max_waiting} requests); retry shortly",
                 retry_after=1.0,
@@ -160,11 +167,13 @@ class Scheduler(PromptStarts):
         for priority in Priority:  # interactive first
             queue = self.waiting[priority]
             riding: list[Request] = []  # waiting for a running request to compute the prompt they share
-            while queue and self.free_seq_ids:
+            while queue and len(self.running) < self.max_running:
                 head = queue[0]
                 if self._rides_on(head) is not None:
                     riding.append(queue.popleft())
                     continue
+                if not self.free_seq_ids:
+                    self._free_a_sequence(head, out)
                 source, shared, from_cache, window = self._prefix_source(head, out)
                 need = self.charge(head, shared if from_cache else 0)
                 room = need + self._headroom()
@@ -173,9 +182,18 @@ class Scheduler(PromptStarts):
                     # and batch rows do not jump ahead of a waiting interactive request.
                     queue.extendleft(reversed(riding))
                     return
+                handed = None  # the tokens the cache still holds of a sequence handed over by the cache
+                if not self.free_seq_ids:
+                    handed = self._hand_over(source, shared, from_cache, out)
+                    if handed is None and not self.free_seq_ids:
+                        queue.extendleft(reversed(riding))
+                        return  # every sequence id is running, or held by an entry that running requests share
+                    if handed is not None:
+                        need = self.charge(head, handed)
                 queue.popleft()
                 self.budget.reserve(head.request_id, need)
-                head.seq_id = self.free_seq_ids.pop(0)
+                seq_id = source if handed is not None and source is not None else self.free_seq_ids.pop(0)
+                head.seq_id = seq_id
                 head.status = RequestStatus.RUNNING
                 self._admissions += 1
                 head.admission_number = self._admissions
@@ -189,13 +207,14 @@ class Scheduler(PromptStarts):
                     head.admitted_time = now
                 head.copied_tokens = head.cache_shared = 0
                 if source is not None and shared:
-                    out.kv_ops.append(CopyCells(source, head.seq_id, 0, shared))
+                    if handed is None:
+                        out.kv_ops.append(CopyCells(source, seq_id, 0, shared))
                     head.num_computed_tokens = head.copied_tokens = shared
-                    head.cache_shared = shared if from_cache else 0
+                    head.cache_shared = (shared if handed is None else handed) if from_cache else 0
                     if not resumed:
                         head.cached_tokens = shared
                     if window is not None:
-                        out.kv_ops.append(LoadWindow(head.seq_id, window, self._window_refused(head, resumed, out)))
+                        out.kv_ops.append(LoadWindow(seq_id, window, self._window_refused(head, resumed, out)))
                 if self.cache is not None and not head.params.reproducible and not resumed:
                     self.cache.lookup_tokens += len(head.prompt_tokens)
                     self.cache.hit_tokens += shared
@@ -207,6 +226,30 @@ class Scheduler(PromptStarts):
             queue.extendleft(reversed(riding))
             if queue:
                 return
+
+    def _free_a_sequence(self, head: Request, out: SchedulerOutput) -> None:
+        """With shared sequence ids all taken: evict the least recently used entry that neither running
+        requests nor `head`'s prompt share (saved to the RAM tier), freeing its id."""
+        if self.cache is None or not self.shared_sequences:
+            return
+        tokens = head.cache_context_tokens
+        mine = self.cache.match(tokens, len(tokens)).length
+        if self.cache.evict_one([*self._pins(), (tokens, mine)], out.kv_ops):
+            self._sync_cache_budget()
+
+    def _hand_over(self, source: int | None, shared: int, from_cache: bool, out: SchedulerOutput) -> int | None:
+        """With shared sequence ids all taken: the entry the request copies from hands it its sequence
+        (how many tokens the tree still holds of it), or, when the request copies nothing, any entry
+        nobody runs on gives its id up; None when neither can."""
+        if self.cache is None or not self.shared_sequences:
+            return None
+        if source is not None and from_cache and shared:
+            handed = self.cache.hand_over(source, shared, self._pins(), out.kv_ops)
+            self._sync_cache_budget()
+            return handed
+        if source is None and self.cache.evict_one(self._pins(), out.kv_ops):
+            self._sync_cache_budget()
+        return None
 
     def _headroom(self) -> int:
         """Free cells a new admission leaves under `estimate`: a growth step for each running request
@@ -521,15 +564,20 @@ class Scheduler(PromptStarts):
             self.running.remove(request)
             self.budget.release(request.request_id)
             if seq_id is not None:
+                kept = False  # the entry keeps the sequence itself (shared sequence ids)
                 if self.cache is not None and reason != FinishReason.ERROR and not request.params.reproducible:
                     # Its tokens stay as a cache entry: the next turn of a conversation starts with them
                     # (not a reproducible request's: they are in its lane, runner.Lane).
                     computed = _computed_tokens(request)
                     if computed:
-                        self.cache.insert(computed, seq_id, self.pending_kv_ops, self._pins())
+                        pins = self._pins()
+                        kept = self.cache.insert(computed, seq_id, self.pending_kv_ops, pins, self.shared_sequences)
                     self._sync_cache_budget()
-                self.free_seq_ids.append(seq_id)
-                self.free_seq_ids.sort()
+                if kept:
+                    seq_id = None
+                else:
+                    self.free_seq_ids.append(seq_id)
+                    self.free_seq_ids.sort()
         request.status = reason.status
         request.finish_reason = reason
         request.error = error
