@@ -11,11 +11,16 @@ run of a tiny model lasts seconds: one alone is noise): output tok/s and the sha
 each server took from its cache (ours also counts what a sliding window kept from being reused, and
 what came through window checkpoints).
 
-    python benchmarks/model_matrix.py [--sessions 8] [--rounds 6] [--max-tokens 64] [--repeats 3] [--families a,b]
+A windowed family (Gemma 3, gpt-oss) is written at each of `--windows` (realistic: 512 and 1,024), and
+every model runs at each of `--parallel`.
+
+    python benchmarks/model_matrix.py [--sessions 16] [--rounds 6] [--max-tokens 64] [--repeats 3]
+        [--families a,b] [--windows 512,1024] [--parallel 4,16] [--no-bundled]
 """
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from pathlib import Path
 
@@ -27,32 +32,43 @@ from magnitude_jupyter.kvmath import kv_layout
 from magnitude_jupyter.models import bundled_model_path, read_model_info
 from magnitude_jupyter.tiny_models import ARCHITECTURES, TinyShape, write_tiny_model
 
-CTX, PARALLEL = 8192, 8
+CTX = 8192
 GIB = 1 << 30
 SESSION_CONTEXT = 8192
 # Wider than the tests' models, so a step does some arithmetic; still a few MB.
 SHAPE = TinyShape(layers=6, embedding=256, heads=8, kv_heads=4, head_dim=32, feed_forward=512, context=CTX)
 
 
-def models(folder: Path, kinds: list[str]) -> dict[str, Path]:
-    out = {"bundled (SmolLM2, ChatML)": bundled_model_path()}
+def models(folder: Path, kinds: list[str], windows: list[int], bundled: bool) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    if bundled:
+        path = bundled_model_path()
+        assert path is not None
+        out["bundled (SmolLM2, ChatML)"] = path
     for kind in kinds:
-        family = family_named(ARCHITECTURES[kind].family)
+        arch = ARCHITECTURES[kind]
+        family = family_named(arch.family)
         assert family is not None
-        out[f"tiny {kind} ({family.name})"] = write_tiny_model(
-            folder / f"tiny-{kind}.gguf", kind, template=family.template, shape=SHAPE
-        )
+        for window in windows if arch.sliding_window else [0]:
+            name = f"tiny {kind} ({family.name})" + (f", window {window}" if window else "")
+            out[name] = write_tiny_model(
+                folder / f"tiny-{kind}-{window}.gguf",
+                kind,
+                template=family.template,
+                shape=SHAPE,
+                sliding_window=window or None,
+            )
     return out
 
 
-def best_runs(path: Path, args) -> tuple[Run, Run, dict, dict]:
+def best_runs(path: Path, parallel: int, args) -> tuple[Run, Run, dict, dict]:
     """Both servers on one file, alternating, `args.repeats` times: the best run of each (by output
     tok/s), our status at the start and after our best run."""
     ours_best = peer_best = None
     first: dict = {}
     after: dict = {}
     for _ in range(args.repeats):
-        ours = MagnitudeServer(parallel=PARALLEL, ctx_size=CTX, threads=args.threads, model=path)
+        ours = MagnitudeServer(parallel=parallel, ctx_size=CTX, threads=args.threads, model=path)
         try:
             first = first or ours.client.status()
             run = run_workload("magnitude serve", ours.url, args.sessions, args.rounds, args.max_tokens)
@@ -60,7 +76,7 @@ def best_runs(path: Path, args) -> tuple[Run, Run, dict, dict]:
                 ours_best, after = run, ours.client.status()
         finally:
             ours.close()
-        peer = LlamaServer(args.binary, PARALLEL, CTX, args.threads, ("--jinja",), model=path)
+        peer = LlamaServer(args.binary, parallel, CTX, args.threads, ("--jinja",), model=path)
         try:
             run = run_workload("llama-server", peer.url, args.sessions, args.rounds, args.max_tokens)
             if peer_best is None or run.tokens_per_s > peer_best.tokens_per_s:
@@ -74,14 +90,21 @@ def best_runs(path: Path, args) -> tuple[Run, Run, dict, dict]:
 def main() -> None:
     def more(parser) -> None:
         parser.add_argument("--families", default=",".join(sorted(ARCHITECTURES)), help="tiny models to run")
+        parser.add_argument("--windows", default="512,1024", help="sliding windows of the windowed families")
+        parser.add_argument("--parallel", default="4,16", help="request slots, each a row")
+        parser.add_argument("--no-bundled", action="store_true", help="only the tiny models")
 
-    args = session_arguments(__doc__, rounds=6, max_tokens=64, repeats=3, more=more, sessions=8)
+    args = session_arguments(__doc__, rounds=6, max_tokens=64, repeats=3, more=more, sessions=16)
+    windows = [int(w) for w in args.windows.split(",")]
+    levels = [int(p) for p in args.parallel.split(",")]
     rows = []
     with tempfile.TemporaryDirectory(prefix="magnitude-matrix-") as tmp:
-        for name, path in models(Path(tmp), args.families.split(",")).items():
+        for (name, path), parallel in itertools.product(
+            models(Path(tmp), args.families.split(","), windows, not args.no_bundled).items(), levels
+        ):
             info = read_model_info(path)
             session = kv_layout(info, SESSION_CONTEXT).session_bytes(SESSION_CONTEXT)
-            run_ours, run_peer, status, after = best_runs(path, args)
+            run_ours, run_peer, status, after = best_runs(path, parallel, args)
             reported = status.get("kv_buffer_bytes_reported")
             planned, bpt = status["kv_bytes_planned"], status["kv_bytes_per_token"]
             window = status.get("kv_window")
@@ -93,6 +116,7 @@ def main() -> None:
             rows.append(
                 [
                     name,
+                    parallel,
                     swa,
                     f"{bpt:,.0f}",
                     f"{planned / 2**20:,.2f}",
@@ -115,13 +139,14 @@ def main() -> None:
     print(
         f"{args.sessions} sessions x {args.rounds} rounds, {args.max_tokens} tokens per answer, greedy, best of "
         f"{args.repeats} alternating runs, "
-        f"{args.threads} threads, parallel {PARALLEL}, {CTX:,} cells (llama-server: -np {PARALLEL} --kv-unified "
+        f"{args.threads} threads, {CTX:,} cells (llama-server: -np PARALLEL --kv-unified "
         f"-c {CTX} --jinja); tiny models: {SHAPE.layers} layers x {SHAPE.embedding}, random F32 weights"
     )
     print(
         table(
             [
                 "model",
+                "parallel",
                 "sliding window",
                 "KV bytes/cell (global)",
                 "planned KV MiB",

@@ -63,21 +63,37 @@ MISTRAL_TEMPLATE = (
     "{% elif message['role'] == 'tool' %}[INST] {{ message['content'] | trim }} [/INST]{% endif %}"
     "{% endfor %}"
 )
-# gpt-oss's harmony format, as its published template writes a chat without tools: a system message
-# with the reasoning effort and the channels, the conversation's system messages as the developer's
-# instructions, earlier answers in the final channel (their reasoning dropped), and the answer opened
-# for the model, which picks its channel.
+# gpt-oss's harmony format, as its published template writes a chat: a system message with the
+# reasoning effort and the channels, the conversation's system messages as the developer's
+# instructions and the tools as a `functions` namespace (each with its JSON Schema), earlier answers in
+# the final channel (their reasoning dropped), calls as commentary-channel messages to a function,
+# results as the function's messages, and the answer opened for the model, which picks its channel.
 HARMONY_TEMPLATE = (
     "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
     "Knowledge cutoff: 2024-06\n\nReasoning: {{ reasoning_effort | default('medium') }}\n\n"
-    "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>"
+    "# Valid channels: analysis, commentary, final. Channel must be included for every message."
+    "{% if tools %}{{ '\\n' }}Calls to these tools must go to the commentary channel: 'functions'.{% endif %}<|end|>"
     "{% set ns = namespace(system='') %}"
     "{% for message in messages %}{% if message['role'] == 'system' %}"
     "{% set ns.system = ns.system + message['content'] %}{% endif %}{% endfor %}"
-    "{% if ns.system %}<|start|>developer<|message|># Instructions\n\n{{ ns.system }}<|end|>{% endif %}"
+    "{% if ns.system or tools %}<|start|>developer<|message|>"
+    "{% if ns.system %}# Instructions\n\n{{ ns.system }}{% endif %}"
+    "{% if ns.system and tools %}{{ '\\n\\n' }}{% endif %}"
+    "{% if tools %}# Tools\n\n## functions\n\nnamespace functions {\n\n"
+    "{% for tool in tools %}{% set f = tool['function'] %}"
+    "{% if f['description'] %}// {{ f['description'] }}{{ '\\n' }}{% endif %}"
+    "type {{ f['name'] }} = (_: {{ f['parameters'] | tojson }}) => any;\n\n{% endfor %}"
+    "} // namespace functions{% endif %}<|end|>{% endif %}"
     "{% for message in messages %}"
-    "{% if message['role'] == 'user' or message['role'] == 'tool' %}"
+    "{% if message['role'] == 'user' %}"
     "<|start|>user<|message|>{{ message['content'] }}<|end|>"
+    "{% elif message['role'] == 'tool' %}"
+    "<|start|>functions.{{ message['name'] }} to=assistant<|channel|>commentary<|message|>"
+    "{{ message['content'] }}<|end|>"
+    "{% elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{% for call in message['tool_calls'] %}<|start|>assistant<|channel|>commentary "
+    "to=functions.{{ call['function']['name'] }} <|constrain|>json<|message|>"
+    "{{ call['function']['arguments'] | tojson }}<|call|>{% endfor %}"
     "{% elif message['role'] == 'assistant' %}"
     "<|start|>assistant<|channel|>final<|message|>{{ message['content'] }}<|end|>{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}"

@@ -32,9 +32,14 @@ THINK = ReasoningTags("<think>", "</think>", "\n</think>")
 # gpt-oss (harmony): the answer follows the prompt's `<|start|>assistant`; the analysis channel's
 # message is the reasoning, then the model ends it and starts the final channel, or writes the final
 # channel straight away. llama.cpp renders these markers as text (it makes them user-defined tokens).
+# The analysis message ends where the next message starts: the final channel's answer, or a
+# commentary-channel tool call (tools.HARMONY), whose header is then the call's own text.
 HARMONY_FINAL = "<|end|><|start|>assistant<|channel|>final<|message|>"
 HARMONY = ReasoningTags(
-    "<|channel|>analysis<|message|>", HARMONY_FINAL, HARMONY_FINAL, drop=("<|channel|>final<|message|>",)
+    "<|channel|>analysis<|message|>",
+    "<|end|><|start|>assistant",
+    HARMONY_FINAL,
+    drop=("<|channel|>final<|message|>",),
 )
 
 

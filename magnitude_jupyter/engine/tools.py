@@ -229,7 +229,18 @@ GENERIC = CallForm("generic", '{"tool_calls": [', '{"name": "', '", "arguments":
 HERMES = CallForm("hermes", "", '<tool_call>\n{"name": "', '", "arguments": ', "}\n</tool_call>", "\n", "")
 # Llama 3.1-3.3: one call an answer, its arguments under "parameters" (the template says so itself).
 LLAMA3 = CallForm("llama3", "", '{"name": "', '", "parameters": ', "}", None, "")
-FORMS = {form.name: form for form in (GENERIC, HERMES, LLAMA3)}
+# gpt-oss (harmony): a call is a commentary-channel message to the function, its arguments JSON; the
+# turn ends at <|call|>, an end-of-generation token, so one call an answer.
+HARMONY = CallForm("harmony", "", "<|channel|>commentary to=functions.", " <|constrain|>json<|message|>", "", None, "")
+FORMS = {form.name: form for form in (GENERIC, HERMES, LLAMA3, HARMONY)}
+# Harmony's channels around a call or a reply: reasoning first if the model wants (analysis), the
+# reply in the final channel; `<|` never inside the analysis text, as the format's markers start so.
+HARMONY_ANALYSIS = (
+    'analysis ::= "<|channel|>analysis<|message|>" analysis-text "<|end|><|start|>assistant"\n'
+    'analysis-text ::= ([^<] | "<" [^|])*'
+)
+HARMONY_REPLY = 'plain-reply ::= "<|channel|>final<|message|>" [^\\x00]*'
+
 
 
 def template_form(template: str | None) -> CallForm:
@@ -237,6 +248,8 @@ def template_form(template: str | None) -> CallForm:
     `<tool_call>` tags, llama3 when it asks for `"parameters"`; else (and without tools) generic."""
     if not template or not re.search(r"\btools\b", template):
         return GENERIC
+    if "<|channel|>" in template and "to=functions." in template:
+        return HARMONY
     if "<tool_call>" in template:
         return HERMES
     if '"parameters": ' in template and "ipython" in template:
@@ -264,14 +277,21 @@ def calls_grammar(
             without_trailing_space(converter, args)  # the wrapper's "}" follows at once: one way to write a call
         except GrammarError as exc:
             raise ToolError(f"tools[{i}].function.parameters of {tool.name!r}: {exc}") from None
-        call = _literal(shape.call_open + tool.name + shape.call_mid) + f" {args} " + _literal(shape.call_close)
+        call = _literal(shape.call_open + tool.name + shape.call_mid) + f" {args}"
+        if shape.call_close:
+            call += " " + _literal(shape.call_close)
         alternatives.append(call)
     lines = [converter.format_grammar(), "tool-call ::= " + " | ".join(alternatives)]
     more = f" ({_literal(shape.separator)} tool-call)*" if parallel and shape.separator is not None else ""
     lines.append(f"tool-calls ::= {_literal(shape.opening) + ' ' if shape.opening else ''}tool-call{more}")
     if shape.closing:
         lines[-1] += " " + _literal(shape.closing)
-    if plain:
+    if shape is HARMONY:
+        lines.append(HARMONY_ANALYSIS)
+        if plain:
+            lines.append(HARMONY_REPLY)
+        lines.append("root ::= analysis? " + ("(tool-calls | plain-reply)" if plain else "tool-calls"))
+    elif plain:
         lines.append(f"plain-reply ::= [^{shape.first_char} \\t\\r\\n] [^\\x00]*")
         lines.append("root ::= tool-calls | plain-reply")
     else:
@@ -283,6 +303,8 @@ def calls_grammar(
 
 def plain_grammar(form: str) -> str:
     """A reply in text that cannot be read as a call (tool_choice 'none')."""
+    if FORMS[form] is HARMONY:
+        return "\n".join((HARMONY_ANALYSIS, HARMONY_REPLY, "root ::= analysis? plain-reply"))
     return f"root ::= [^{FORMS[form].first_char} \\t\\r\\n] [^\\x00]*"
 
 
@@ -348,7 +370,8 @@ def parse_answer(text: str, form: str) -> ParsedAnswer:
     shape = FORMS[form]
     if not text:
         return ParsedAnswer()
-    if text[0] != shape.first_char:
+    first = shape.opening or shape.call_open
+    if not (text.startswith(first) or first.startswith(text)):
         return ParsedAnswer(content=text)
     answer = ParsedAnswer(is_call=True)
     pos = _expect(text, 0, shape.opening)
@@ -356,7 +379,7 @@ def parse_answer(text: str, form: str) -> ParsedAnswer:
         name_at = _expect(text, pos, shape.call_open)
         if name_at is None:
             break
-        name_end = text.find('"', name_at)
+        name_end = text.find(shape.call_mid[0], name_at)  # a name holds neither a quote nor a space
         args_at = _expect(text, name_end, shape.call_mid) if name_end >= 0 else None
         if args_at is None:
             break
