@@ -242,7 +242,6 @@ HARMONY_ANALYSIS = (
 HARMONY_REPLY = 'plain-reply ::= "<|channel|>final<|message|>" [^\\x00]*'
 
 
-
 def template_form(template: str | None) -> CallForm:
     """The call form a chat template expects, when it reads `tools`: hermes when it writes
     `<tool_call>` tags, llama3 when it asks for `"parameters"`; else (and without tools) generic."""
