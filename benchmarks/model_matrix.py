@@ -33,42 +33,55 @@ from magnitude_jupyter.models import bundled_model_path, read_model_info
 from magnitude_jupyter.tiny_models import ARCHITECTURES, TinyShape, write_tiny_model
 
 CTX = 8192
+
+
+# Cells at a parallel level: 8,192, and 2,048 a slot above 4 (llama-server ends 16 sessions' requests
+# with "Context size has been exceeded" at 8,192 and, on a windowed model, at 16,384).
+def cells(parallel: int) -> int:
+    return max(CTX, 2048 * parallel)
+
+
+# llama-server's gpt-oss parser ends a random-weight model's answers ("does not match the expected
+# peg-native format") under --jinja: it renders the format from the file's template without it.
+PEER_FLAGS = {"gpt-oss": ("--no-jinja",)}
 GIB = 1 << 30
 SESSION_CONTEXT = 8192
 # Wider than the tests' models, so a step does some arithmetic; still a few MB.
 SHAPE = TinyShape(layers=6, embedding=256, heads=8, kv_heads=4, head_dim=32, feed_forward=512, context=CTX)
 
 
-def models(folder: Path, kinds: list[str], windows: list[int], bundled: bool) -> dict[str, Path]:
-    out: dict[str, Path] = {}
+def models(folder: Path, kinds: list[str], windows: list[int], bundled: bool) -> dict[str, tuple[Path, str]]:
+    """Each model to run, by its row's name: its file and its kind."""
+    out: dict[str, tuple[Path, str]] = {}
     if bundled:
         path = bundled_model_path()
         assert path is not None
-        out["bundled (SmolLM2, ChatML)"] = path
+        out["bundled (SmolLM2, ChatML)"] = (path, "bundled")
     for kind in kinds:
         arch = ARCHITECTURES[kind]
         family = family_named(arch.family)
         assert family is not None
         for window in windows if arch.sliding_window else [0]:
             name = f"tiny {kind} ({family.name})" + (f", window {window}" if window else "")
-            out[name] = write_tiny_model(
+            path = write_tiny_model(
                 folder / f"tiny-{kind}-{window}.gguf",
                 kind,
                 template=family.template,
                 shape=SHAPE,
                 sliding_window=window or None,
             )
+            out[name] = (path, kind)
     return out
 
 
-def best_runs(path: Path, parallel: int, args) -> tuple[Run, Run, dict, dict]:
+def best_runs(path: Path, parallel: int, args, peer_flags: tuple[str, ...]) -> tuple[Run, Run, dict, dict]:
     """Both servers on one file, alternating, `args.repeats` times: the best run of each (by output
     tok/s), our status at the start and after our best run."""
     ours_best = peer_best = None
     first: dict = {}
     after: dict = {}
     for _ in range(args.repeats):
-        ours = MagnitudeServer(parallel=parallel, ctx_size=CTX, threads=args.threads, model=path)
+        ours = MagnitudeServer(parallel=parallel, ctx_size=cells(parallel), threads=args.threads, model=path)
         try:
             first = first or ours.client.status()
             run = run_workload("magnitude serve", ours.url, args.sessions, args.rounds, args.max_tokens)
@@ -76,7 +89,7 @@ def best_runs(path: Path, parallel: int, args) -> tuple[Run, Run, dict, dict]:
                 ours_best, after = run, ours.client.status()
         finally:
             ours.close()
-        peer = LlamaServer(args.binary, parallel, CTX, args.threads, ("--jinja",), model=path)
+        peer = LlamaServer(args.binary, parallel, cells(parallel), args.threads, peer_flags, model=path)
         try:
             run = run_workload("llama-server", peer.url, args.sessions, args.rounds, args.max_tokens)
             if peer_best is None or run.tokens_per_s > peer_best.tokens_per_s:
@@ -99,12 +112,13 @@ def main() -> None:
     levels = [int(p) for p in args.parallel.split(",")]
     rows = []
     with tempfile.TemporaryDirectory(prefix="magnitude-matrix-") as tmp:
-        for (name, path), parallel in itertools.product(
+        for (name, (path, kind)), parallel in itertools.product(
             models(Path(tmp), args.families.split(","), windows, not args.no_bundled).items(), levels
         ):
             info = read_model_info(path)
             session = kv_layout(info, SESSION_CONTEXT).session_bytes(SESSION_CONTEXT)
-            run_ours, run_peer, status, after = best_runs(path, parallel, args)
+            peer_flags = PEER_FLAGS.get(kind, ("--jinja",))
+            run_ours, run_peer, status, after = best_runs(path, parallel, args, peer_flags)
             reported = status.get("kv_buffer_bytes_reported")
             planned, bpt = status["kv_bytes_planned"], status["kv_bytes_per_token"]
             window = status.get("kv_window")
@@ -133,14 +147,15 @@ def main() -> None:
                         else ""
                     ),
                     f"{run_peer.cached_tokens / max(1, run_peer.prompt_tokens):.0%}",
-                    run_ours.errors + run_peer.errors,
+                    f"{run_ours.errors} / {run_peer.errors}",
                 ]
             )
     print(
         f"{args.sessions} sessions x {args.rounds} rounds, {args.max_tokens} tokens per answer, greedy, best of "
         f"{args.repeats} alternating runs, "
-        f"{args.threads} threads, {CTX:,} cells (llama-server: -np PARALLEL --kv-unified "
-        f"-c {CTX} --jinja); tiny models: {SHAPE.layers} layers x {SHAPE.embedding}, random F32 weights"
+        f"{args.threads} threads, CELLS cells (llama-server: -np PARALLEL --kv-unified "
+        f"-c CELLS --jinja, gpt-oss --no-jinja), CELLS 8,192 or 2,048 a slot above 4; "
+        f"tiny models: {SHAPE.layers} layers x {SHAPE.embedding}, random F32 weights"
     )
     print(
         table(
@@ -157,7 +172,7 @@ def main() -> None:
                 "ratio",
                 "ours cached",
                 "llama-server cached",
-                "errors",
+                "errors (ours / llama-server)",
             ],
             rows,
         )
