@@ -117,7 +117,10 @@ class EngineSettings:
     prefix_cache_entries: int = field(
         default=64,
         metadata=about(
-            "Cache entries held in KV cells at once; each is a llama.cpp sequence with a resident logits row.", "int"
+            "Cache entries held in KV cells at once; each is a llama.cpp sequence with a resident logits row. "
+            "A model with sliding-window layers holds at most `parallel` (its entries share the request "
+            "slots' sequences; docs/decisions.md).",
+            "int",
         ),
     )
     prefix_cache_spill_rows: int = field(
