@@ -77,13 +77,15 @@ class Conversation:
                     "role": "assistant",
                     "content": turn.assistant,
                     "tokens": counts.output if counts else None,
-                    "ttft_ms": timings.get("ttft_ms"),
+                    # a person reads milliseconds whole (the server's figure has microseconds)
+                    "ttft_ms": round(timings["ttft_ms"]) if timings.get("ttft_ms") is not None else None,
                     "cell": turn.cell[:40],
                 }
             )
         columns = ["role", "content", "tokens", "cached_tokens", "ttft_ms", "cell"]
         # Counts are whole numbers, blank where a row has none (not floats with NaN).
-        return pd.DataFrame(rows, columns=columns).astype({"tokens": "Int64", "cached_tokens": "Int64"})
+        whole = {"tokens": "Int64", "cached_tokens": "Int64", "ttft_ms": "Int64"}
+        return pd.DataFrame(rows, columns=columns).astype(whole)
 
 
 def _tool_message_text(message: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ process (`inprocess.EngineClient`: the batch code's retries, overflow policy and
 HTTP). If a worker dies, Dask runs its partitions again elsewhere and every row still appears once.
 With `checkpoint=FOLDER` (one every worker reaches), each partition whose rows all succeeded is
 written there as parquet when it finishes; a rerun of the same job reads it instead of scoring.
-Dask itself is an optional extra: `pip install "magnitude-jupyter[dask]"`.
+Dask comes with the package (the workshop runs on the plain install).
 """
 
 from __future__ import annotations

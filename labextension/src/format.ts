@@ -157,13 +157,12 @@ export interface EngineStatus {
   flash_attention_reason?: string | null;
 }
 
-/** Share of the KV cache reserved by running requests, 0..100. */
-export function kvPercent(status: Pick<EngineStatus, 'kv_cells_reserved' | 'kv_cells_total'>): number {
-  if (!status.kv_cells_total) {
-    return 0;
-  }
-  const pct = (100 * status.kv_cells_reserved) / status.kv_cells_total;
-  return Math.max(0, Math.min(100, pct));
+/** Share of the KV cache reserved by running requests, 0..100 (the prefix cache's cells are not
+ * reserved: the cache gives them back when a request needs them). */
+export function kvPercent(
+  status: Pick<EngineStatus, 'kv_cells_reserved' | 'kv_cells_total' | 'prefix_cache_cells'>
+): number {
+  return kvShares(status).requests;
 }
 
 /** The KV cache in three shares, 0..100 each: reserved by running requests, held by the prefix cache, free. */
@@ -289,6 +288,15 @@ export function statusLine(status: EngineStatus | null): string {
   return `${line} · SLO ${broken ? `${broken} broken` : 'ok'}`;
 }
 
+/** The KV cache in the tooltip: what requests reserve, what the prefix cache holds (it gives it back). */
+function kvTooltipLine(status: EngineStatus): string {
+  const shares = kvShares(status);
+  const cached = status.prefix_cache_cells ?? 0;
+  const reserved = status.kv_cells_reserved - cached;
+  const cache = cached ? `, ${Math.round(shares.cache)}% cached (${cached} cells)` : '';
+  return `KV cache: ${Math.round(shares.requests)}% reserved (${reserved} of ${status.kv_cells_total} cells)${cache}`;
+}
+
 /** The status bar item's tooltip: model, slots, queue, KV cache and the objectives, one a line. */
 export function statusTooltip(status: EngineStatus | null): string {
   if (!status) {
@@ -297,7 +305,7 @@ export function statusTooltip(status: EngineStatus | null): string {
   const lines = [
     `model: ${status.model} (${status.state})`,
     `slots: ${status.running} of ${status.parallel} in use, ${status.waiting} waiting`,
-    `KV cache: ${Math.round(kvPercent(status))}% reserved (${status.kv_cells_reserved} of ${status.kv_cells_total} cells)`,
+    kvTooltipLine(status),
     `tokens/s: ${formatRate(status.recent_tokens_per_s)}`
   ];
   for (const o of status.slo?.objectives ?? []) {

@@ -212,7 +212,8 @@ def workflow_figure(result: Any) -> go.Figure:
             x=[r.round for r in level.rounds],
             y=[r.e2e_ms.p95 for r in level.rounds],
             mode="lines+markers",
-            name=f"{level.sessions} sessions" + ("" if level.meets_slo else " (misses the SLO)"),
+            name=f"{level.sessions} session{'' if level.sessions == 1 else 's'}"
+            + ("" if level.meets_slo else " (misses the SLO)"),
         )
     fig.add_hline(y=result.slo_round_p95_ms, line_dash="dash", annotation_text="SLO")
     return fig

@@ -293,7 +293,9 @@ def run_closed_level(
 
     def worker() -> None:
         while (index := take()) is not None:
-            sample = one_request(client, config, index, f"calibration · {concurrency} clients")
+            sample = one_request(
+                client, config, index, f"calibration · {concurrency} client{'' if concurrency == 1 else 's'}"
+            )
             with lock:
                 samples.append(sample)
 

@@ -133,15 +133,26 @@ def stream_answer(client: Client, messages: list[dict[str, Any]], body: dict[str
     """Stream one answer into the cell's display (updated at most every UPDATE_EVERY_S)."""
     result = StreamResult()
     last_update = 0.0
-    for _ in client.stream_chat(messages, result=result, **body):
-        now = time.monotonic()
-        if handle is not None and now - last_update >= UPDATE_EVERY_S:
-            handle.update(answer_bundle(result), raw=True)
-            last_update = now
+    try:
+        for _ in client.stream_chat(messages, result=result, **body):
+            now = time.monotonic()
+            if handle is not None and now - last_update >= UPDATE_EVERY_S:
+                handle.update(answer_bundle(result), raw=True)
+                last_update = now
+    except KeyboardInterrupt:
+        # The server has stopped generating it (the client cancels on the way out): the answer so far
+        # stays in the cell, marked, and the interrupt is one line, not the HTTP client's traceback.
+        partial = {"text/plain": result.text + INTERRUPTED_MARK}
+        if handle is not None:
+            handle.update(partial, raw=True)
+        else:
+            display(partial, raw=True)
+        raise MagnitudeError("interrupted: the answer so far is above; the server stopped generating it") from None
     return result
 
 
 CUT_MARK = " … (max tokens)"  # shown after an answer cut at --max-tokens, never kept in the variable
+INTERRUPTED_MARK = " … (interrupted)"  # shown after the part of an answer an interrupt stopped
 
 
 def answer_bundle(result: StreamResult) -> dict[str, str]:

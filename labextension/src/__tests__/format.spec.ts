@@ -41,6 +41,11 @@ describe('format', () => {
     expect(kvPercent(ready)).toBe(25);
     expect(kvPercent({ kv_cells_reserved: 5, kv_cells_total: 0 })).toBe(0);
     expect(kvPercent({ kv_cells_reserved: 20, kv_cells_total: 10 })).toBe(100);
+    // at idle the prefix cache holds cells nobody reserves: 0%, not the cache's share
+    expect(kvPercent({ kv_cells_reserved: 4063, kv_cells_total: 8192, prefix_cache_cells: 4063 })).toBe(0);
+    const idle = { ...ready, running: 0, waiting: 0, kv_cells_reserved: 4063, prefix_cache_cells: 4063 };
+    expect(statusLine(idle)).toBe('57.3 tok/s · KV 0%');
+    expect(statusTooltip(idle)).toContain('KV cache: 0% reserved (0 of 8192 cells), 50% cached (4063 cells)');
   });
 
   it('splits the KV cache into requests, prefix cache and free', () => {
