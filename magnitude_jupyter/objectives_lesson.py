@@ -45,6 +45,29 @@ class LoadResult:
         ordered = sorted(self.ttft_ms)
         return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
 
+    def verdict(self, kept: bool | None) -> str:
+        """What happened, in a sentence the lesson's text can rest on: written from the outcome, `kept`
+        being the server's own judgement of the objective (`objective_holds`), the colour it shows."""
+        if kept is None:
+            return "The server has not judged the objective yet: too few answers."
+        if kept and self.shed:
+            return (
+                "The answers served kept the objective (it holds); the requests that would have missed it "
+                "were refused at once."
+            )
+        if kept:
+            return (
+                "The objective held: this machine served the load within it. Try more people "
+                "(people * 2) to see it break."
+            )
+        if self.shed:
+            return (
+                "The answers served still missed the objective (BROKEN): the server let in more than two slots "
+                "serve in time (its prediction learns from the answers it has seen: a burst at the start "
+                "has little to learn from). Run the cell again, or give the objective more room."
+            )
+        return "The objective broke (BROKEN): most answers waited in the queue longer than it allows."
+
     def summary(self, objective_ms: float) -> str:
         p95 = self.ttft_p95_ms
         within = sum(1 for t in self.ttft_ms if t <= objective_ms)
@@ -115,6 +138,12 @@ def _first_token_time(resp: httpx.Response) -> float | None:
         if (choices[0].get("delta") or {}).get("content"):
             first = time.monotonic()
     return first
+
+
+def objective_holds(client: Client) -> bool | None:
+    """The server's judgement of its (first) objective now: held, broken, or not judged yet (None)."""
+    objectives = (client.status().get("slo") or {}).get("objectives", [])
+    return objectives[0]["holds"] if objectives else None
 
 
 def objective_lines(client: Client) -> list[str]:

@@ -58,6 +58,10 @@ def test_notebook_runs_top_to_bottom(path, workshop_lab, request, monkeypatch, t
         assert "8 of 8 rows embedded" in text, text
         # the schema lesson: extraction measured against the product column
         assert re.search(r"item names the product in \d of 8 rows; \d+% of the key words", text), text
+        # the text rests on what the run printed: parsed or not, said from the outcome
+        assert ("every answer parsed" in text) != bool(re.search(r"\d of 8 answers did not parse", text)), text
+        # the same setup in two cells: the same answers, said so
+        assert re.search(r"accuracy \d+% \(the cell above: the same rows, the same answers\)", text), text
     if path.stem.startswith("07"):  # the agent: a real call of a notebook function, and what it cost
         text = "\n".join(o.get("text", "") for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs)
         assert re.search(r"→ (population|add)\(\{.*\}\)  ← ", text) and "agent workflow" in text, text
@@ -70,6 +74,9 @@ def test_notebook_runs_top_to_bottom(path, workshop_lab, request, monkeypatch, t
         assert re.search(r"without shedding: \d+ answers", text) and "with shedding:" in text, text
         # three objectives of queueing by construction of the load: broken, and the alert fires
         assert "TTFT p95: " in text and "BROKEN" in text, text
+        # each verdict in words agrees with the objective's line printed under it
+        for verdict, line in re.findall(r"^(The .*)\n(\[\w+\] TTFT p95: .*)$", text, re.M):
+            assert ("BROKEN" in verdict) == line.endswith("BROKEN"), (verdict, line)
         if os.environ.get("MAGNITUDE_REQUIRE_PROMETHEUS"):
             assert "MagnitudeSloBroken in Prometheus: pending -> firing" in text, text
 
