@@ -69,6 +69,30 @@ def knee_text(summary: Summary) -> str:
     return f"knee at {_fmt(summary.knee_concurrency, 'g')}"
 
 
+def _engine_text(engine: dict[str, Any] | None) -> str:
+    """The engine's settings as a person reads them: `parallel 8, ctx_size 8,192, ...`."""
+    if not engine:
+        return "not reported"
+    return ", ".join(
+        f"{k} {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k} {v}"
+        for k, v in engine.items()
+        if v is not None
+    )
+
+
+def _recommendation_text(profile: Profile) -> str:
+    """The recommended parallel, with what it follows: the end-to-end p95 target."""
+    s, target = profile.summary, profile.config.get("latency_target_ms") if profile.config else None
+    if s.recommended_parallel is None:
+        if not target:
+            return "no recommended parallel (no latency target)"
+        return f"no level kept the end-to-end p95 within the {target:,.0f} ms target: no recommended parallel"
+    return (
+        f"recommended parallel {s.recommended_parallel:g}: the highest-throughput level whose end-to-end p95 "
+        f"stays within the {target:,.0f} ms target"
+    )
+
+
 def format_profile(profile: Profile) -> str:
     headers = [
         "concurrency",
@@ -104,7 +128,7 @@ def format_profile(profile: Profile) -> str:
     widths = list(widths)
     lines = [
         f"{profile.model.get('id')} on {profile.machine.get('cpu')} ({profile.machine.get('cores')} cores); "
-        f"engine {profile.engine or 'not reported'}"
+        f"engine: {_engine_text(profile.engine)}"
     ]
     lines.append("  ".join(h.rjust(wd) for h, wd in zip(headers, widths, strict=True)))
     lines += ["  ".join(c.rjust(wd) for c, wd in zip(row, widths, strict=True)) for row in rows]
@@ -113,8 +137,7 @@ def format_profile(profile: Profile) -> str:
     lines.append(
         f"single stream {_fmt(s.single_stream_tokens_per_s)} tok/s; peak {_fmt(s.peak_tokens_per_s)} "
         f"tok/s at concurrency {_fmt(s.peak_concurrency, 'g')}; {knee_text(s)}; "
-        f"usable/trained context {_fmt(s.usable_context_ratio, '.2f')}; recommended parallel "
-        f"{_fmt(s.recommended_parallel, 'g')}"
+        f"usable/trained context {_fmt(s.usable_context_ratio, '.2f')}; {_recommendation_text(profile)}"
     )
     eff = ", ".join(f"{c}: {_fmt(e, '.2f')}" for c, e in s.scaling_efficiency.items())
     lines.append(f"scaling efficiency thr(c)/(c·thr(1)): {eff}")
@@ -130,8 +153,8 @@ def format_profile(profile: Profile) -> str:
         lines.append(
             f"KV cache: {cap['bytes_per_token']:,.0f} bytes/token ({cap['cache_type']}); predicted buffer "
             f"{_fmt(cap['predicted_kv_buffer_bytes'], ',')} B, llama.cpp reports "
-            f"{_fmt(cap['reported_kv_buffer_bytes'], ',')} B; {cap['tokens_that_fit']:,} tokens fit "
-            f"{cap['memory_budget_bytes'] / 2**30:.1f} GiB"
+            f"{_fmt(cap['reported_kv_buffer_bytes'], ',')} B; the {cap['memory_budget_bytes'] / 2**30:.1f} GiB "
+            f"of memory free now would hold {cap['tokens_that_fit']:,} tokens of KV cache"
         )
         charge_line = turn_charge_text(cap)
         if charge_line:

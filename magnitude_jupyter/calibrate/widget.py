@@ -61,6 +61,8 @@ class CalibrationWidget:
         self.levels: list[Level] = []
         self._first_levels: list[Level] = []  # this run's levels of the first model: kept greyed by the next run
         self._earlier: list[tuple[str, list[Level]]] = [("the cell's run", earlier.levels)] if earlier else []
+        # each earlier run's knee, in words (the verdict names both when they differ)
+        self._earlier_knees: list[str] = [knee_text(earlier.summary)] if earlier else []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -213,6 +215,8 @@ class CalibrationWidget:
         self._stop.clear()
         if self._first_levels:  # the last run stays on the plots, greyed
             self._earlier.append((f"run {len(self._earlier) + 1}", self._first_levels))
+            if self.profiles:
+                self._earlier_knees.append(knee_text(self.profiles[0].summary))
         self.levels, self._first_levels = [], []
         self.profiles = []
         self.error = None
@@ -222,9 +226,7 @@ class CalibrationWidget:
         self.apply_button.disabled = self.write_button.disabled = True
         self.apply_text.value, self._pending_config = "", None
         self.status.value = "measuring capacity…" if self.run_probe else "warming up…"
-        self.latency.layout.shapes = ()
-        if config.latency_target_ms:
-            self.latency.add_hline(y=config.latency_target_ms, line_dash="dash")
+        self.latency.layout.shapes = ()  # (the p95 target is end-to-end: not drawn on the TTFT plot)
         try:
             for index, model in enumerate(models):
                 if self._stop.is_set():
@@ -286,9 +288,13 @@ class CalibrationWidget:
         if not self._first_levels:
             return "Stopped before a level finished: nothing was measured."
         assert self.profiles
-        text = f"This run: {knee_text(self.profiles[0].summary)}."
+        knee = knee_text(self.profiles[0].summary)
+        text = f"This run: {knee}."
         if self._earlier:
             name, levels = self._earlier[-1]
+            then = self._earlier_knees[-1] if len(self._earlier_knees) == len(self._earlier) else None
+            if then is not None and then != knee:  # one knee a run: the page says which is which
+                text += f" {name[0].upper()}{name[1:]}: {then}."
             agreement = agreement_text(levels, self._first_levels, name)
             if agreement:
                 text += f" {agreement}"

@@ -66,7 +66,14 @@ def list_models(session: NotebookSession) -> None:
             )
         print(f"{mark} {model['id']}" + (f"  ({'; '.join(notes)})" if notes else ""))
     if session.model:
-        print(f"(* this notebook's cells use {session.model}: %magnitude use)")
+        mine = next((m for m in models if m["id"] == session.model), {})
+        if mine.get("loaded") is False:  # unloaded since (keep_alive, or asked to): the next cell loads it
+            print(
+                f"(* this notebook's cells use {session.model}, not loaded now: their next request loads it "
+                "again; %magnitude use NAME picks another)"
+            )
+        else:
+            print(f"(* this notebook's cells use {session.model}: %magnitude use)")
 
 
 def use(session: NotebookSession, args: Use) -> None:
