@@ -199,3 +199,18 @@ def test_a_request_waiting_for_its_model_is_listed_under_its_cells_name(model_pa
         held.set()
         server.stop()
         engine.shutdown()
+
+
+def test_a_request_that_names_nobody_is_listed_under_its_client_program(inproc):
+    """The official SDKs send no origin: the panel lists their requests under the program that sent
+    them (its User-Agent), a request that gives a user under that user."""
+    import httpx
+    import openai
+
+    client = openai.OpenAI(base_url=inproc.url + "/v1", api_key=inproc.token, max_retries=0)
+    asked = client.chat.completions.create(
+        model="smollm2-135m", messages=[{"role": "user", "content": "Say hi"}], max_tokens=2
+    )
+    recent = httpx.get(f"{inproc.url}/status", headers=inproc.headers(), timeout=10).json()["recent"]
+    (mine,) = [r for r in recent if r["id"] == asked.id]
+    assert mine["origin"].startswith("OpenAI/Python ")

@@ -202,13 +202,17 @@ def agent_tools() -> tuple[FunctionTool, ...]:
     return tuple(FunctionTool.of(fn) for fn in TOOLS)
 
 
-def _agent_round(client: Client, messages: list[dict[str, Any]], k: int, rounds: int, max_tokens: int) -> _Sample:
+def _agent_round(
+    client: Client, messages: list[dict[str, Any]], k: int, rounds: int, max_tokens: int, origin: str
+) -> _Sample:
     """Round k of an agent session: a call to a built-in tool (whose result joins the history), or,
     in the last round, the answer in text."""
     tools = agent_tools()
     choice = "required" if k < rounds - 1 else "none"
     schemas = [tool.openai() for tool in tools]
-    sample, result = _timed_round(client, messages, k, max_tokens=max_tokens, tools=schemas, tool_choice=choice)
+    sample, result = _timed_round(
+        client, messages, k, max_tokens=max_tokens, tools=schemas, tool_choice=choice, origin=origin
+    )
     if not result.tool_calls:
         messages.append({"role": "assistant", "content": result.text})
         return sample
@@ -243,12 +247,16 @@ def run_level(
         for k in range(rounds):
             if stop.is_set():
                 return
+            # named in the server's panel: which level, session and round (magnitude's; others ignore it)
+            origin = f"workflow · {_sessions(sessions)} · session {index + 1} · round {k + 1}"
             try:
                 if agent:
-                    sample = _agent_round(client, messages, k, rounds, max_tokens)
+                    sample = _agent_round(client, messages, k, rounds, max_tokens, origin)
                 else:
                     messages.append({"role": "user", "content": session_message(index, k)})
-                    sample, result = _timed_round(client, messages, k, max_tokens=max_tokens, ignore_eos=True)
+                    sample, result = _timed_round(
+                        client, messages, k, max_tokens=max_tokens, ignore_eos=True, origin=origin
+                    )
                     messages.append({"role": "assistant", "content": result.text})
             except ClientError as exc:
                 with lock:

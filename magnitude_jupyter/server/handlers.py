@@ -68,6 +68,20 @@ def redact_token(uri: str) -> str:
     return urlunsplit(parts._replace(query=urlencode(query, safe="[]")))
 
 
+def client_program(user_agent: str | None) -> str | None:
+    """A client's program as its User-Agent names it first ("OpenAI/Python 1.99.9"), bounded, for the
+    panel to show a request that gives no origin or user; None without one."""
+    if not user_agent:
+        return None
+    words = user_agent.split()
+    first = words[0] if words and "/" in words[0] else user_agent
+    product = f"{first} {words[1]}" if first.endswith("/Python") and len(words) > 1 else first
+    return "".join(c for c in product if c.isprintable())[:MAX_PROGRAM_CHARS] or None
+
+
+MAX_PROGRAM_CHARS = 48
+
+
 class ApiMixin(RequestHandler):
     connection_gone = False  # the client closed its connection while we were answering
     _wake: asyncio.Event | None = None
@@ -242,6 +256,8 @@ class GenerationHandler(ApiMixin):
             arrival = time.monotonic()
             body = bytes(self._body)
             req = await off_loop(self, len(body), lambda: self._parse(body))
+            if req.origin is None and req.user is None:  # the panel names it after its client program
+                req.origin = client_program(self.request.headers.get("User-Agent"))
             self.authorize(req.priority is Priority.BATCH, req.keep_alive is not None)
             try:
                 engine, request = await self._submit_on(req.model, req, arrival)
