@@ -1,5 +1,6 @@
 // The calibration widget in JupyterLab: it fits the cell, and after a page reload (kernel still
-// running) it comes back with the data it had, as a plain ipywidget does. Saves a screenshot.
+// running) it comes back with the data it had, as a plain ipywidget does, and its Start still runs a
+// sweep. Saves a screenshot.
 import assert from 'node:assert/strict';
 import path from 'node:path';
 import { inLab, labUrl, shots, token } from './lab.mjs';
@@ -48,6 +49,13 @@ await inLab(Number(process.env.UI_TIMEOUT_MS ?? 180_000), async page => {
   assert.ok(!/Error displaying widget|model not found/i.test(text), 'every widget is restored');
   assert.deepEqual(after.slice(0, 3).map(p => p.points), before.slice(0, 3).map(p => p.points), 'the plots keep their data');
   assert.deepEqual(problems, []);
+  // Still live after the reload: Start runs the sweep again, and the verdict compares it with the first run.
+  await page.locator('.jp-OutputArea button', { hasText: /^Start$/ }).first().click();
+  await page.waitForFunction(
+    () => /run 1/.test(document.querySelectorAll('.jp-Cell')[1]?.querySelector('.jp-OutputArea')?.textContent ?? ''),
+    null,
+    { timeout: 120_000 }
+  );
   if (shots) {
     await page.locator('.jp-toast-button', { hasText: /^No$/ }).click({ timeout: 2000 }).catch(() => {});
     await page.locator('.jp-Cell').nth(1).screenshot({ path: path.join(shots, 'calibration-widget.png') });
