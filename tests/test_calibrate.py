@@ -363,7 +363,7 @@ def test_calibration_traffic_is_named_in_the_panel_by_its_level():
     client = RecordingClient()
     run_sweep(client, SweepConfig(concurrency=(1, 2), requests_per_level=2, warmup_requests=1))
     assert client.origins[0] == "calibration · warm-up"
-    assert set(client.origins[1:]) == {"calibration · 1 clients", "calibration · 2 clients"}
+    assert set(client.origins[1:]) == {"calibration · 1 client", "calibration · 2 clients"}
 
 
 def test_apply_writes_the_recommendation_into_the_config_as_a_diff(tmp_path):
