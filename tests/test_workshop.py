@@ -112,6 +112,13 @@ def run_in_the_browser(path: Path, lab: dict) -> nbformat.NotebookNode:
         assert result["verdict"].startswith("This run: knee") and "the cell's run" in result["verdict"], result
     if path.stem.startswith("01"):  # the lab loads its model on first use: the first cell says so meanwhile
         assert any(line.startswith("loading smollm2-135m") for line in result["loading"]), result["loading"]
+    saved = nbformat.read(lab["root"] / path.name, as_version=4)
     if path.stem.startswith(NAMED_IN_PANEL):
         assert any(r.startswith(f"{path.name} · cell ") for r in result["recent"]), result["recent"]
-    return nbformat.read(lab["root"] / path.name, as_version=4)
+        # each name is a cell's In [N] as the page shows it: a cell that asked the model
+        asking = {c.execution_count for c in saved.cells if c.cell_type == "code" and "%magnitude" in c.source}
+        named = {
+            int(m.group(1)) for r in result["recent"] if (m := re.match(rf"{re.escape(path.name)} · cell (\d+)", r))
+        }
+        assert named and named <= asking, (named, asking)
+    return saved
