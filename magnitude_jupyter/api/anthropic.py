@@ -82,24 +82,20 @@ def error_body(err: ApiError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": err.message}}
 
 
-def _bad(message: str, param: str) -> ApiError:
-    return bad_param(param, message)
-
-
 def _text_of(content: Any, where: str) -> str:
     """The text of a string, or of a list of text blocks (anything else is refused by name)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise _bad(f"{where} must be a string or a list of text blocks", where)
+        raise bad_param(where, f"{where} must be a string or a list of text blocks")
     parts = []
     for i, block in enumerate(content):
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text" and not isinstance(block.get("text"), str):
-            raise _bad(f"{where}[{i}].text must be a string", f"{where}[{i}].text")
+            raise bad_param(f"{where}[{i}].text", f"{where}[{i}].text must be a string")
         if kind != "text":
             reason = BLOCKS_REFUSED.get(str(kind), f"{where}[{i}] must be a text block")
-            raise _bad(reason, f"{where}[{i}]")
+            raise bad_param(f"{where}[{i}]", reason)
         parts.append(block["text"])
     return "\n\n".join(parts)
 
@@ -107,13 +103,13 @@ def _text_of(content: Any, where: str) -> str:
 def _messages(raw: Any) -> list[dict[str, Any]]:
     """Messages API messages as the engine's chat messages (OpenAI's roles: tool calls and results)."""
     if not isinstance(raw, list) or not raw:
-        raise _bad("'messages' must be a non-empty list of {role, content} objects", "messages")
+        raise bad_param("messages", "'messages' must be a non-empty list of {role, content} objects")
     out: list[dict[str, Any]] = []
     for i, message in enumerate(raw):
         where = f"messages[{i}]"
         role = message.get("role") if isinstance(message, dict) else None
         if role not in ("user", "assistant", "system"):
-            raise _bad(f"{where}.role must be 'user', 'assistant' or 'system'", f"{where}.role")
+            raise bad_param(f"{where}.role", f"{where}.role must be 'user', 'assistant' or 'system'")
         content = message.get("content")
         if role == "system":  # an instruction in the middle of the conversation (Claude Code sends them)
             out.append({"role": "system", "content": _text_of(content, f"{where}.content")})
@@ -122,7 +118,7 @@ def _messages(raw: Any) -> list[dict[str, Any]]:
             out.append({"role": role, "content": content})
             continue
         if not isinstance(content, list):
-            raise _bad(f"{where}.content must be a string or a list of content blocks", f"{where}.content")
+            raise bad_param(f"{where}.content", f"{where}.content must be a string or a list of content blocks")
         texts: list[str] = []
         calls: list[dict[str, Any]] = []
         results: list[dict[str, Any]] = []
@@ -131,20 +127,20 @@ def _messages(raw: Any) -> list[dict[str, Any]]:
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text":
                 if not isinstance(block.get("text"), str):
-                    raise _bad(f"{at}.text must be a string", f"{at}.text")
+                    raise bad_param(f"{at}.text", f"{at}.text must be a string")
                 texts.append(block["text"])
             elif kind in ("thinking", "redacted_thinking") and role == "assistant":
                 continue  # earlier reasoning: the models served here do not read it back
             elif kind == "tool_use" and role == "assistant":
                 if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-                    raise _bad(f"{at} needs an 'id' and a 'name'", at)
+                    raise bad_param(at, f"{at} needs an 'id' and a 'name'")
                 arguments = json.dumps(block.get("input") or {})
                 calls.append(
                     {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": arguments}}
                 )
             elif kind == "tool_result" and role == "user":
                 if not isinstance(block.get("tool_use_id"), str):
-                    raise _bad(f"{at} needs a 'tool_use_id'", at)
+                    raise bad_param(at, f"{at} needs a 'tool_use_id'")
                 text = _text_of(block.get("content", ""), f"{at}.content")
                 if block.get("is_error"):
                     text = f"Error: {text}"
@@ -153,7 +149,7 @@ def _messages(raw: Any) -> list[dict[str, Any]]:
                 reason = BLOCKS_REFUSED.get(
                     str(kind), f"{at} is a {kind!r} block, which a {role} message cannot hold here"
                 )
-                raise _bad(reason, at)
+                raise bad_param(at, reason)
         out.extend(results)
         if role == "assistant":
             if texts or calls:
@@ -171,13 +167,15 @@ def _messages(raw: Any) -> list[dict[str, Any]]:
 
 def _tools(raw: Any) -> list[dict[str, Any]]:
     if not isinstance(raw, list) or not raw:
-        raise _bad("'tools' must be a non-empty list of {name, description, input_schema}", "tools")
+        raise bad_param("tools", "'tools' must be a non-empty list of {name, description, input_schema}")
     tools = []
     for i, tool in enumerate(raw):
         if not isinstance(tool, dict):
-            raise _bad(f"tools[{i}] must be an object", f"tools[{i}]")
+            raise bad_param(f"tools[{i}]", f"tools[{i}] must be an object")
         if tool.get("type") not in (None, "custom"):
-            raise _bad(f"tools[{i}] is a server tool ({tool['type']!r}), which this server does not run", f"tools[{i}]")
+            raise bad_param(
+                f"tools[{i}]", f"tools[{i}] is a server tool ({tool['type']!r}), which this server does not run"
+            )
         function = {
             "name": tool.get("name"),
             "description": tool.get("description") or "",
@@ -205,7 +203,7 @@ def _tool_choice(raw: Any) -> tuple[Any, bool | None]:
         return "none", None
     if kind == "tool" and isinstance(raw.get("name"), str):
         return {"type": "function", "function": {"name": raw["name"]}}, parallel
-    raise _bad("tool_choice.type must be 'auto', 'any', 'tool' (with a name) or 'none'", "tool_choice")
+    raise bad_param("tool_choice", "tool_choice.type must be 'auto', 'any', 'tool' (with a name) or 'none'")
 
 
 def _output_format(config: Any) -> dict[str, Any] | None:
@@ -214,15 +212,15 @@ def _output_format(config: Any) -> dict[str, Any] | None:
     if config is None:
         return None
     if not isinstance(config, dict):
-        raise _bad("'output_config' must be an object", "output_config")
+        raise bad_param("output_config", "'output_config' must be an object")
     unknown = set(config) - {"format", "effort"}
     if unknown:
-        raise _bad(f"output_config.{sorted(unknown)[0]} is not supported", "output_config")
+        raise bad_param("output_config", f"output_config.{sorted(unknown)[0]} is not supported")
     output_format = config.get("format")
     if output_format is None:
         return None
     if not isinstance(output_format, dict) or output_format.get("type") != "json_schema":
-        raise _bad("output_config.format must be {type: 'json_schema', schema: {...}}", "output_config.format")
+        raise bad_param("output_config.format", "output_config.format must be {type: 'json_schema', schema: {...}}")
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": output_format.get("schema")}}
 
 
@@ -232,7 +230,7 @@ def _user_id(value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise _bad("metadata.user_id must be a non-empty string", "metadata.user_id")
+        raise bad_param("metadata.user_id", "metadata.user_id must be a non-empty string")
     return value if len(value) <= 256 else "sha256:" + hashlib.sha256(value.encode()).hexdigest()
 
 
@@ -241,16 +239,16 @@ def parse_messages(data: dict[str, Any]) -> GenerationRequest:
     refuse_unknown_fields(data, ACCEPTED, REFUSED)
     max_tokens = data.get("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise _bad("'max_tokens' is required: a positive integer", "max_tokens")
+        raise bad_param("max_tokens", "'max_tokens' is required: a positive integer")
     messages = _messages(data.get("messages"))
     if data.get("system") is not None:
         messages.insert(0, {"role": "system", "content": _text_of(data["system"], "system")})
     metadata = data.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
-        raise _bad("'metadata' must be an object", "metadata")
+        raise bad_param("metadata", "'metadata' must be an object")
     stops = data.get("stop_sequences")
     if stops is not None and (not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops)):
-        raise _bad("'stop_sequences' must be a list of non-empty strings", "stop_sequences")
+        raise bad_param("stop_sequences", "'stop_sequences' must be a list of non-empty strings")
     body: dict[str, Any] = {
         "model": data.get("model"),
         "messages": messages,
@@ -274,7 +272,7 @@ def parse_messages(data: dict[str, Any]) -> GenerationRequest:
         if body["tool_choice"] == "none":
             del body["tools"], body["tool_choice"], body["parallel_tool_calls"]
     elif data.get("tool_choice") is not None and _tool_choice(data["tool_choice"])[0] != "none":
-        raise _bad("'tool_choice' needs 'tools'", "tool_choice")
+        raise bad_param("tool_choice", "'tool_choice' needs 'tools'")
     body["chat_template_kwargs"], body["thinking_token_budget"] = _thinking(data.get("thinking"))
     return parse_generation(body, "chat")
 
@@ -285,10 +283,10 @@ def _thinking(config: Any) -> tuple[dict[str, Any] | None, int | None]:
     if config is None:
         return None, None
     if not isinstance(config, dict) or config.get("type") not in ("enabled", "disabled", "adaptive"):
-        raise _bad('\'thinking\' must be {"type": "enabled" | "adaptive" | "disabled", ...}', "thinking")
+        raise bad_param("thinking", '\'thinking\' must be {"type": "enabled" | "adaptive" | "disabled", ...}')
     budget = config.get("budget_tokens") if config["type"] == "enabled" else None
     if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
-        raise _bad("'thinking.budget_tokens' must be a positive integer", "thinking.budget_tokens")
+        raise bad_param("thinking.budget_tokens", "'thinking.budget_tokens' must be a positive integer")
     return {"enable_thinking": config["type"] != "disabled"}, budget
 
 

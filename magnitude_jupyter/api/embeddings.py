@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ApiError, refuse_unknown_fields
+from .errors import refuse_unknown_fields
 from .openai import bad_param
 
 FIELDS = {"model", "input", "encoding_format", "user"}
@@ -23,10 +23,6 @@ class EmbeddingRequest:
     encoding_format: str = "float"
 
 
-def _bad(message: str, param: str = "input") -> ApiError:
-    return bad_param(param, message)
-
-
 def parse_embeddings(data: dict[str, Any]) -> EmbeddingRequest:
     refuse_unknown_fields(data, FIELDS, REFUSED)
     raw = data.get("input")
@@ -38,21 +34,21 @@ def parse_embeddings(data: dict[str, Any]) -> EmbeddingRequest:
     elif isinstance(raw, list) and raw:
         inputs = raw
     else:
-        raise _bad("'input' must be a string, a list of strings, or token arrays")
+        raise bad_param("input", "'input' must be a string, a list of strings, or token arrays")
     if len(inputs) > MAX_INPUTS:
-        raise _bad(f"'input' holds {len(inputs)} items; the limit is {MAX_INPUTS}")
+        raise bad_param("input", f"'input' holds {len(inputs)} items; the limit is {MAX_INPUTS}")
     strings = all(isinstance(x, str) for x in inputs)
     arrays = all(isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x) for x in inputs)
     if not (strings or arrays):
-        raise _bad("'input' items must all be strings, or all token arrays (lists of integers)")
+        raise bad_param("input", "'input' items must all be strings, or all token arrays (lists of integers)")
     if arrays and any(t < 0 for x in inputs for t in x):
-        raise _bad("token ids are not negative")
+        raise bad_param("input", "token ids are not negative")
     encoding = data.get("encoding_format") or "float"
     if encoding not in ("float", "base64"):
-        raise _bad("'encoding_format' must be 'float' or 'base64'", "encoding_format")
+        raise bad_param("encoding_format", "'encoding_format' must be 'float' or 'base64'")
     model = data.get("model")
     if model is not None and not isinstance(model, str):
-        raise _bad("'model' must be a string", "model")
+        raise bad_param("model", "'model' must be a string")
     return EmbeddingRequest(model, inputs, encoding)
 
 

@@ -60,15 +60,11 @@ STORE_COUNT = 1000  # finished responses kept for previous_response_id and GET, 
 STORE_SECONDS = 3600.0
 
 
-def _bad(message: str, param: str) -> ApiError:
-    return bad_param(param, message)
-
-
 def _text(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise _bad(f"{where} must be a string or a list of text parts", where)
+        raise bad_param(where, f"{where} must be a string or a list of text parts")
     parts = []
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
@@ -77,7 +73,7 @@ def _text(content: Any, where: str) -> str:
         elif kind == "refusal":
             parts.append(str(part.get("refusal", "")))
         else:
-            raise _bad(f"{where}[{i}] is a {kind!r} part: only text parts are supported", f"{where}[{i}]")
+            raise bad_param(f"{where}[{i}]", f"{where}[{i}] is a {kind!r} part: only text parts are supported")
     return "".join(parts)
 
 
@@ -86,17 +82,17 @@ def input_messages(raw: Any) -> list[dict[str, Any]]:
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
     if not isinstance(raw, list) or not raw:
-        raise _bad("'input' must be a string or a non-empty list of items", "input")
+        raise bad_param("input", "'input' must be a string or a non-empty list of items")
     out: list[dict[str, Any]] = []
     for i, item in enumerate(raw):
         where = f"input[{i}]"
         if not isinstance(item, dict):
-            raise _bad(f"{where} must be an object", where)
+            raise bad_param(where, f"{where} must be an object")
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
-                raise _bad(f"{where}.role must be user, assistant, system or developer", f"{where}.role")
+                raise bad_param(f"{where}.role", f"{where}.role must be user, assistant, system or developer")
             role = "system" if role == "developer" else role
             out.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
         elif kind == "function_call":
@@ -113,7 +109,7 @@ def input_messages(raw: Any) -> list[dict[str, Any]]:
         elif kind == "reasoning":
             continue  # earlier reasoning: the models served here do not read it back
         else:
-            raise _bad(f"{where} is a {kind!r} item, which this server does not take", where)
+            raise bad_param(where, f"{where} is a {kind!r} item, which this server does not take")
     return out
 
 
@@ -122,11 +118,11 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
     to the model: this server runs none of them, and clients such as Codex CLI send them on every
     turn (docs/http-api.md lists them as ignored)."""
     if not isinstance(raw, list):
-        raise _bad("'tools' must be a list", "tools")
+        raise bad_param("tools", "'tools' must be a list")
     tools = []
     for i, tool in enumerate(raw):
         if not isinstance(tool, dict):
-            raise _bad(f"tools[{i}] must be an object", f"tools[{i}]")
+            raise bad_param(f"tools[{i}]", f"tools[{i}] must be an object")
         if tool.get("type") != "function":
             continue
         function = {"name": tool.get("name"), "description": tool.get("description") or ""}
@@ -140,7 +136,7 @@ def _tool_choice(raw: Any) -> Any:
         return raw
     if isinstance(raw, dict) and raw.get("type") == "function" and isinstance(raw.get("name"), str):
         return {"type": "function", "function": {"name": raw["name"]}}
-    raise _bad("tool_choice must be 'auto', 'required', 'none' or {type: 'function', name}", "tool_choice")
+    raise bad_param("tool_choice", "tool_choice must be 'auto', 'required', 'none' or {type: 'function', name}")
 
 
 def _format(text: Any) -> dict[str, Any] | None:
@@ -159,7 +155,7 @@ def _format(text: Any) -> dict[str, Any] | None:
             "type": "json_schema",
             "json_schema": {"name": form.get("name", "output"), "schema": form.get("schema")},
         }
-    raise _bad("text.format.type must be text, json_object or json_schema", "text.format")
+    raise bad_param("text.format", "text.format.type must be text, json_object or json_schema")
 
 
 def parse_responses(data: dict[str, Any], previous: list[dict[str, Any]] | None = None) -> GenerationRequest:
@@ -167,13 +163,13 @@ def parse_responses(data: dict[str, Any], previous: list[dict[str, Any]] | None 
     refuse_unknown_fields(data, ACCEPTED, REFUSED)
     check_metadata(data.get("metadata"))
     if data.get("store") is not None and not isinstance(data["store"], bool):
-        raise _bad("'store' must be true or false", "store")
+        raise bad_param("store", "'store' must be true or false")
     if data.get("text") is not None and not isinstance(data["text"], dict):
-        raise _bad("'text' must be an object, as {format: {type: 'text' | 'json_object' | 'json_schema'}}", "text")
+        raise bad_param("text", "'text' must be an object, as {format: {type: 'text' | 'json_object' | 'json_schema'}}")
     messages = [*(previous or []), *input_messages(data.get("input"))]
     if data.get("instructions") is not None:
         if not isinstance(data["instructions"], str):
-            raise _bad("'instructions' must be a string", "instructions")
+            raise bad_param("instructions", "'instructions' must be a string")
         messages.insert(0, {"role": "system", "content": data["instructions"]})
     body: dict[str, Any] = {
         "model": data.get("model"),
@@ -503,5 +499,5 @@ def stored_input(data: dict[str, Any], store: ResponseStore, tenant: str | None 
     if previous is None:
         return None
     if not isinstance(previous, str):
-        raise _bad("'previous_response_id' must be a string", "previous_response_id")
+        raise bad_param("previous_response_id", "'previous_response_id' must be a string")
     return store.get(previous, tenant)[0]
