@@ -6,8 +6,8 @@ into llama.cpp (`grammar.py` borrows llama-cpp-python's pure-Python GBNF tools).
 
 from __future__ import annotations
 
+from .admission_errors import OverloadedError, PromptTooLongError
 from .core import Engine, EngineError
-from .plan import OverloadedError, PromptTooLongError
 from .request import (
     FinishReason,
     Priority,

@@ -31,6 +31,7 @@ import numpy as np
 from ..chat_formats import ChatFormat
 from ..config import EngineSettings, Settings, load_settings
 from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
+from .admission_errors import PromptTooLongError
 from .gbnf_limits import start_with_grammar_stack
 from .memory import (
     ContextSizing,
@@ -42,7 +43,7 @@ from .memory import (
     shares_sequences,
 )
 from .metrics import EngineMetrics, StepCounts
-from .plan import PromptTooLongError, ScheduledChunk, SchedulerOutput, SchedulerStats
+from .plan import ScheduledChunk, SchedulerOutput, SchedulerStats
 from .prefix_cache import KVOp
 from .prepare import prepare_params
 from .reasoning import ReasoningSplitter, Thinking, prompt_opens_thinking, reasoning_tags

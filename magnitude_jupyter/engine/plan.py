@@ -12,18 +12,6 @@ from .ram_tier import SavedState
 from .request import Request
 
 
-class PromptTooLongError(ValueError):
-    """The request could never fit: the message states the numbers."""
-
-
-class OverloadedError(RuntimeError):
-    """The waiting queue is full; try again later."""
-
-    def __init__(self, message: str, retry_after: float = 1.0) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
 @dataclass(frozen=True)
 class DecodeItem:
     """What the runner sees of a chunk: a sequence id, tokens and where they go."""

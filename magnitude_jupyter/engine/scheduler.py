@@ -23,16 +23,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from .admission_errors import OverloadedError, PromptTooLongError
 from .budget import KVBudget
 from .draft_policy import DraftPolicy
 from .output_lengths import OutputLengths
-from .plan import (
-    OverloadedError,
-    PromptTooLongError,
-    ScheduledChunk,
-    SchedulerOutput,
-    SchedulerStats,
-)
+from .plan import ScheduledChunk, SchedulerOutput, SchedulerStats
 from .prefix_cache import (
     SPILL_AFTER_ROWS,
     CopyCells,
