@@ -183,9 +183,12 @@ def test_with_a_cache_salt_another_users_identical_prefix_reports_no_cached_toke
         return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 
     assert cached("victim") == 0
-    assert cached("victim") > 20  # the same user's second turn still hits its own entries
-    assert cached("attacker") == 0
-    assert cached(None) == 0  # nor does a request without a salt see a salted entry
+    own = cached("victim")
+    assert own > 20  # the same user's second turn still hits its own entries
+    assert cached("attacker") == 0  # an empty scope: nothing at all
+    # Nor does a request without a salt see the salted entry: at most the chat template's opening and
+    # the random id's first token, which an unsalted entry of another test may share.
+    assert cached(None) < 10 < own
 
 
 def test_two_hundred_idle_sockets_do_not_keep_others_from_being_served(inproc):
