@@ -161,3 +161,13 @@ def test_logprobs_in_both_openai_shapes():
     # a held-back token (no text yet) still carries its logprob in the stream
     held = StreamEvent(id=2, type="token", text="", logprobs=(entry,))
     assert stream_chunks(ResponseShape("c", "chat", "m", logprobs=True), held)
+
+
+@pytest.mark.parametrize("value", [0, -3, 1.5, "8", True])
+def test_a_bad_max_output_tokens_is_named_as_the_responses_api_names_it(value):
+    from magnitude_jupyter.api.errors import ApiError
+    from magnitude_jupyter.api.responses import parse_responses
+
+    with pytest.raises(ApiError) as refused:
+        parse_responses({"model": "m", "input": "Say hi", "max_output_tokens": value})
+    assert refused.value.param == "max_output_tokens" and "'max_output_tokens' must be" in str(refused.value)

@@ -155,7 +155,8 @@ def parse_json_body(body: bytes) -> dict[str, Any]:
     return data
 
 
-def _integer(data: dict[str, Any], name: str, lo: int | None = None) -> int | None:
+def integer_param(data: dict[str, Any], name: str, lo: int | None = None) -> int | None:
+    """`data[name]` as an integer (at least `lo`), None when absent; a 400 naming the field otherwise."""
     value = data.get(name)
     if value is None:
         return None
@@ -186,11 +187,11 @@ def _logprobs(data: dict[str, Any], kind: str) -> tuple[bool, int]:
     """(report logprobs, how many alternatives): chat has a flag and `top_logprobs`, completions a count."""
     if kind == "chat":
         wanted = _boolean(data, "logprobs")
-        top = _integer(data, "top_logprobs", 0)
+        top = integer_param(data, "top_logprobs", 0)
         if top is not None and not wanted:
             raise bad_param("top_logprobs", "'top_logprobs' needs 'logprobs': true")
         return wanted, top or 0
-    count = _integer(data, "logprobs", 0)
+    count = integer_param(data, "logprobs", 0)
     if count is not None and count > 5:
         raise bad_param("logprobs", f"'logprobs' on /v1/completions is at most 5, got {count}")
     return count is not None, count or 0
@@ -359,12 +360,12 @@ def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
         if not isinstance(prompt, str) or not prompt:
             raise bad_param("prompt", "'prompt' must be a non-empty string")
 
-    n = _integer(data, "n", 1)
+    n = integer_param(data, "n", 1)
     if n not in (None, 1):
         raise bad_param("n", "only n=1 is supported: each request makes one answer")
-    max_tokens = _integer(data, "max_completion_tokens", 1)
+    max_tokens = integer_param(data, "max_completion_tokens", 1)
     if max_tokens is None:
-        max_tokens = _integer(data, "max_tokens", 1)
+        max_tokens = integer_param(data, "max_tokens", 1)
 
     # Types and ranges are checked once, by SamplingParams.validate, which names the field.
     params = SamplingParams(max_tokens=max_tokens, stop=_stop(data))

@@ -19,7 +19,7 @@ from typing import Any
 from ..engine.streams import StreamEvent
 from ..engine.tools import parse_answer
 from .errors import ApiError, refuse_unknown_fields
-from .openai import GenerationRequest, bad_param, check_metadata, parse_generation
+from .openai import GenerationRequest, bad_param, check_metadata, integer_param, parse_generation
 from .usage import token_counts
 
 FIELDS = {
@@ -174,7 +174,8 @@ def parse_responses(data: dict[str, Any], previous: list[dict[str, Any]] | None 
     body: dict[str, Any] = {
         "model": data.get("model"),
         "messages": messages,
-        "max_tokens": data.get("max_output_tokens"),
+        # checked under its own name here: the shared request would name it max_tokens
+        "max_tokens": integer_param(data, "max_output_tokens", 1),
         "stream": data.get("stream"),
         "temperature": data.get("temperature"),
         "top_p": data.get("top_p"),
