@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,13 @@ class LoadWaiter:
     since: float  # time.monotonic() when it began to wait
     origin: str | None = None
     prompt_head: str | None = None
+
+    @classmethod
+    def since_then(
+        cls, since: float, priority: str, origin: str | None = None, prompt_head: str | None = None
+    ) -> LoadWaiter:
+        """A waiter with an id of its own, waiting since `since`."""
+        return cls(f"waiting-{uuid.uuid4().hex[:12]}", priority, since, origin, prompt_head)
 
     def live(self, now: float) -> LiveRequest:
         return LiveRequest(

@@ -10,12 +10,14 @@ event loop that every other client is waiting on.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import re
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -105,11 +107,12 @@ class ApiMixin(RequestHandler):
         self._wake = wake
 
     async def checkout_model(
-        self, name: str | None, keep_alive: float | None, waiter: LoadWaiter | None = None
+        self, name: str | None, keep_alive: float | None, waiter: Callable[[float], LoadWaiter] | None = None
     ) -> tuple[Resident, float | None]:
         """The model for one request, loaded, and the milliseconds its load took (None when it was
         resident), without blocking the loop: waits for room while busy models leave none, and for
-        the load (listed in /status as `waiter` meanwhile). The caller hands it back with `pool.checkin`."""
+        the load, listed in /status meanwhile as `waiter(since)` makes it (made only for a load, not
+        for every request). The caller hands it back with `pool.checkin`."""
         loop = asyncio.get_running_loop()
         pool = self.pool
         started = time.monotonic()
@@ -123,7 +126,7 @@ class ApiMixin(RequestHandler):
                 await asyncio.sleep(ROOM_POLL_SECONDS)
         waited = resident.engine.state == "loading"
         try:
-            with pool.waiting_for_load(resident, waiter if waited else None):
+            with pool.waiting_for_load(resident, waiter(started) if waited and waiter is not None else None):
                 while resident.engine.state == "loading":
                     await asyncio.sleep(0.05)
             pool.check_loaded(resident)
@@ -276,13 +279,11 @@ class GenerationHandler(ApiMixin):
 
     async def _submit_on(self, model: str | None, req: GenerationRequest, arrival: float) -> tuple[Engine, Request]:
         """Submit to `model`'s engine (loaded first if need be): the engine and the request."""
-        waiter = LoadWaiter(
-            f"waiting-{uuid.uuid4().hex[:12]}",
-            req.priority.name.lower(),
-            time.monotonic(),
-            origin=req.origin or req.user,
-            prompt_head=prompt_head(req.prompt, req.messages),
-        )
+
+        def waiter(since: float) -> LoadWaiter:
+            head = prompt_head(req.prompt, req.messages)
+            return LoadWaiter.since_then(since, req.priority.name.lower(), req.origin or req.user, head)
+
         resident, load_ms = await self.checkout_model(model, req.keep_alive, waiter)
         try:
             engine = resident.engine
@@ -418,7 +419,8 @@ class ModelActionHandler(ApiMixin):
             if not self.tenant.models:
                 raise self.tenant.refuse(f"{action} models", "model")
             if action == "load":
-                waiter = LoadWaiter(f"waiting-{uuid.uuid4().hex[:12]}", "interactive", time.monotonic(), self._origin())
+                origin = self._origin()
+                waiter = functools.partial(LoadWaiter.since_then, priority="interactive", origin=origin)
                 resident, load_ms = await self.checkout_model(model_id, None, waiter)
                 self.pool.checkin(resident)
                 body = {"id": resident.entry.alias, "loaded": True, "load_ms": round(load_ms, 1) if load_ms else None}
