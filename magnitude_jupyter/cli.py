@@ -388,8 +388,8 @@ def calibrate(
             raise click.ClickException(str(exc)) from exc
         assert profile.workflow is not None
         click.echo(format_workflow(profile.workflow))
+        regressed, _ = _archive_and_compare(profile, baseline, bound, no_archive)
         _save_profile(profile, json_path, csv_path, html_path)
-        regressed = _archive_and_compare(profile, baseline, bound, no_archive)
         if not profile.workflow.passed or regressed:
             sys.exit(1)
         return
@@ -413,15 +413,44 @@ def calibrate(
     config.model = client.model
 
     try:
-        profile = run_calibration(client, config, run_probe=not options.no_probe, on_level=progress)
-    except ClientError as exc:
+        if options.pressure_map:
+            profile = _pressure_map(client, config, options)
+        else:
+            profile = run_calibration(client, config, run_probe=not options.no_probe, on_level=progress)
+    except (ClientError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(format_profile(profile))
-    _save_profile(profile, json_path, csv_path, html_path)
+    if profile.pressure_map is None:
+        click.echo(format_profile(profile))
+    regressed, base = _archive_and_compare(profile, baseline, bound, no_archive)
+    _save_profile(profile, json_path, csv_path, html_path, base)
     if apply_changes:
         _apply(profile, yes)
-    if _archive_and_compare(profile, baseline, bound, no_archive):
+    if regressed:
         sys.exit(1)
+
+
+def _pressure_map(client: Any, config: Any, options: Any) -> Any:
+    """The pressure map, cell by cell on stderr, then its grids."""
+    from .calibrate.pressure import PressureCell, sessions_text
+    from .calibrate.report import format_pressure_map
+    from .calibrate.run import calibrate_pressure_map
+
+    contexts = options.context_levels()
+    total = len(contexts) * len(set(config.concurrency))
+    done = [0]
+
+    def progress(cell: PressureCell) -> None:
+        done[0] += 1
+        where = f"  cell {done[0]}/{total}: {sessions_text(cell.concurrency)} × {cell.context_tokens:,} tokens: "
+        if cell.measured:
+            click.echo(f"{where}{cell.output_tokens_per_s:7.1f} tok/s, p95 {cell.e2e_p95_ms or 0:7.0f} ms", err=True)
+        else:
+            click.echo(f"{where}{cell.state}", err=True)
+
+    profile = calibrate_pressure_map(client, config, contexts, on_cell=progress)
+    assert profile.pressure_map is not None
+    click.echo(format_pressure_map(profile.pressure_map))
+    return profile
 
 
 def _apply(profile: Any, yes: bool) -> None:
@@ -478,8 +507,9 @@ def _model_client(client: Any, model: str | None) -> Any:
         raise click.ClickException(str(exc)) from exc
 
 
-def _archive_and_compare(profile: Any, baseline: str | None, bound: float, no_archive: bool) -> bool:
-    """Archive the profile and compare it with the baseline; True when a figure regressed."""
+def _archive_and_compare(profile: Any, baseline: str | None, bound: float, no_archive: bool) -> tuple[bool, Any]:
+    """Archive the profile and compare it with the baseline: whether a figure regressed, and the
+    baseline's profile (None: none was asked for, or none was found)."""
     from .calibrate.archive import archive, compare_to_baseline, format_regressions, latest_match
     from .calibrate.profile import Profile
 
@@ -487,12 +517,12 @@ def _archive_and_compare(profile: Any, baseline: str | None, bound: float, no_ar
     if saved is not None:
         click.echo(f"archived {saved}", err=True)
     if baseline is None:
-        return False
+        return False, None
     if baseline == "auto":
         match = latest_match(profile, exclude=saved)
         if match is None:
             click.echo("no archived profile of this model file and settings yet: this run is the first baseline")
-            return False
+            return False, None
         base, name = match.profile, match.path.name
     else:
         try:
@@ -501,14 +531,20 @@ def _archive_and_compare(profile: Any, baseline: str | None, bound: float, no_ar
             raise click.ClickException(f"cannot read the baseline {baseline}: {exc}") from exc
     rows = compare_to_baseline(profile, base, bound)
     click.echo(format_regressions(rows, name, bound))
-    return any(r.regressed for r in rows)
+    return any(r.regressed for r in rows), base
 
 
-def _save_profile(profile: Any, json_path: str | None, csv_path: str | None, html_path: str | None) -> None:
-    for path, save in ((json_path, profile.save_json), (csv_path, profile.save_csv), (html_path, profile.save_html)):
+def _save_profile(
+    profile: Any, json_path: str | None, csv_path: str | None, html_path: str | None, baseline: Any = None
+) -> None:
+    """The profile's files; the report draws the difference from `baseline` where it can."""
+    for path, save in ((json_path, profile.save_json), (csv_path, profile.save_csv)):
         if path:
             save(path)
             click.echo(f"wrote {path}", err=True)
+    if html_path:
+        profile.save_html(html_path, baseline)
+        click.echo(f"wrote {html_path}", err=True)
 
 
 main.add_command(list_cmd)

@@ -29,6 +29,8 @@ def archive_dir() -> Path:
 def settings_key(profile: Profile) -> str:
     """What must match for two profiles to be comparable: the engine's size and what was swept."""
     sweep = {k: profile.config.get(k) for k in ("concurrency", "max_tokens", "workflow", "prompt")}
+    if profile.config.get("pressure_map"):  # sweep profiles keep the keys they had before
+        sweep["pressure_map"] = profile.config["pressure_map"]
     engine = {k: profile.engine.get(k) for k in ("parallel", "ctx_size")}
     if profile.engine.get("kv_cache_type", "f16") != "f16":  # f16 profiles keep the keys they had before
         engine["kv_cache_type"] = profile.engine["kv_cache_type"]
@@ -67,7 +69,7 @@ class ArchivedProfile:
             "engine": json.dumps(p.engine, sort_keys=True),
             "single_stream_tok_s": p.summary.single_stream_tokens_per_s,
             "peak_tok_s": p.summary.peak_tokens_per_s,
-            "kind": "workflow" if p.workflow else "sweep",
+            "kind": "workflow" if p.workflow else "pressure" if p.pressure_map else "sweep",
         }
 
 
@@ -125,6 +127,16 @@ def compare_to_baseline(current: Profile, baseline: Profile, max_regression: flo
                 continue
             change = (now - was) / was if higher_is_better else (was - now) / was
             out.append(Regression(name, f"{level.step:g}", was, now, change, change < -max_regression))
+    if current.pressure_map and baseline.pressure_map:
+        for cell in current.pressure_map.cells:
+            old_cell = baseline.pressure_map.cell(cell.concurrency, cell.context_tokens)
+            was = old_cell.output_tokens_per_s if old_cell is not None and old_cell.measured else None
+            if was and cell.measured and cell.output_tokens_per_s is not None:
+                change = (cell.output_tokens_per_s - was) / was
+                step = f"{cell.concurrency}×{cell.context_tokens:,}"
+                out.append(
+                    Regression("map tokens/s", step, was, cell.output_tokens_per_s, change, change < -max_regression)
+                )
     if current.workflow and baseline.workflow:
         old_rounds = {lv.sessions: lv for lv in baseline.workflow.levels}
         for wl in current.workflow.levels:

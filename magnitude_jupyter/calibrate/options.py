@@ -22,6 +22,7 @@ DEFAULT_WARMUP = 2
 DEFAULT_LATENCY_TARGET_MS = 3000.0
 DEFAULT_SLO_ROUND_P95_MS = 3000.0
 DEFAULT_SESSIONS = "1,4,8"
+DEFAULT_CONTEXTS = "256,1024,4096"
 DEFAULT_ROUNDS = 6
 
 
@@ -76,6 +77,15 @@ class CalibrateOptions:
         DEFAULT_SLO_ROUND_P95_MS,
         "With --workflow: the p95 round latency every round must meet.",
     )
+    pressure_map: bool = option(
+        "--pressure-map",
+        None,
+        False,
+        "Measure every concurrency level at every context length of --contexts (a heatmap), instead of one sweep.",
+    )
+    contexts: str = option(
+        "--contexts", str, DEFAULT_CONTEXTS, "With --pressure-map: tokens of context per session, comma-separated."
+    )
     model: str | None = option(
         "--model", str, None, "Calibrate this model (a server with many models loads it first).", "-m"
     )
@@ -88,6 +98,13 @@ class CalibrateOptions:
     def validate(self) -> None:
         if self.agent and not self.workflow:
             raise ValueError("--agent is a kind of --workflow sweep: give both")
+        if self.pressure_map and self.workflow:
+            raise ValueError("--pressure-map and --workflow are two kinds of run: give one")
+
+    def context_levels(self) -> tuple[int, ...]:
+        from .pressure import parse_contexts
+
+        return parse_contexts(self.contexts)
 
     def session_levels(self) -> tuple[int, ...]:
         from .sweep import parse_levels

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .pressure import PressureMap
 from .records import Level, Summary
 from .stats import knee, knee_not_reached, recommend_parallel, scaling_efficiency
 from .workflow import WorkflowResult
@@ -69,6 +70,17 @@ def summarize_levels(
     )
 
 
+def engine_text(engine: dict[str, Any] | None) -> str:
+    """The engine's settings as a person reads them: `parallel 8, ctx_size 8,192, ...`."""
+    if not engine:
+        return "not reported"
+    return ", ".join(
+        f"{k} {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k} {v}"
+        for k, v in engine.items()
+        if v is not None
+    )
+
+
 @dataclass
 class Profile:
     machine: dict[str, Any]
@@ -81,6 +93,7 @@ class Profile:
     capacity: dict[str, Any] | None = None
     stopped_because: str | None = None
     workflow: WorkflowResult | None = None  # the agent-workflow sweep, when one ran
+    pressure_map: PressureMap | None = None  # concurrency × context, when one was measured
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     name: str = ""
     version: int = PROFILE_VERSION
@@ -90,6 +103,7 @@ class Profile:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)  # nested records become plain dicts
         data["workflow"] = self.workflow.to_json() if self.workflow else None
+        data["pressure_map"] = self.pressure_map.to_json() if self.pressure_map else None
         return data
 
     def save_json(self, path: str | Path) -> Path:
@@ -104,7 +118,8 @@ class Profile:
         levels = [Level.from_json(lv) for lv in data.get("levels") or []]
         workflow = WorkflowResult.from_json(data["workflow"]) if data.get("workflow") else None
         summary = Summary.from_json(data.get("summary") or {})
-        return cls(**{**data, "levels": levels, "summary": summary, "workflow": workflow})
+        pmap = PressureMap.from_json(data["pressure_map"]) if data.get("pressure_map") else None
+        return cls(**{**data, "levels": levels, "summary": summary, "workflow": workflow, "pressure_map": pmap})
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
@@ -137,28 +152,50 @@ class Profile:
                 )
         return pd.DataFrame(rows)
 
+    def pressure_frame(self) -> Any:
+        """One row per cell of the pressure map."""
+        import pandas as pd
+
+        return pd.DataFrame(self.pressure_map.rows() if self.pressure_map else [])
+
     def save_csv(self, path: str | Path) -> Path:
-        """The levels, one row each (or, for a workflow profile, its rounds)."""
+        """The levels, one row each (or a workflow profile's rounds, or a pressure map's cells)."""
         path = Path(path)
-        frame = self.levels_frame() if self.levels or not self.workflow else self.workflow_frame()
+        if self.levels or not (self.workflow or self.pressure_map):
+            frame = self.levels_frame()
+        else:
+            frame = self.workflow_frame() if self.workflow else self.pressure_frame()
         frame.to_csv(path, index=False)
         return path
 
-    def save_html(self, path: str | Path) -> Path:
+    def save_html(self, path: str | Path, baseline: Profile | None = None) -> Path:
+        """The report: the plots, and the summary; with a `baseline` that has a pressure map too, the
+        difference map of the two."""
         from .figures import capacity_figure, latency_figure, throughput_figure, workflow_figure
+        from .pressure_figures import pressure_difference_figure, pressure_figures
 
         figures = [throughput_figure([self]), latency_figure([self]), capacity_figure(self)] if self.levels else []
         if self.workflow:
             figures.append(workflow_figure(self.workflow))
+        findings = ""
+        if self.pressure_map:
+            figures += pressure_figures(self.pressure_map)
+            if baseline is not None and baseline.pressure_map is not None:
+                name = baseline.name or f"the baseline of {baseline.created}"
+                figures.append(pressure_difference_figure(self.pressure_map, baseline.pressure_map, name))
+            findings = "".join(f"<li>{line}</li>" for line in self.pressure_map.recommendation())
+            findings = f"<ul class='pressure'>{findings}</ul>"
         parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
-        rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in self.summary.to_json().items())
+        rows = "".join(
+            f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in self.summary.to_json().items() if v not in (None, {})
+        )
         html = (
             "<!doctype html><html><head><meta charset='utf-8'>"
             f"<title>magnitude profile: {self.model.get('id')}</title>"
             "<style>body{font-family:sans-serif;margin:2em}th{text-align:left;padding-right:1em}</style></head><body>"
             f"<h1>{self.model.get('id')} on {self.machine.get('cpu')}</h1>"
-            f"<p>{self.created}; {self.machine.get('cores')} cores; engine {json.dumps(self.engine)}</p>"
-            f"<table>{rows}</table>{''.join(parts)}</body></html>"
+            f"<p>{self.created}; {self.machine.get('cores')} cores; engine: {engine_text(self.engine)}</p>"
+            f"<table>{rows}</table>{findings}{''.join(parts)}</body></html>"
         )
         path = Path(path)
         path.write_text(html)

@@ -41,8 +41,10 @@ class Level:
     # Sampled from our server's /status during the level; None from any other server.
     kv_usage_max: float | None = None
     kv_usage_mean: float | None = None
+    kv_cells_max: int | None = None  # the most KV cells in use at once
     rss_bytes_max: int | None = None
     waiting_max: int | None = None
+    prompt_tokens_mean: float | None = None  # as the server counted them (None: it did not say)
     cached_share: float | None = None  # prompt tokens the server took from its prefix cache / all prompt tokens
     preemptions: int | None = None  # running requests our server preempted for cells during the level
     # Half-width of a 95% interval around output_tokens_per_s (closed loop: see sweep.throughput_interval).

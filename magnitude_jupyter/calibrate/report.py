@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 from ..models import unbatched_weights
 from .capacity import sessions_admitted
-from .profile import Profile
+from .pressure import PressureCell, PressureMap
+from .profile import Profile, engine_text
 from .records import Level, Summary
 
 
@@ -69,17 +71,6 @@ def knee_text(summary: Summary) -> str:
     return f"knee at {_fmt(summary.knee_concurrency, 'g')}"
 
 
-def _engine_text(engine: dict[str, Any] | None) -> str:
-    """The engine's settings as a person reads them: `parallel 8, ctx_size 8,192, ...`."""
-    if not engine:
-        return "not reported"
-    return ", ".join(
-        f"{k} {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k} {v}"
-        for k, v in engine.items()
-        if v is not None
-    )
-
-
 def _recommendation_text(profile: Profile) -> str:
     """The recommended parallel, with what it follows: the end-to-end p95 target."""
     s, target = profile.summary, profile.config.get("latency_target_ms") if profile.config else None
@@ -128,7 +119,7 @@ def format_profile(profile: Profile) -> str:
     widths = list(widths)
     lines = [
         f"{profile.model.get('id')} on {profile.machine.get('cpu')} ({profile.machine.get('cores')} cores); "
-        f"engine: {_engine_text(profile.engine)}"
+        f"engine: {engine_text(profile.engine)}"
     ]
     lines.append("  ".join(h.rjust(wd) for h, wd in zip(headers, widths, strict=True)))
     lines += ["  ".join(c.rjust(wd) for c, wd in zip(row, widths, strict=True)) for row in rows]
@@ -218,3 +209,34 @@ def preemption_text(levels: list[Level]) -> str | None:
                 "(lower parallel, or admission: reserve)"
             )
     return text + "; throughput still grew with them"
+
+
+def format_pressure_map(pmap: PressureMap) -> str:
+    """The map as two grids (output tok/s, p95 end-to-end), a row a context, then what it says."""
+    target = pmap.latency_target_ms
+    head = ["context \\ sessions", *(str(c) for c in pmap.concurrency)]
+
+    def grid(title: str, value: Callable[[PressureCell], str]) -> list[str]:
+        rows = [head]
+        for context in pmap.contexts:
+            row = [f"{context:,}"]
+            for concurrency in pmap.concurrency:
+                cell = pmap.cell(concurrency, context)
+                row.append("—" if cell is None else value(cell) if cell.measured else cell.state)
+            rows.append(row)
+        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+        return [title, *("  ".join(c.rjust(wd) for c, wd in zip(r, widths, strict=True)) for r in rows)]
+
+    def latency(cell: PressureCell) -> str:
+        return f"{(cell.e2e_p95_ms or 0) / 1000:.2f} s" + (" ✗" if cell.meets(target) is False else "")
+
+    lines = grid("output tokens/s:", lambda c: f"{c.output_tokens_per_s:.1f}")
+    title = "end-to-end p95" + (f" (✗: over the {target / 1000:g} s target):" if target else ":")
+    lines += ["", *grid(title, latency), ""]
+    lines += pmap.recommendation()
+    unfit = [c for c in pmap.cells if c.why]
+    if unfit:
+        lines.append(f"not run: {unfit[0].why}" + (f" (and {len(unfit) - 1} more such)" if len(unfit) > 1 else ""))
+    if pmap.stopped_because:
+        lines.append(f"stopped early: {pmap.stopped_because}")
+    return "\n".join(lines)

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..client import Client, ClientError, discover, is_magnitude_status
 from .capacity import capacity_report, probe
+from .pressure import PressureCell, run_pressure_map
 from .profile import Profile, machine_info, summarize_levels
 from .records import Level, Summary
 from .sweep import SweepConfig, run_sweep
@@ -106,5 +107,36 @@ def calibrate_workflow(
         levels=[],
         summary=Summary(),
         workflow=result,
+        name=name,
+    )
+
+
+def calibrate_pressure_map(
+    client: Client | None = None,
+    config: SweepConfig | None = None,
+    contexts: tuple[int, ...] = (256, 1024, 4096),
+    memory_bytes: int | None = None,
+    on_cell: Callable[[PressureCell], None] | None = None,
+    stop: threading.Event | None = None,
+    name: str = "",
+) -> Profile:
+    """The pressure map (see pressure.py), recorded as a profile with the machine, model and capacity."""
+    client = client or discover()
+    config = config or SweepConfig()
+    model, engine, status, meta = server_facts(client)
+    report = capacity_report(meta, status, memory_bytes)
+    pmap = run_pressure_map(client, config, contexts, on_cell=on_cell, stop=stop)
+    sweep = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}
+    return Profile(
+        machine=machine_info(),
+        server={"url": client.api_base, "engine": "magnitude" if engine else "openai-compatible"},
+        model=model,
+        engine=engine,
+        config={**sweep, "pressure_map": {"contexts": list(contexts)}},
+        levels=[],
+        summary=Summary(latency_target_ms=config.latency_target_ms),
+        capacity=report.to_json() if report else None,
+        stopped_because=pmap.stopped_because,
+        pressure_map=pmap,
         name=name,
     )

@@ -86,10 +86,15 @@ _WORDS = (
 )
 
 
+def synthetic_words(seed: int, words: int) -> str:
+    """`words` words drawn from the list, the same for the same seed."""
+    rng = random.Random(seed)
+    return " ".join(rng.choice(_WORDS) for _ in range(words))
+
+
 def synthetic_prompt(index: int, words: int = 40) -> str:
     """The distinct user text of request `index`: a topic and `words` words of its own (as guidellm's data)."""
-    rng = random.Random(index)
-    return f"Request {index}: write about " + " ".join(rng.choice(_WORDS) for _ in range(words)) + "."
+    return f"Request {index}: write about {synthetic_words(index, words)}."
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -115,6 +120,8 @@ class SweepConfig:
     prompt: str | None = None  # one prompt for every request: a prefix-cache hit after the first, which flatters
     prompts: tuple[str, ...] = ()  # your own prompts (a list, a DataFrame column), cycled
     prompt_words: int = 40  # without either: a fixed system prompt and this many distinct words per request
+    system_words: int = 0  # ... and this many words more in the system prompt every request shares (an agent's)
+    system_seed: int = 0  # which words those are
     temperature: float = 0.0
     ignore_eos: bool = True  # every request generates max_tokens: levels compare like with like
     ttft_p95_limit_ms: float | None = None  # stop when a level's p95 TTFT is over this
@@ -159,8 +166,11 @@ def messages_for(config: SweepConfig, index: int) -> list[dict[str, str]]:
         return [{"role": "user", "content": config.prompts[index % len(config.prompts)]}]
     if config.prompt:
         return [{"role": "user", "content": config.prompt}]
+    system = SWEEP_SYSTEM
+    if config.system_words:
+        system += " Background: " + synthetic_words(config.system_seed, config.system_words) + "."
     return [
-        {"role": "system", "content": SWEEP_SYSTEM},
+        {"role": "system", "content": system},
         {"role": "user", "content": synthetic_prompt(index, config.prompt_words)},
     ]
 
@@ -223,10 +233,12 @@ class _StatusSampler:
         if not self.samples:
             return {}
         usage = [s["kv_cells_used"] / s["kv_cells_total"] for s in self.samples if s.get("kv_cells_total")]
+        cells = [s["kv_cells_used"] for s in self.samples if s.get("kv_cells_used") is not None]
         rss = [s["rss_bytes"] for s in self.samples if s.get("rss_bytes")]
         return {
             "kv_usage_max": max(usage) if usage else None,
             "kv_usage_mean": sum(usage) / len(usage) if usage else None,
+            "kv_cells_max": max(cells) if cells else None,
             "rss_bytes_max": max(rss) if rss else None,
             "waiting_max": max(s.get("waiting", 0) for s in self.samples),
             # Running requests preempted for cells during the level (admission: estimate).
@@ -255,8 +267,14 @@ def summarize(samples: list[Sample], elapsed_s: float, **extra: Any) -> Level:
         e2e_ms=pct([s.e2e_s for s in ok]),
         queue_ms=percentiles([s.queued_ms for s in ok if s.queued_ms is not None]),
         cached_share=cached_share(ok),
+        prompt_tokens_mean=prompt_tokens_mean(ok),
         **extra,
     )
+
+
+def prompt_tokens_mean(samples: list[Sample]) -> float | None:
+    counted = [s.prompt_tokens for s in samples if s.prompt_tokens]
+    return sum(counted) / len(counted) if counted else None
 
 
 def cached_share(samples: list[Sample]) -> float | None:
@@ -266,10 +284,16 @@ def cached_share(samples: list[Sample]) -> float | None:
 
 
 def run_closed_level(
-    client: Client, config: SweepConfig, concurrency: int, stop: threading.Event, config_offset: int = 0
+    client: Client,
+    config: SweepConfig,
+    concurrency: int,
+    stop: threading.Event,
+    config_offset: int = 0,
+    label: str = "",
 ) -> Level:
     """`concurrency` clients, each sending its next request as soon as its last one completes.
-    Request indexes start after `config_offset`, so levels never repeat each other's prompts."""
+    Request indexes start after `config_offset`, so levels never repeat each other's prompts;
+    `label` follows the level's name in the server's panel."""
     samples: list[Sample] = []
     lock = threading.Lock()
     remaining = [config.requests_per_level]
@@ -291,11 +315,11 @@ def run_closed_level(
             issued[0] += 1
             return config_offset + issued[0]
 
+    origin = f"calibration · {concurrency} client{'' if concurrency == 1 else 's'}{label}"
+
     def worker() -> None:
         while (index := take()) is not None:
-            sample = one_request(
-                client, config, index, f"calibration · {concurrency} client{'' if concurrency == 1 else 's'}"
-            )
+            sample = one_request(client, config, index, origin)
             with lock:
                 samples.append(sample)
 

@@ -1,5 +1,8 @@
 """The calibration widget: controls, three live plotly figures, a progress bar and a Stop button.
 
+With context lengths given, Start measures the pressure map instead (concurrency × context), its
+two heatmaps filled in cell by cell.
+
 The sweep runs on a background thread, so the Stop button (and the rest of the notebook) stays
 live; each finished level updates the figures (`batch_update`) and draws them again. Several models picked
 are swept one after the other, each with a line of its own on the throughput and TTFT plots. Earlier
@@ -31,10 +34,12 @@ from .figures import (
     throughput_title,
     throughput_traces,
 )
+from .pressure import PressureCell, PressureMap, parse_contexts
+from .pressure_figures import pressure_latency_figure, pressure_throughput_figure
 from .profile import Profile
 from .records import Level
 from .report import agreement_text, knee_text
-from .run import calibrate
+from .run import calibrate, calibrate_pressure_map
 from .sweep import SweepConfig, parse_levels
 
 SERVER_DEFAULT = "(server default)"
@@ -49,8 +54,10 @@ class CalibrationWidget:
         config: SweepConfig | None = None,
         probe: bool = True,
         earlier: Profile | None = None,
+        contexts: str = "",
     ) -> None:
-        """`earlier`: a profile measured before (a cell above), drawn greyed as the first run."""
+        """`earlier`: a profile measured before (a cell above), drawn greyed as the first run;
+        `contexts`: context lengths for a pressure map (empty: a plain sweep)."""
         self.client = client or discover()
         config = config or SweepConfig()
         self._base_config = config
@@ -59,6 +66,7 @@ class CalibrationWidget:
         self.profiles: list[Profile] = []  # one per model swept, in order
         self.error: str | None = None
         self.levels: list[Level] = []
+        self.pressure_map: PressureMap | None = None  # the last map measured (or being measured)
         self._first_levels: list[Level] = []  # this run's levels of the first model: kept greyed by the next run
         self._earlier: list[tuple[str, list[Level]]] = [("the cell's run", earlier.levels)] if earlier else []
         # each earlier run's knee, in words (the verdict names both when they differ)
@@ -86,6 +94,12 @@ class CalibrationWidget:
             style=WIDE,
         )
         self.target = w.FloatText(config.latency_target_ms or 0.0, description="p95 target ms", style=WIDE)
+        self.contexts = w.Text(
+            contexts,
+            description="pressure map: contexts",
+            placeholder="(empty: one sweep over concurrency)",
+            style=WIDE,
+        )
         self.start_button = w.Button(description="Start", button_style="primary", icon="play")
         self.stop_button = w.Button(description="Stop", button_style="warning", icon="stop", disabled=True)
         self.progress = w.IntProgress(value=0, min=0, max=len(config.concurrency), description="levels")
@@ -133,7 +147,7 @@ class CalibrationWidget:
         controls = w.VBox(
             [
                 w.HBox([self.model, self.concurrency, self.requests]),
-                w.HBox([self.max_tokens, self.target]),
+                w.HBox([self.max_tokens, self.target, self.contexts]),
                 self.prompt,
                 w.HBox([self.start_button, self.stop_button, self.progress, self.status]),
                 self.verdict,
@@ -146,7 +160,12 @@ class CalibrationWidget:
             [self._views[id(self.throughput)], self._views[id(self.latency)]],
             layout=w.Layout(display="flex", flex_flow="row wrap", width="100%"),
         )
-        self.box = w.VBox([controls, plots, self._views[id(self.capacity)]], layout=w.Layout(width="100%"))
+        # The pressure map's two heatmaps: shown once a map is asked for.
+        self.map_views = (_view(), _view())
+        self.map_box = w.Box(list(self.map_views), layout=w.Layout(display="none", flex_flow="row wrap", width="100%"))
+        self.box = w.VBox(
+            [controls, self.map_box, plots, self._views[id(self.capacity)]], layout=w.Layout(width="100%")
+        )
         self._reset_traces(self.models())  # an earlier profile's lines, greyed, from the start
         if earlier is not None:
             self.verdict.value = (
@@ -205,12 +224,15 @@ class CalibrationWidget:
         return self.profile
 
     def run(self) -> Profile | None:
-        """Run the sweep in this thread, updating the widget as it goes."""
+        """Run the sweep (or the pressure map) in this thread, updating the widget as it goes."""
         try:
             config = self.config()
+            contexts = parse_contexts(self.contexts.value) if self.contexts.value.strip() else ()
         except ValueError as exc:
             self.error = self.status.value = str(exc)
             return None
+        if contexts:
+            return self.run_map(config, contexts)
         models = self.models()
         self._stop.clear()
         if self._first_levels:  # the last run stays on the plots, greyed
@@ -253,6 +275,59 @@ class CalibrationWidget:
         finally:
             self.start_button.disabled, self.stop_button.disabled = False, True
         return self.profile
+
+    def run_map(self, config: SweepConfig, contexts: tuple[int, ...]) -> Profile | None:
+        """The pressure map of the first model picked, each cell drawn as it ends."""
+        self._stop.clear()
+        self.error = None
+        levels = tuple(sorted(set(config.concurrency)))
+        self.pressure_map = PressureMap(
+            levels, contexts, config.max_tokens, config.requests_per_level, config.latency_target_ms
+        )
+        self.progress.max, self.progress.value = len(levels) * len(contexts), 0
+        self.map_box.layout.display = "flex"
+        self._draw_map()
+        self.start_button.disabled, self.stop_button.disabled = True, False
+        self.verdict.value = ""
+        try:
+            client = self._client_for(self.models()[0])
+            self.status.value = "warming up, then sizing the prompts…"
+            profile = calibrate_pressure_map(
+                client, replace(config, model=client.model), contexts, on_cell=self._on_cell, stop=self._stop
+            )
+            self.profile, self.pressure_map = profile, profile.pressure_map
+            self._draw_map()
+            assert self.pressure_map is not None
+            done = sum(c.measured for c in self.pressure_map.cells)
+            why = self.pressure_map.stopped_because
+            self.status.value = f"done: {done} cells measured" + (f" ({why})" if why else "")
+            lines = "".join(f"<li>{html.escape(line)}</li>" for line in self.pressure_map.recommendation())
+            self.verdict.value = f"The pressure map: <ul>{lines}</ul>"
+        except Exception as exc:  # shown in the widget: the map runs on a thread with no traceback to see
+            self.error = self.status.value = f"failed: {exc}"
+        finally:
+            self.start_button.disabled, self.stop_button.disabled = False, True
+        return self.profile
+
+    def _on_cell(self, cell: PressureCell) -> None:
+        assert self.pressure_map is not None
+        self.pressure_map = replace(self.pressure_map, cells=(*self.pressure_map.cells, cell))
+        self.progress.value = len(self.pressure_map.cells)
+        what = (
+            f"{cell.output_tokens_per_s:.1f} tok/s, p95 {(cell.e2e_p95_ms or 0) / 1000:.2f} s"
+            if cell.measured
+            else cell.state
+        )
+        self.status.value = f"{cell.concurrency} × {cell.context_tokens:,} tokens: {what}"
+        self._draw_map()
+
+    def _draw_map(self) -> None:
+        if self.pressure_map is None:
+            return
+        figures = (pressure_throughput_figure(self.pressure_map), pressure_latency_figure(self.pressure_map))
+        for view, figure in zip(self.map_views, figures, strict=True):
+            figure.update_layout(autosize=True)
+            view.outputs = ({"output_type": "display_data", "data": figure_bundle(figure), "metadata": {}},)
 
     def propose(self, path: Path | None = None) -> str:
         """Show what applying the last run would change in the config file (its diff); the Write

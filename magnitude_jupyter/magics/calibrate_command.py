@@ -33,7 +33,11 @@ def calibrate(client: Client, args: Calibrate, user_ns: dict[str, Any]) -> Any:
     if options.workflow:
         return _workflow(client, options, user_ns)
     config = options.sweep_config(model=client.model)
-    widget = CalibrationWidget(client, config, probe=not options.no_probe, earlier=_profile(args.compare, user_ns))
+    contexts = options.contexts if options.pressure_map else ""
+    if contexts:
+        options.context_levels()  # refused here, in the cell, when not numbers
+    earlier = _profile(args.compare, user_ns)
+    widget = CalibrationWidget(client, config, probe=not options.no_probe, earlier=earlier, contexts=contexts)
     if client.model in widget.model.options:
         widget.model.value = (client.model,)
     user_ns[CALIBRATION_VARIABLE] = widget
