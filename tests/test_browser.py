@@ -47,9 +47,13 @@ def test_panel_and_streaming_cell_in_a_real_browser(lab):
 
 
 SWEEP_CELL = "%magnitude calibrate --concurrency 1,2 --requests 2 --max-tokens 8 --no-probe --start"
+MAP_CELL = (
+    "%magnitude calibrate --pressure-map --concurrency 1,2 --contexts 128,256 --requests 2 --max-tokens 4 "
+    "--warmup 0 --start"
+)
 
 
-def test_calibration_widget_fits_the_cell_and_survives_a_reload(lab):
+def test_calibration_widget_fits_the_cell_survives_a_reload_and_draws_the_pressure_map(lab):
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [
@@ -60,3 +64,8 @@ def test_calibration_widget_fits_the_cell_and_survives_a_reload(lab):
     nbformat.write(nb, lab["root"] / "widget.ipynb")
     result = run_ui_test("widget.test.mjs", lab)
     assert result["ok"] and (SHOTS / "calibration-widget.png").stat().st_size > 5_000
+    # In the same lab (one start less): the widget's pressure map, its heatmaps drawn cell by cell.
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext magnitude_jupyter"), nbformat.v4.new_code_cell(MAP_CELL)]
+    nbformat.write(nb, lab["root"] / "pressure.ipynb")
+    result = run_ui_test("pressure-map.test.mjs", lab)
+    assert result["ok"] and (SHOTS / "pressure-map.png").stat().st_size > 5_000

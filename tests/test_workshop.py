@@ -4,6 +4,7 @@ against a real server, once per run. Then what the notebook must show is checked
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -64,6 +65,14 @@ def test_notebook_runs_top_to_bottom(path, workshop_lab, request, monkeypatch, t
         above = re.search(r"model accuracy (\d+)%", text)
         again = re.search(r"accuracy (\d+)% \(the cell above\)", text)
         assert above and again and above.group(1) == again.group(1), text
+    if path.stem.startswith("03"):  # the pressure map: a line a context, read off its cells, and its heatmaps
+        text = "\n".join(o.get("text", "") for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs)
+        for context in ("128", "512"):
+            line = rf"at {context} tokens of context(, at most \d+ sessions? meets? p95|, no number|: none fits)"
+            assert re.search(line, text), text
+        plots = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "data" in o]
+        heatmaps = [o for o in plots if '"heatmap"' in json.dumps(o["data"].get("application/vnd.plotly.v1+json", {}))]
+        assert len(heatmaps) >= 2, "tokens/s and p95 drawn as heatmaps"
     if path.stem.startswith("07"):  # the agent: a real call of a notebook function, and what it cost
         text = "\n".join(o.get("text", "") for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs)
         assert re.search(r"→ (population|add)\(\{.*\}\)  ← ", text) and "agent workflow" in text, text

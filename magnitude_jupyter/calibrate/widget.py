@@ -160,12 +160,11 @@ class CalibrationWidget:
             [self._views[id(self.throughput)], self._views[id(self.latency)]],
             layout=w.Layout(display="flex", flex_flow="row wrap", width="100%"),
         )
+        self.sweep_plots = w.VBox([plots, self._views[id(self.capacity)]], layout=w.Layout(width="100%"))
         # The pressure map's two heatmaps: shown once a map is asked for.
         self.map_views = (_view(), _view())
         self.map_box = w.Box(list(self.map_views), layout=w.Layout(display="none", flex_flow="row wrap", width="100%"))
-        self.box = w.VBox(
-            [controls, self.map_box, plots, self._views[id(self.capacity)]], layout=w.Layout(width="100%")
-        )
+        self.box = w.VBox([controls, self.map_box, self.sweep_plots], layout=w.Layout(width="100%"))
         self._reset_traces(self.models())  # an earlier profile's lines, greyed, from the start
         if earlier is not None:
             self.verdict.value = (
@@ -243,6 +242,8 @@ class CalibrationWidget:
         self.profiles = []
         self.error = None
         self.progress.max, self.progress.value = len(config.concurrency) * len(models), 0
+        self.progress.description = "levels"
+        self.sweep_plots.layout.display = "flex"
         self._reset_traces(models)
         self.start_button.disabled, self.stop_button.disabled = True, False
         self.apply_button.disabled = self.write_button.disabled = True
@@ -285,7 +286,8 @@ class CalibrationWidget:
             levels, contexts, config.max_tokens, config.requests_per_level, config.latency_target_ms
         )
         self.progress.max, self.progress.value = len(levels) * len(contexts), 0
-        self.map_box.layout.display = "flex"
+        self.progress.description = "cells"
+        self.map_box.layout.display, self.sweep_plots.layout.display = "flex", "none"  # what this run draws
         self._draw_map()
         self.start_button.disabled, self.stop_button.disabled = True, False
         self.verdict.value = ""
