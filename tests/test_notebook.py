@@ -264,3 +264,20 @@ def test_embed_cells_give_vectors_for_lines_and_for_rows(connected, tmp_path):
     assert text_outputs(nb.cells[5]).strip() == "['review', 'embedding', 'error'] True"
     (error,) = [o for o in nb.cells[6].outputs if o.output_type == "error"]
     assert "--system" in error.evalue
+
+
+def test_a_calibration_still_running_shows_itself_again_when_its_cell_runs_again(connected, tmp_path):
+    """A page reloaded before saving loses the widget's output, not its run: the cell run again shows
+    the running widget (its progress as it is now), and starts nothing new."""
+    nb = run_notebook(
+        [
+            "%load_ext magnitude_jupyter",
+            # at least 600 s a level: still running when the next cells run, whatever the machine
+            "%magnitude calibrate --concurrency 1 --requests 1 --max-tokens 4 --min-seconds 600 --no-probe --start",
+            "first = _magnitude_calibration\nagain = get_ipython().run_line_magic('magnitude', 'calibrate')",
+            "print(again is first, first.running())\nfirst.stop()\nfirst.wait(120)\nprint(first.running())",
+        ],
+        tmp_path,
+    )
+    assert "still running in this kernel: here it is again" in text_outputs(nb.cells[2])
+    assert text_outputs(nb.cells[3]).split() == ["True", "True", "False"]

@@ -207,10 +207,14 @@ class CalibrationWidget:
 
     def start(self) -> None:
         """Run the sweep on a background thread (the widget's Start button)."""
-        if self._thread is not None and self._thread.is_alive():
+        if self.running():
             return
         self._thread = threading.Thread(target=self.run, daemon=True, name="magnitude-calibrate")
         self._thread.start()
+
+    def running(self) -> bool:
+        """Whether a sweep (or a map) started by Start is still going."""
+        return self._thread is not None and self._thread.is_alive()
 
     def stop(self) -> None:
         """End the sweep after the requests in flight; what was measured is kept."""

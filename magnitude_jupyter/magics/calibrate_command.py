@@ -27,6 +27,12 @@ def calibrate(client: Client, args: Calibrate, user_ns: dict[str, Any]) -> Any:
 
     options = args.options
     options.validate()
+    running = user_ns.get(CALIBRATION_VARIABLE)
+    if isinstance(running, CalibrationWidget) and running.running():
+        # A page reloaded before the notebook was saved lost the widget's output, not its run: the
+        # cell run again shows the same widget, its progress and plots as they are now.
+        print("A calibration is still running in this kernel: here it is again (Stop ends it).")
+        return running
     if options.model:  # a server with many models: load it first, so that its own engine is measured
         model = options.model
         client = client.for_model(client.load_model(model)["id"] if client.is_magnitude() else model)
