@@ -17,6 +17,7 @@ import numpy as np
 from .api.errors import ApiError, api_error_from
 from .api.openai import ResponseShape, parse_generation
 from .api.submit import submit
+from .api.usage import openai_usage
 from .client import ClientError, StreamResult
 from .engine import Engine
 from .engine.tools import parse_answer
@@ -123,7 +124,7 @@ class EngineClient:
                     result.finish_reason = result.engine_finish_reason = event.finish_reason
                     if tool_form is not None:
                         self._read_calls(result, request_id, tool_form)
-                    result.usage, result.timings = event.usage, event.timings
+                    result.usage, result.timings = openai_usage(event.counts), event.timings
                     result.raw_final = {"magnitude": {"finish_reason": event.finish_reason, "error": event.error}}
         finally:
             if not finished:  # left early (an interrupt, an error): stop generating it

@@ -60,7 +60,7 @@ def test_reproducible_request_is_identical_under_load(engine):
     wait_for(lambda: engine.stats().scheduler.running >= 8, what="the batch running")
     loaded = engine.generate(messages=messages, params=params)
     assert loaded.token_ids == alone.token_ids
-    assert loaded.text == alone.text and alone.usage["completion_tokens"] > 0
+    assert loaded.text == alone.text and alone.counts.output > 0
     for r in batch:
         list(engine.stream(r.request_id))
 
@@ -120,7 +120,7 @@ def test_cancel_mid_generation_gives_kv_back(engine):
     status = wait_idle(engine)
     assert status.kv_cells_reserved == status.prefix_cache_cells == status.kv_cells_used
     assert engine.runner.sequence_length(seq_id) == 0
-    assert rest[-1].usage["completion_tokens"] == len(request.output_tokens) >= 5
+    assert rest[-1].counts.output == len(request.output_tokens) >= 5
 
 
 def test_too_long_prompt_is_rejected_with_the_numbers_and_max_tokens_is_a_cap(engine):
@@ -132,7 +132,7 @@ def test_too_long_prompt_is_rejected_with_the_numbers_and_max_tokens_is_a_cap(en
     engine.cancel(capped.request_id)
     with pytest.raises(ValueError, match="max_tokens"):
         engine.submit("hello", params=SamplingParams(max_tokens=-1))
-    assert engine.generate("Hello", params=greedy(4)).usage["completion_tokens"] >= 1  # still serving
+    assert engine.generate("Hello", params=greedy(4)).counts.output >= 1  # still serving
 
 
 def test_stop_strings(engine):
@@ -179,8 +179,8 @@ def test_sixteen_concurrent_requests_finish_with_correct_usage(engine):
     assert len(results) == 16
     for i, (prompt, result) in results.items():
         assert result.finish_reason == "length"
-        assert result.usage["completion_tokens"] == lengths[i] == len(result.token_ids)
-        assert result.usage["prompt_tokens"] == len(engine.tokenize(prompt))
+        assert result.counts.output == lengths[i] == len(result.token_ids)
+        assert result.counts.prompt == len(engine.tokenize(prompt))
         assert result.timings["ttft_ms"] > 0 and result.timings["total_ms"] >= result.timings["ttft_ms"]
     wait_idle(engine)
 
@@ -237,8 +237,8 @@ def test_rows_with_a_shared_prefix_reuse_its_cells(engine):
         for r in reviews[1:]
     ]
     for result in rest:
-        cached = result.usage["prompt_tokens_details"]["cached_tokens"]
-        assert cached >= 32 and cached < result.usage["prompt_tokens"]
+        cached = result.counts.cached
+        assert cached >= 32 and cached < result.counts.prompt
         assert result.text.strip()
     list(engine.stream(first.request_id))
     status = wait_idle(engine)
@@ -255,11 +255,11 @@ def test_each_turn_of_a_conversation_reuses_everything_before_it(engine):
     for question in ["What is a lighthouse?", "Who keeps it?", "Is that job still done?"]:
         messages.append({"role": "user", "content": question})
         result = chat(engine, messages)
-        cached = result.usage["prompt_tokens_details"]["cached_tokens"]
+        cached = result.counts.cached
         if previous:
             # everything up to the end of the last answer was cached; only the new turn is computed
-            assert cached >= previous - 2 and cached < result.usage["prompt_tokens"], (cached, previous)
-        previous = result.usage["prompt_tokens"] + result.usage["completion_tokens"]
+            assert cached >= previous - 2 and cached < result.counts.prompt, (cached, previous)
+        previous = result.counts.prompt + result.counts.output
         messages.append({"role": "assistant", "content": result.text})
     assert engine.stats().scheduler.prefix_cache_entries >= 1
 
@@ -269,15 +269,15 @@ def test_a_repeated_prompt_is_served_from_the_cache(engine):
     cold = chat(engine, messages, 32)
     warm = chat(engine, messages, 32)
     # the chat template's head may be cached from earlier requests; the question is not
-    assert cold.usage["prompt_tokens_details"]["cached_tokens"] < cold.usage["prompt_tokens"] - 10
+    assert cold.counts.cached < cold.counts.prompt - 10
     # all but the last prompt token (which must be computed for its logits) came from the cache
-    assert warm.usage["prompt_tokens_details"]["cached_tokens"] == warm.usage["prompt_tokens"] - 1
+    assert warm.counts.cached == warm.counts.prompt - 1
     # the same answer up to float noise: where cells sit in the shared cache changes how llama.cpp's
     # attention groups them, so long greedy runs may part; the start does not
     assert warm.token_ids[:4] == cold.token_ids[:4]
     # A reproducible request computes everything, always, in a context of its own (runner.Lane).
     lone = chat(engine, messages, 32, reproducible=True)
-    assert lone.usage["prompt_tokens_details"]["cached_tokens"] == 0
+    assert lone.counts.cached == 0
     assert lone.token_ids[:4] == cold.token_ids[:4]
 
 
@@ -292,7 +292,7 @@ def test_cache_pressure_evicts_entries_and_never_hurts_a_running_request():
             assert chat(small, [{"role": "user", "content": prompt}], 4).finish_reason in ("stop", "length")
         reader.join(120)
         final = list(small.stream(runs.request_id))[-1]
-        assert final.finish_reason == "length" and final.usage["completion_tokens"] == 200
+        assert final.finish_reason == "length" and final.counts.output == 200
         stats = wait_idle(small)
         looked_up = stats.prompt_tokens_looked_up
         assert stats.prefix_cache_cells < looked_up  # entries were evicted to make room
@@ -316,8 +316,8 @@ def test_an_evicted_conversation_comes_back_from_ram_as_if_it_never_left():
             follow = [*talk, {"role": "assistant", "content": first.text}, {"role": "user", "content": "And then?"}]
             request = small.submit(messages=follow, params=next_token)
             (token_event, *_) = [e for e in small.stream(request.request_id) if e.logprobs]
-            usage = request.usage()
-            return token_event.logprobs[0], usage["prompt_tokens_details"]["cached_tokens"], small.stats().scheduler
+            counts = request.token_counts()
+            return token_event.logprobs[0], counts.cached, small.stats().scheduler
 
     kept, kept_cached, _ = follow_up(evict=False)
     restored, restored_cached, stats = follow_up(evict=True)
@@ -348,7 +348,7 @@ def test_a_conversation_idle_while_others_decode_moves_to_ram_and_comes_back_who
         assert stats.prefix_cache_cells < stats.kv_cells_total // 4  # no pressure made it move
         follow = [*talk, {"role": "assistant", "content": first.text}, {"role": "user", "content": "And then?"}]
         result = chat(eng, follow, 4)
-        assert result.usage["prompt_tokens_details"]["cached_tokens"] >= 405  # the whole first turn
+        assert result.counts.cached >= 405  # the whole first turn
 
 
 def test_step_counts_account_for_every_row_llama_decode_computed(engine):
@@ -356,8 +356,8 @@ def test_step_counts_account_for_every_row_llama_decode_computed(engine):
     result = chat(engine, [{"role": "user", "content": "Count from one to twenty, in words."}], 24, ignore_eos=True)
     after = engine.stats()
     assert before.steps is not None and after.steps is not None
-    usage = result.usage
-    computed_prompt = usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
+    counts = result.counts
+    computed_prompt = counts.prompt - counts.cached
     refused = (after.draft_tokens_total - after.draft_accepted_total) - (
         before.draft_tokens_total - before.draft_accepted_total
     )
@@ -365,7 +365,7 @@ def test_step_counts_account_for_every_row_llama_decode_computed(engine):
     assert after.steps.decode_prompt_rows - before.steps.decode_prompt_rows == computed_prompt
     # every answer token but the last is decoded once (the last is sampled, never decoded; a guess the
     # picks confirmed is one of them), plus the guesses they refused
-    assert rows == computed_prompt + usage["completion_tokens"] - 1 + refused
+    assert rows == computed_prompt + counts.output - 1 + refused
     calls = after.steps.decode_calls - before.steps.decode_calls
     assert 1 <= calls <= rows
     decode_s = after.steps.decode_seconds - before.steps.decode_seconds

@@ -92,7 +92,7 @@ def test_each_family_renders_its_format_stops_at_its_turn_end_and_holds_the_plan
         assert engine.prompt_tokens_for(messages=CONVERSATION) == expected
         # The model picks its family's turn end first: the answer ends there, with nothing in it.
         result = engine.generate(messages=CONVERSATION, params=SamplingParams(max_tokens=8, temperature=0))
-        assert (result.finish_reason, result.text, result.usage["completion_tokens"]) == ("stop", "", 0)
+        assert (result.finish_reason, result.text, result.counts.output) == ("stop", "", 0)
         # llama.cpp's KV buffer is what the arithmetic plans (a windowed family: the context's cells in
         # its global layers, a window per request slot and a batch in its windowed ones: see kvmath)
         stats = engine.stats()
@@ -131,7 +131,7 @@ def test_a_sliding_window_model_holds_a_window_per_sequence_and_reuses_only_what
         cold = engine.generate(
             prompt_tokens=turn, params=SamplingParams(max_tokens=12, temperature=0, reproducible=True)
         )
-        assert warm.usage["prompt_tokens_details"]["cached_tokens"] == len(first) + len(answer.token_ids) - 1
+        assert warm.counts.cached == len(first) + len(answer.token_ids) - 1
         assert warm.token_ids[:4] == cold.token_ids[:4]
         # A prompt that parts from the entry inside it, with llama.cpp's cells whole: reused too
         inside = [*first[:-20], *engine.tokenize(" the other way round", add_special=False)]
@@ -141,7 +141,7 @@ def test_a_sliding_window_model_holds_a_window_per_sequence_and_reuses_only_what
         )
         assert again.token_ids[:4] == alone.token_ids[:4]
         status = engine.stats().scheduler
-        reused = again.usage["prompt_tokens_details"]["cached_tokens"]
+        reused = again.counts.cached
         # either reused, or counted as what the window kept from being reused: never wrong cells
         assert reused == len(first) - 20 or status.prompt_tokens_window_missed >= len(first) - 20
 
@@ -167,7 +167,7 @@ def test_a_turn_that_parts_from_the_last_answer_goes_on_from_the_window_checkpoi
             prompt_tokens=turn, params=SamplingParams(max_tokens=12, temperature=0, reproducible=True)
         )
         status = engine.stats().scheduler
-        assert warm.usage["prompt_tokens_details"]["cached_tokens"] == len(first)
+        assert warm.counts.cached == len(first)
         assert status.prompt_tokens_window_checkpoint == len(first)
         assert warm.token_ids[:4] == cold.token_ids[:4]
 
@@ -425,7 +425,7 @@ def test_a_recurrent_model_says_its_state_is_not_counted_and_is_served_without_p
         prompt = list(range(100, 140))
         engine.generate(prompt_tokens=prompt, params=SamplingParams(max_tokens=4))
         again = engine.generate(prompt_tokens=[*prompt, 7], params=SamplingParams(max_tokens=4, temperature=0))
-        assert again.usage["prompt_tokens_details"]["cached_tokens"] == 0
+        assert again.counts.cached == 0
         assert not engine.engine_settings.prefix_reuse and engine.engine_settings.draft_tokens == 0
 
 

@@ -17,7 +17,7 @@ from magnitude_jupyter.api.openai import (
 )
 from magnitude_jupyter.engine.chat import ChatFormatError, normalize_messages
 from magnitude_jupyter.engine.request import NUMBER_LIMITS, SamplingParams
-from magnitude_jupyter.engine.streams import StreamEvent, TokenLogprob
+from magnitude_jupyter.engine.streams import StreamEvent, TokenCounts, TokenLogprob
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
@@ -138,9 +138,24 @@ def test_messages_are_checked_and_tool_call_turns_accepted():
 def test_a_cancelled_answer_never_says_stop():
     shape = ResponseShape("chatcmpl-x", "chat", "m")
     for reason in ("cancelled", "error"):
-        final = StreamEvent(id=3, type="done", finish_reason=reason, usage={}, timings={})
+        final = StreamEvent(id=3, type="done", finish_reason=reason, counts=TokenCounts(4, 0, 1), timings={})
         assert completion_response(shape, "partial", [final])["choices"][0]["finish_reason"] == reason
         assert stream_chunks(shape, final)[0]["choices"][0]["finish_reason"] == reason
+
+
+def test_the_engines_counts_become_openais_usage():
+    shape = ResponseShape("chatcmpl-x", "chat", "m", include_usage=True)
+    final = StreamEvent(id=3, type="done", finish_reason="stop", counts=TokenCounts(40, 30, 5, 2), timings={})
+    usage = {
+        "prompt_tokens": 40,
+        "completion_tokens": 5,
+        "total_tokens": 45,
+        "prompt_tokens_details": {"cached_tokens": 30},
+        "completion_tokens_details": {"reasoning_tokens": 2},
+    }
+    assert completion_response(shape, "hi", [final])["usage"] == usage
+    chunk, usage_only = stream_chunks(shape, final)
+    assert chunk["usage"] == usage_only["usage"] == usage and usage_only["choices"] == []
 
 
 def test_logprobs_in_both_openai_shapes():

@@ -109,12 +109,7 @@ def test_engine_loop_batches_and_finishes_with_usage():
         for r in results:
             events = list(engine.stream(r.request_id))
             assert events[-1].finish_reason == "length"
-            assert events[-1].usage == {
-                "prompt_tokens": 3,
-                "completion_tokens": r.max_tokens,
-                "total_tokens": 3 + r.max_tokens,
-                "prompt_tokens_details": {"cached_tokens": 0},
-            }
+            assert events[-1].counts == (3, 0, r.max_tokens, 0)  # prompt, cached, output, reasoning
         assert "".join(e.text for e in engine.stream(results[0].request_id)) == "8 9 10 "
         assert texts == ["3 4 "]
         # several sequences went through a single decode call at least once
@@ -419,7 +414,7 @@ def test_an_entry_moved_out_while_others_decode_comes_back_once_nothing_runs():
             assert engine.fake.restored == 1 and cache.entries == 2
             assert_cache_exact(engine.fake, cache)
         turn = engine.generate("1 2 3 4 5 6 7 8 9 10 11 40", params=greedy)
-        assert turn.usage["prompt_tokens_details"]["cached_tokens"] == 11
+        assert turn.counts.cached == 11
         for prompt in ("70 71 72 73 74", "80 81 82 83 84"):  # the sequence ids go round again
             assert engine.generate(prompt, params=greedy).finish_reason == "length"
         time.sleep(0.05)
@@ -468,7 +463,7 @@ def test_a_restore_that_fails_while_nothing_runs_empties_the_cache_and_the_engin
             assert engine.scheduler.budget.used == 0
             assert_cache_exact(engine.fake, cache)
         turn = engine.generate("1 2 3 4 5 6 7 8 9 10 11 40", params=greedy)
-        assert turn.finish_reason == "length" and turn.usage["prompt_tokens_details"]["cached_tokens"] == 0
+        assert turn.finish_reason == "length" and turn.counts.cached == 0
 
 
 def test_saved_entries_wait_for_a_second_of_idleness_to_come_back():

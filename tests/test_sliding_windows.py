@@ -217,13 +217,13 @@ def test_a_turn_that_parts_from_the_last_answer_goes_on_from_the_window_checkpoi
         # The answer comes back otherwise: the match ends at the prompt's end, whose window has gone
         turn = engine.generate(prompt_tokens=[*prompt, 7, 8, 9], params=SamplingParams(max_tokens=3))
         status = engine.stats().scheduler
-        assert turn.usage["prompt_tokens_details"]["cached_tokens"] == 40 and len(runner.windows_loaded) == 1
+        assert turn.counts.cached == 40 and len(runner.windows_loaded) == 1
         assert status.prompt_tokens_window_checkpoint == 40 and turn.token_ids == [10, 11, 12]
         # llama.cpp finds no cells for a checkpoint: that request computes its prompt whole, the same
         runner.refuse_window_once = True
         again = engine.generate(prompt_tokens=[*prompt, 7, 8, 20], params=SamplingParams(max_tokens=3))
         status = engine.stats().scheduler
-        assert again.usage["prompt_tokens_details"]["cached_tokens"] == 0 and again.token_ids == [21, 22, 23]
+        assert again.counts.cached == 0 and again.token_ids == [21, 22, 23]
         assert status.prompt_tokens_window_checkpoint == 40 and len(runner.windows_loaded) == 1
     finally:
         engine.shutdown()
@@ -243,7 +243,7 @@ def test_a_windowed_models_entries_take_their_ids_from_the_request_slots():
         for talk, first in zip(talks, firsts, strict=True):
             turn = engine.generate(prompt_tokens=[*talk, *first.token_ids, 7, 8], params=SamplingParams(max_tokens=3))
             # its prompt and the answer's computed tokens: in the sequence it was handed, or restored
-            assert turn.usage["prompt_tokens_details"]["cached_tokens"] == len(talk) + 4
+            assert turn.counts.cached == len(talk) + 4
         assert set(runner.started) <= {0, 1} and set(runner.seqs) <= {0, 1}
         assert runner.restored >= 1  # the first conversation came back from the RAM tier
         assert len(runner.copies) == copies  # no request copied a cache entry: each was handed its sequence
@@ -306,6 +306,6 @@ def test_a_windowed_models_kv_cache_is_the_size_llama_server_gives_it(tmp_path, 
         prompt = "The sky is blue and the grass is green. " * 40
         first = engine.generate(prompt, params=SamplingParams(max_tokens=8, temperature=0))
         again = engine.generate(prompt + first.text + " And", params=SamplingParams(max_tokens=4, temperature=0))
-        assert again.usage["prompt_tokens_details"]["cached_tokens"] >= first.usage["prompt_tokens"]
+        assert again.counts.cached >= first.counts.prompt
     finally:
         engine.shutdown()

@@ -225,7 +225,7 @@ def test_drafts_give_the_tokens_one_token_steps_give_in_fewer_steps():
                 stats, calls = engine.stats(), len(engine.fake.calls)
                 # Refused drafts left no cells: the cache holds exactly what it says it holds.
                 assert engine.fake.live_cells() == stats.scheduler.prefix_cache_cells
-            results[draft] = (result.text, result.token_ids, result.usage, calls, stats)
+            results[draft] = (result.text, result.token_ids, result.counts, calls, stats)
         assert results[4][:3] == results[0][:3]
         first = 10 if prompt == CONFIRMED else 9
         assert results[0][1] == list(range(first, first + 9))
@@ -241,12 +241,12 @@ def test_an_answer_that_ends_inside_a_confirmed_draft_keeps_nothing_after_its_en
     with fake_engine(draft_tokens=4, n_batch=32) as engine:
         result = engine.generate(CONFIRMED, params=SamplingParams(max_tokens=20, temperature=0, stop=["13 "]))
         assert result.finish_reason == "stop" and result.text == "10 11 12 "
-        assert result.token_ids == [10, 11, 12, 13] and result.usage["completion_tokens"] == 4
+        assert result.token_ids == [10, 11, 12, 13] and result.counts.output == 4
         assert engine.stats().draft_accepted_total > 0
         assert engine.get_request(result.request_id).ngrams is None  # freed with the request
         follow = engine.generate(CONFIRMED + " 10 11 12 13 14", params=SamplingParams(max_tokens=2, temperature=0))
         # The next turn finds the first turn's computed tokens in the cache, and nothing it did not compute.
-        assert follow.text == "15 16 " and follow.usage["prompt_tokens_details"]["cached_tokens"] >= len(REPEATING)
+        assert follow.text == "15 16 " and follow.counts.cached >= len(REPEATING)
 
 
 def test_the_real_model_gives_the_same_tokens_with_and_without_drafts(model_path):

@@ -19,7 +19,7 @@ from ..engine.streams import StreamEvent
 from ..engine.tools import parse_answer
 from .errors import ApiError, refuse_unknown_fields
 from .openai import GenerationRequest, bad_param, parse_generation
-from .usage import token_counts
+from .usage import TokenCounts
 
 FIELDS = {
     "model",
@@ -312,8 +312,8 @@ class MessageShape:
         return f"toolu_{self.id.removeprefix('msg_')}_{index}"
 
 
-def _usage(usage: dict[str, Any] | None) -> dict[str, Any]:
-    counts = token_counts(usage)
+def _usage(counts: TokenCounts | None) -> dict[str, Any]:
+    counts = counts or TokenCounts(0, 0, 0)
     return {
         "input_tokens": counts.prompt - counts.cached,
         "cache_creation_input_tokens": 0,
@@ -364,7 +364,7 @@ def message_object(shape: MessageShape, text: str, final: StreamEvent, reasoning
         "content": blocks,
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
-        "usage": _usage(final.usage),
+        "usage": _usage(final.counts),
     }
 
 
@@ -438,7 +438,7 @@ class MessageEvents:
                 out.append({"type": "content_block_delta", "index": index, "delta": delta})
                 out.append({"type": "content_block_stop", "index": index})
         stop_reason, stop_sequence = _stop(event, called)
-        usage = _usage(event.usage)
+        usage = _usage(event.counts)
         out.append(
             {
                 "type": "message_delta",

@@ -22,6 +22,7 @@ from ..engine.schema_grammar import SchemaGrammar, grammar_for_schema
 from ..engine.streams import StreamEvent, TokenLogprob
 from ..engine.tools import ParsedAnswer, ToolError, ToolRequest, parse_answer
 from .errors import ApiError, refuse_unknown_fields
+from .usage import openai_usage
 
 
 def bad_param(param: str, message: str) -> ApiError:
@@ -533,7 +534,7 @@ def completion_response(shape: ResponseShape, text: str, events: list[StreamEven
         "created": shape.created,
         "model": shape.model,
         "choices": [choice],
-        "usage": final.usage,
+        "usage": openai_usage(final.counts),
         "timings": final.timings,
         "magnitude": {"finish_reason": final.finish_reason, "error": final.error},
     }
@@ -565,12 +566,12 @@ def _with_final(shape: ResponseShape, chunk: dict[str, Any], event: StreamEvent)
     if not event.is_final:
         return [chunk]
     chunk["timings"] = event.timings
-    chunk["usage"] = event.usage
+    chunk["usage"] = usage = openai_usage(event.counts)
     chunk["magnitude"] = {"finish_reason": event.finish_reason, "error": event.error}
     chunks = [chunk]
     if shape.include_usage:
         base = {k: chunk[k] for k in ("id", "object", "created", "model")}
-        chunks.append({**base, "choices": [], "usage": event.usage})
+        chunks.append({**base, "choices": [], "usage": usage})
     return chunks
 
 

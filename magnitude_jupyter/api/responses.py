@@ -20,7 +20,7 @@ from ..engine.streams import StreamEvent
 from ..engine.tools import parse_answer
 from .errors import ApiError, refuse_unknown_fields
 from .openai import GenerationRequest, bad_param, check_metadata, integer_param, parse_generation
-from .usage import token_counts
+from .usage import TokenCounts
 
 FIELDS = {
     "model",
@@ -213,8 +213,8 @@ class ResponseMeta:
         return f"{kind}_{self.id.removeprefix('resp_')}_{index}"
 
 
-def _usage(usage: dict[str, Any] | None) -> dict[str, Any]:
-    counts = token_counts(usage)
+def _usage(counts: TokenCounts | None) -> dict[str, Any]:
+    counts = counts or TokenCounts(0, 0, 0)
     return {
         "input_tokens": counts.prompt,
         "input_tokens_details": {"cached_tokens": counts.cached},
@@ -293,7 +293,7 @@ def response_object(
         "tools": body.get("tools") or [],
         "top_p": body.get("top_p"),
         "metadata": body.get("metadata") or {},
-        "usage": _usage(final.usage) if final is not None else None,
+        "usage": _usage(final.counts) if final is not None else None,
     }
 
 

@@ -62,7 +62,7 @@ from .runner_api import (
 from .scheduler import Scheduler
 from .stats import EngineStats, FinishedRequest, LiveRequest, rss_bytes
 from .step import execute_plan
-from .streams import StreamEvent, StreamRegistry, TokenLogprob
+from .streams import StreamEvent, StreamRegistry, TokenCounts, TokenLogprob
 from .text import TextAssembler
 from .threads import ThreadGovernor
 from .tools import ToolRequest
@@ -93,7 +93,7 @@ class GenerationResult:
     request_id: str
     text: str
     finish_reason: str
-    usage: dict[str, int]
+    counts: TokenCounts
     timings: dict[str, Any]
     token_ids: list[int]
     error: str | None = None
@@ -523,7 +523,7 @@ class Engine:
             request_id=request.request_id,
             text=request.output_text,
             finish_reason=final.finish_reason or "error",
-            usage=final.usage or {},
+            counts=final.counts or TokenCounts(0, 0, 0),
             timings=final.timings or {},
             token_ids=list(request.output_tokens),
             error=final.error,
@@ -883,7 +883,7 @@ class Engine:
                 "done",
                 **final,
                 finish_reason=request.finish_reason.value,
-                usage=request.usage(),
+                counts=request.token_counts(),
                 timings=request.timings().to_json(),
                 error=request.error,
                 stopped_by=request.text.stopped_by if request.text is not None else None,

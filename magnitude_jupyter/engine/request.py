@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum, IntEnum
 from typing import TYPE_CHECKING, Any
 
+from .streams import TokenCounts
+
 if TYPE_CHECKING:
     from .answer_check import AnswerCheck
     from .prefix_cache import SavedState
@@ -274,15 +276,8 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.is_finished
 
-    def usage(self) -> dict[str, Any]:
-        prompt, completion = len(self.prompt_tokens), len(self.output_tokens)
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-            **({"completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens}} if self.reasoning else {}),
-        }
+    def token_counts(self) -> TokenCounts:
+        return TokenCounts(len(self.prompt_tokens), self.cached_tokens, len(self.output_tokens), self.reasoning_tokens)
 
     def timings(self) -> Timings:
         t = Timings(load_ms=self.load_ms)

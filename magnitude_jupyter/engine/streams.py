@@ -14,7 +14,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class UnknownStreamError(LookupError):
@@ -34,6 +34,15 @@ class TokenLogprob:
     top: tuple[tuple[bytes, float], ...] = ()
 
 
+class TokenCounts(NamedTuple):
+    """What one answer took in tokens: the engine's figures, which each API shapes as its own `usage`."""
+
+    prompt: int  # prompt tokens, computed or from the prefix cache
+    cached: int  # ... of which came from the prefix cache
+    output: int
+    reasoning: int = 0  # ... of which a thinking model wrote inside its thinking block
+
+
 @dataclass(frozen=True)
 class StreamEvent:
     id: int
@@ -41,7 +50,7 @@ class StreamEvent:
     text: str = ""
     token_ids: tuple[int, ...] = ()
     finish_reason: str | None = None
-    usage: dict[str, int] | None = None
+    counts: TokenCounts | None = None  # on the final event
     timings: dict[str, Any] | None = None
     error: str | None = None
     logprobs: tuple[TokenLogprob, ...] = ()  # for the tokens of this event, when the request asked
