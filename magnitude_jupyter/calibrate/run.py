@@ -47,6 +47,14 @@ def server_facts(client: Client) -> tuple[dict[str, Any], dict[str, Any], dict[s
     return model, engine, (status if engine else None), meta
 
 
+def _server(client: Client, engine: dict[str, Any]) -> dict[str, Any]:
+    return {"url": client.api_base, "engine": "magnitude" if engine else "openai-compatible"}
+
+
+def _config_json(config: SweepConfig) -> dict[str, Any]:
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}
+
+
 def calibrate(
     client: Client | None = None,
     config: SweepConfig | None = None,
@@ -69,10 +77,10 @@ def calibrate(
     levels, reason = run_sweep(client, config, on_level=on_level, stop=stop)
     return Profile(
         machine=machine_info(),
-        server={"url": client.api_base, "engine": "magnitude" if engine else "openai-compatible"},
+        server=_server(client, engine),
         model=model,
         engine=engine,
-        config={k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
+        config=_config_json(config),
         levels=levels,
         summary=summarize_levels(levels, engine, model, config.latency_target_ms),
         capacity=capacity,
@@ -100,7 +108,7 @@ def calibrate_workflow(
     )
     return Profile(
         machine=machine_info(),
-        server={"url": client.api_base, "engine": "magnitude" if engine else "openai-compatible"},
+        server=_server(client, engine),
         model=model,
         engine=engine,
         config={"workflow": {"sessions": list(sessions), "rounds": rounds, "max_tokens": max_tokens, "agent": agent}},
@@ -126,13 +134,12 @@ def calibrate_pressure_map(
     model, engine, status, meta = server_facts(client)
     report = capacity_report(meta, status, memory_bytes)
     pmap = run_pressure_map(client, config, contexts, on_cell=on_cell, stop=stop)
-    sweep = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}
     return Profile(
         machine=machine_info(),
-        server={"url": client.api_base, "engine": "magnitude" if engine else "openai-compatible"},
+        server=_server(client, engine),
         model=model,
         engine=engine,
-        config={**sweep, "pressure_map": {"contexts": list(contexts)}},
+        config={**_config_json(config), "pressure_map": {"contexts": list(contexts)}},
         levels=[],
         summary=Summary(latency_target_ms=config.latency_target_ms),
         capacity=report.to_json() if report else None,

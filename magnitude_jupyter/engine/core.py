@@ -2,7 +2,7 @@
 
     submit() ──▶ Scheduler.add_request ─┐
                                         ▼
-    step loop:  schedule() ─▶ runner.decode + sample ─▶ update: text, stops, streams, finishes
+    step loop:  schedule() ─▶ runner.decode + sample ─▶ answers.py: text, stops, streams, finishes
                                         │
     stream(id, after=N) ◀── TokenStream ┘
 
@@ -22,7 +22,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,6 +31,7 @@ from ..chat_formats import ChatFormat
 from ..config import EngineSettings, Settings, load_settings
 from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
 from .admission_errors import PromptTooLongError
+from .answers import AnswerWriter, step_chunks
 from .gbnf_limits import start_with_grammar_stack
 from .memory import (
     ContextSizing,
@@ -43,11 +43,11 @@ from .memory import (
     shares_sequences,
 )
 from .metrics import EngineMetrics, StepCounts
-from .plan import ScheduledChunk, SchedulerOutput, SchedulerStats
+from .plan import SchedulerOutput, SchedulerStats
 from .prefix_cache import KVOp
 from .prepare import prepare_params
 from .reasoning import ReasoningSplitter, Thinking, prompt_opens_thinking, reasoning_tags
-from .request import FinishReason, Priority, Request, RequestStatus, SamplingParams, prompt_head
+from .request import FinishReason, Priority, Request, SamplingParams, prompt_head
 from .runner_api import (
     EMBED_CTX,
     MAX_CHARS_PER_TOKEN,
@@ -62,7 +62,7 @@ from .runner_api import (
 from .scheduler import Scheduler
 from .stats import EngineStats, FinishedRequest, LiveRequest, rss_bytes
 from .step import execute_plan
-from .streams import StreamEvent, StreamRegistry, TokenCounts, TokenLogprob
+from .streams import StreamEvent, StreamRegistry, TokenCounts
 from .text import TextAssembler
 from .threads import ThreadGovernor
 from .tools import ToolRequest
@@ -163,7 +163,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stop = False
         self._step_listeners: list[Callable[[], None]] = []
-        self._checker: ThreadPoolExecutor | None = None  # answers checked after generation (answer_check.py)
+        self._writer: AnswerWriter | None = None  # made with the scheduler, at load
         self._sha256: str | None = None
         self.flash_attention_reason: str | None = None  # how the attention kernel was chosen
         self.flash_attention_source: str | None = None  # set | measured | remembered | default
@@ -252,8 +252,8 @@ class Engine:
             self._lock.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
-        if self._checker is not None:
-            self._checker.shutdown(wait=False, cancel_futures=False)
+        if self._writer is not None:
+            self._writer.close()
 
     def __enter__(self) -> Engine:
         return self.start()
@@ -638,6 +638,9 @@ class Engine:
             self.state = "failed"
             self._ready.set()
             return
+        self._writer = AnswerWriter(
+            self.runner, self.scheduler, self.metrics, self._recent, self._lock, self._notify_step
+        )
         self._set_load_phase("ready")
         self.state = "ready"
         self._ready.set()
@@ -699,7 +702,7 @@ class Engine:
                 self._notify_step()
                 continue
             with self._lock:
-                self._end_sequences(runner, self._update(out, sampled))
+                self._end_sequences(runner, self._answers().update(out, sampled))
                 # Under the lock: a caller woken by this step's last event reads stats() after it.
                 self.metrics.record_step_time(time.perf_counter() - step_started)
             self._notify_step()
@@ -723,7 +726,7 @@ class Engine:
         if not refused:
             return
         with self._lock:
-            ended = [self._finish(request, FinishReason.ERROR, error=error) for request, error in refused]
+            ended = [self._answers().finish(request, FinishReason.ERROR, error=error) for request, error in refused]
             self._end_sequences(runner, [seq_id for seq_id in ended if seq_id is not None])
         gone = {id(request) for request, _ in refused}
         out.batched = [chunk for chunk in out.batched if id(chunk.request) not in gone]
@@ -756,165 +759,9 @@ class Engine:
         self._apply_kv_ops(runner, ops)
         return bool(ops)
 
-    def _chunks(self, out: SchedulerOutput) -> list[ScheduledChunk]:
-        return out.batched + out.solo
-
-    def _update(self, out: SchedulerOutput, sampled: list[list[Sampled]]) -> list[int]:
-        assert self.scheduler is not None
-        now = time.monotonic()
-        ended: list[int] = []
-        generated = 0
-        for chunk, picks in zip(self._chunks(out), sampled, strict=True):
-            request = chunk.request
-            if request.is_finished:
-                continue
-            dead_end = picks[-1] if picks and picks[-1].dead_end else None
-            if dead_end is not None:
-                picks = picks[:-1]
-            self.scheduler.advance(chunk, [pick.token for pick in picks])
-            if chunk.draft:
-                self.metrics.record_draft(len(chunk.draft), len(picks) - 1)
-                self.scheduler.record_draft(chunk, len(picks) - 1)
-            first = len(request.output_tokens) - len(picks)
-            for i, pick in enumerate(picks):
-                generated += 1
-                seq_id = self._on_token(request, pick, now, first + i + 1, last=i == len(picks) - 1)
-                if request.is_finished:
-                    if seq_id is not None:
-                        ended.append(seq_id)
-                    break
-            if dead_end is not None and not request.is_finished:
-                seq_id = self._end_at_dead_end(request, dead_end)
-                if seq_id is not None:
-                    ended.append(seq_id)
-        self.metrics.record_step(generated, now)
-        return ended
-
-    def _on_token(
-        self, request: Request, sample: Sampled, now: float, answer_tokens: int, last: bool = True
-    ) -> int | None:
-        """Turn one sampled token, the answer's `answer_tokens`-th (`last` of its step), into stream
-        events; returns a seq id to clear if the request ended (tokens sampled after that one in the
-        same step are dropped)."""
-        assert self.runner is not None and request.text is not None and request.stream is not None
-        token = sample.token
-        if request.first_token_time is None:
-            request.first_token_time = now
-        if self.runner.is_eog(token) and not request.params.bans_eog:
-            del request.output_tokens[answer_tokens - 1 :]  # the end-of-generation token is not part of the answer
-            return self._finish(request, FinishReason.STOP, text=request.text.flush())
-        if request.reasoning is not None and request.reasoning.inside:
-            request.reasoning_tokens += 1
-        delta = request.text.push(self.runner.token_to_piece(token))
-        logprobs = (sample.logprob,) if sample.logprob is not None else ()
-        if request.text.stopped_by is not None or answer_tokens >= request.max_tokens:
-            del request.output_tokens[answer_tokens:]
-            if request.text.stopped_by is not None:
-                return self._finish(request, FinishReason.STOP, text=delta, token_ids=(token,), logprobs=logprobs)
-            text = delta + request.text.flush()
-            return self._finish(request, FinishReason.LENGTH, text=text, token_ids=(token,), logprobs=logprobs)
-        reasoning, content = _split(request, delta)
-        request.output_text += content
-        request.output_reasoning += reasoning
-        request.stream.append("token", text=content, reasoning=reasoning, token_ids=(token,), logprobs=logprobs)
-        if last and request.thinking_budget is not None and request.reasoning_tokens >= request.thinking_budget:
-            self._close_thinking(request)
-        return None
-
-    def _end_at_dead_end(self, request: Request, end: Sampled) -> int | None:
-        """A request whose grammar let no token through: whole if the grammar had reached its end
-        (`ignore_eos` banned the only fitting token), else an error of its own."""
-        assert request.text is not None
-        if request.first_token_time is None:
-            request.first_token_time = time.monotonic()
-        if end.complete:
-            return self._finish(request, FinishReason.STOP, text=request.text.flush())
-        log.warning("request %s: %s", request.request_id, end.dead_end)
-        return self._finish(request, FinishReason.ERROR, text=request.text.flush(), error=end.dead_end)
-
-    def _close_thinking(self, request: Request) -> None:
-        """A request whose reasoning has used its budget: the block's closing tag goes into its answer
-        as if the model had written it (the next step computes it), and the model answers from there.
-        Only where the answer has room for it after, and once a step's drafts are settled (`last`)."""
-        assert self.runner is not None and request.reasoning is not None and request.text is not None
-        if not request.reasoning.inside:
-            return
-        forced = self.runner.tokenize(request.reasoning.force, add_special=False)  # the model goes on
-        if len(request.output_tokens) + len(forced) >= request.max_tokens:
-            return  # the cap comes first: the answer ends with "length" inside its reasoning
-        request.output_tokens.extend(forced)
-        delta = "".join(request.text.push(self.runner.token_to_piece(t)) for t in forced)
-        reasoning, content = _split(request, delta)
-        request.output_text += content
-        request.output_reasoning += reasoning
-        assert request.stream is not None
-        request.stream.append("token", text=content, reasoning=reasoning, token_ids=tuple(forced))
-
-    def _finish(
-        self,
-        request: Request,
-        reason: FinishReason,
-        text: str = "",
-        error: str | None = None,
-        token_ids: tuple[int, ...] = (),
-        logprobs: tuple[TokenLogprob, ...] = (),
-    ) -> int | None:
-        """End a request: free its budget and sequence, write the final event. Lock held."""
-        assert self.scheduler is not None
-        if request.is_finished:
-            return None
-        seq_id = self.scheduler.finish(request, reason, error)
-        reasoning, text = _split(request, text, final=True)
-        request.output_text += text
-        request.output_reasoning += reasoning
-        final = {"text": text, "reasoning": reasoning, "token_ids": token_ids, "logprobs": logprobs}
-        if reason is FinishReason.STOP and request.answer_check is not None:
-            # Off the engine's thread: a client's schema may take a while to check a long answer.
-            self._answer_checks().submit(self._check_answer, request, final)
-        else:
-            self._write_final(request, final)
-        return seq_id
-
-    def _write_final(self, request: Request, final: dict[str, Any]) -> None:
-        """A finished request's last event, its metrics and its place in the recent list. Lock held."""
-        if request.stream is not None and not request.stream.closed:
-            assert request.finish_reason is not None
-            request.stream.append(
-                "done",
-                **final,
-                finish_reason=request.finish_reason.value,
-                counts=request.token_counts(),
-                timings=request.timings().to_json(),
-                error=request.error,
-                stopped_by=request.text.stopped_by if request.text is not None else None,
-            )
-        self.metrics.record_finished(request)
-        self._recent.appendleft(FinishedRequest.of(request))
-
-    def _answer_checks(self) -> ThreadPoolExecutor:
-        if self._checker is None:
-            self._checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="magnitude-answer-check")
-        return self._checker
-
-    def _check_answer(self, request: Request, final: dict[str, Any]) -> None:
-        """Validate a finished answer against what its grammar could not hold (answer_check.py); one
-        that fails ends with its error instead of "stop", its text kept."""
-        assert request.answer_check is not None
-        try:
-            problem = request.answer_check.problem(request.output_text, request.tool_form)
-        except Exception as exc:  # a check that breaks must not lose the answer's final event
-            log.exception("request %s: the answer check failed", request.request_id)
-            problem = f"the answer could not be checked: {exc}"
-        with self._lock:
-            if problem is not None:
-                log.info("request %s: %s", request.request_id, problem)
-                request.status, request.finish_reason, request.error = (
-                    RequestStatus.FINISHED_ERROR,
-                    FinishReason.ERROR,
-                    problem,
-                )
-            self._write_final(request, final)
-        self._notify_step()
+    def _answers(self) -> AnswerWriter:
+        assert self._writer is not None
+        return self._writer
 
     def _apply_cancels(self) -> tuple[list[int], bool]:
         """Finish the queued cancels: the sequence ids to clear, and whether any request ended."""
@@ -923,7 +770,7 @@ class Engine:
             request_id, reason, error = self._cancels.popleft()
             request = self._requests.get(request_id)
             if request is not None and not request.is_finished:
-                seq_id = self._finish(request, reason, error=error)
+                seq_id = self._answers().finish(request, reason, error=error)
                 any_finished = True
                 if seq_id is not None:
                     ended.append(seq_id)
@@ -940,22 +787,11 @@ class Engine:
     def _fail_step(self, out: SchedulerOutput, error: str) -> None:
         assert self.runner is not None
         with self._lock:
-            ended = [self._finish(c.request, FinishReason.ERROR, error=error) for c in self._chunks(out)]
+            ended = [self._answers().finish(c.request, FinishReason.ERROR, error=error) for c in step_chunks(out)]
             self._end_sequences(self.runner, [seq_id for seq_id in ended if seq_id is not None])
 
     def _abort_all(self, error: str) -> None:
         with self._lock:
             for request in list(self._requests.values()):
-                if not request.is_finished and self.scheduler is not None:
-                    self._finish(request, FinishReason.CANCELLED, error=error)
-
-
-def _split(request: Request, text: str, final: bool = False) -> tuple[str, str]:
-    """A delta of final text as (reasoning, content): all content unless the request splits reasoning."""
-    if request.reasoning is None:
-        return "", text
-    out = request.reasoning.push(text)
-    if final:
-        rest = request.reasoning.flush()
-        out.reasoning, out.content = out.reasoning + rest.reasoning, out.content + rest.content
-    return out.reasoning, out.content
+                if not request.is_finished and self._writer is not None:
+                    self._answers().finish(request, FinishReason.CANCELLED, error=error)
