@@ -17,7 +17,8 @@ from magnitude_jupyter.api.openai import (
 )
 from magnitude_jupyter.engine.chat import ChatFormatError, normalize_messages
 from magnitude_jupyter.engine.request import NUMBER_LIMITS, SamplingParams
-from magnitude_jupyter.engine.streams import StreamEvent, TokenCounts, TokenLogprob
+from magnitude_jupyter.engine.streams import StreamEvent, TokenLogprob
+from magnitude_jupyter.token_counts import TokenCounts
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 

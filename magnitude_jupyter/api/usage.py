@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine.streams import TokenCounts
+from ..token_counts import TokenCounts
 
 __all__ = ["TokenCounts", "openai_usage", "token_counts"]
 

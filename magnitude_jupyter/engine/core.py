@@ -30,6 +30,7 @@ import numpy as np
 from ..chat_formats import ChatFormat
 from ..config import EngineSettings, Settings, load_settings
 from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
+from ..token_counts import TokenCounts
 from .admission_errors import PromptTooLongError
 from .answers import AnswerWriter, step_chunks
 from .gbnf_limits import start_with_grammar_stack
@@ -62,7 +63,7 @@ from .runner_api import (
 from .scheduler import Scheduler
 from .stats import EngineStats, FinishedRequest, LiveRequest, rss_bytes
 from .step import execute_plan
-from .streams import StreamEvent, StreamRegistry, TokenCounts
+from .streams import StreamEvent, StreamRegistry
 from .text import TextAssembler
 from .threads import ThreadGovernor
 from .tools import ToolRequest

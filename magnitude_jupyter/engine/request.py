@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum, IntEnum
 from typing import TYPE_CHECKING, Any
 
-from .streams import TokenCounts
+from ..token_counts import TokenCounts
 
 if TYPE_CHECKING:
     from .answer_check import AnswerCheck

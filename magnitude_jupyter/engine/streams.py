@@ -14,7 +14,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
+
+from ..token_counts import TokenCounts
 
 
 class UnknownStreamError(LookupError):
@@ -32,15 +34,6 @@ class TokenLogprob:
     token: bytes  # the token's text, as bytes: a piece may be part of a UTF-8 character
     logprob: float
     top: tuple[tuple[bytes, float], ...] = ()
-
-
-class TokenCounts(NamedTuple):
-    """What one answer took in tokens: the engine's figures, which each API shapes as its own `usage`."""
-
-    prompt: int  # prompt tokens, computed or from the prefix cache
-    cached: int  # ... of which came from the prefix cache
-    output: int
-    reasoning: int = 0  # ... of which a thinking model wrote inside its thinking block
 
 
 @dataclass(frozen=True)
