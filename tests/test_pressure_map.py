@@ -259,11 +259,11 @@ def test_cli_pressure_map_against_the_real_server(server, tmp_path):
             "--concurrency",
             "1,2",
             "--contexts",
-            "128,512",
+            "128,256",
             "--requests",
             "2",
             "--max-tokens",
-            "8",
+            "4",
             "--warmup",
             "0",
             "--no-archive",
@@ -279,9 +279,9 @@ def test_cli_pressure_map_against_the_real_server(server, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "cell 4/4" in done.stderr and "output tokens/s:" in done.stdout
-    assert "at 512 tokens of context" in done.stdout
+    assert "at 256 tokens of context" in done.stdout
     cells = json.loads((tmp_path / "p.json").read_text())["pressure_map"]["cells"]
-    assert [(c["concurrency"], c["context_tokens"]) for c in cells] == [(1, 128), (2, 128), (1, 512), (2, 512)]
+    assert [(c["concurrency"], c["context_tokens"]) for c in cells] == [(1, 128), (2, 128), (1, 256), (2, 256)]
     for cell in cells:
         assert cell["state"] == "measured" and cell["errors"] == 0
         assert cell["output_tokens_per_s"] > 0 and cell["ttft_p95_ms"] > 0 and cell["e2e_p95_ms"] > 0
