@@ -16,10 +16,10 @@ from typing import Any
 
 import httpx
 
-from magnitude_jupyter.client import Client
+from magnitude_jupyter.client.http import Client
+from magnitude_jupyter.client.runtime import LocalServer, free_port
 from magnitude_jupyter.engine.runner import repack_weights
-from magnitude_jupyter.models import bundled_model_path
-from magnitude_jupyter.runtime import LocalServer, free_port
+from magnitude_jupyter.models.registry import bundled_model_path
 
 TOKEN = "bench-token"
 

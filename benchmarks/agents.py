@@ -48,11 +48,12 @@ from _common import (
     table,
 )
 
-from magnitude_jupyter.agent import answer_call, tool_message
+from magnitude_jupyter.api.tools import tool_request
 from magnitude_jupyter.calibrate.agent_tools import agent_task
 from magnitude_jupyter.calibrate.workflow import SYSTEM, agent_tools
-from magnitude_jupyter.client import StreamResult, iter_sse
-from magnitude_jupyter.engine.tools import GENERIC, ToolRequest, generic_messages, parse_answer, tools_grammar
+from magnitude_jupyter.client.agent import answer_call, tool_message
+from magnitude_jupyter.client.http import StreamResult, iter_sse
+from magnitude_jupyter.engine.tools import GENERIC, generic_messages, parse_answer, tools_grammar
 
 
 def long_system(tokens: int) -> str:
@@ -103,7 +104,7 @@ def request_body(messages: list[dict], choice: str, max_tokens: int, client_side
     }
     if not client_side:
         return {**body, "messages": messages, "tools": tools, "tool_choice": choice}
-    request = ToolRequest.parse(tools, choice)
+    request = tool_request(tools, choice)
     prompt = generic_messages(messages, request.tools, lambda content, _: content or "")
     return {**body, "messages": prompt, "grammar": tools_grammar(request, GENERIC.name)}
 

@@ -30,12 +30,12 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import MagnitudeServer, table
 
-from magnitude_jupyter.batch import render_prompts, score_dataframe
+from magnitude_jupyter.batch.score import render_prompts, score_dataframe
 from magnitude_jupyter.engine.plan import DecodeItem
 from magnitude_jupyter.engine.prefix_cache import common_prefix_len
 from magnitude_jupyter.engine.runner import LlamaRunner, requantize
 from magnitude_jupyter.engine.runner_api import chat_prompt_tokens
-from magnitude_jupyter.models import bundled_model_path, read_model_info
+from magnitude_jupyter.models.registry import bundled_model_path, read_model_info
 
 CLASSIFY_TEMPLATE = "Is this review positive or negative? Answer with one word. Review: {{ review }}"
 REPLY_TEMPLATE = "Write a short, polite reply from the shop to this customer review: {{ review }}"

@@ -29,7 +29,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROMPTS, TOKEN, LlamaServer, MagnitudeServer, find_llama_server, run_sessions, table
 
-from magnitude_jupyter.models import bundled_model_path
+from magnitude_jupyter.models.registry import bundled_model_path
 
 CTX = 8192
 MODES = {

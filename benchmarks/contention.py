@@ -19,8 +19,8 @@ import time
 
 from _common import PROMPTS, TOKEN, table
 
-from magnitude_jupyter.client import Client
-from magnitude_jupyter.runtime import LocalServer
+from magnitude_jupyter.client.http import Client
+from magnitude_jupyter.client.runtime import LocalServer
 
 COMPETITOR = """
 import numpy as np, pandas as pd

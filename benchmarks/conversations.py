@@ -40,7 +40,7 @@ from _common import (
 )
 
 from magnitude_jupyter.calibrate.workflow import SYSTEM, session_message
-from magnitude_jupyter.client import iter_sse
+from magnitude_jupyter.client.http import iter_sse
 
 IDLE_SECONDS = 2.0  # RSS is read at the end of a run and again this long after
 

@@ -22,8 +22,8 @@ import pandas as pd
 from _common import table
 from distributed import Client, LocalCluster
 
+from magnitude_jupyter.batch.dask import ClusterCalibration, EnginePlugin, calibrate_cluster, score_dask_dataframe
 from magnitude_jupyter.calibrate.sweep import SweepConfig
-from magnitude_jupyter.dask import ClusterCalibration, EnginePlugin, calibrate_cluster, score_dask_dataframe
 
 TEMPLATE = "Is this review positive or negative? Answer with one word. Review: {{ review }}"
 

@@ -28,7 +28,7 @@ from _common import PROMPTS, closed_loop, table, use_our_weight_layout
 
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine, SamplingParams
-from magnitude_jupyter.models import bundled_model_path
+from magnitude_jupyter.models.registry import bundled_model_path
 
 
 def run_baseline(model_path: Path, prompts: list[str], max_tokens: int, threads: int) -> tuple[int, float]:

@@ -28,7 +28,7 @@ from magnitude_jupyter.engine.plan import DecodeItem
 from magnitude_jupyter.engine.prefix_cache import SPILL_AFTER_ROWS
 from magnitude_jupyter.engine.request import SamplingParams
 from magnitude_jupyter.engine.runner import LlamaRunner
-from magnitude_jupyter.models import bundled_model_path
+from magnitude_jupyter.models.registry import bundled_model_path
 
 RUNNING = 16
 ENTRY_CELLS = 95  # a short chat prompt and its answer

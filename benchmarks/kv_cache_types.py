@@ -22,7 +22,7 @@ from _common import PROMPTS, table
 
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine, SamplingParams
-from magnitude_jupyter.models import bundled_model_path
+from magnitude_jupyter.models.registry import bundled_model_path
 from magnitude_jupyter.probes.kv_quality import measure
 
 TYPES = ("f16", "q8_0", "q4_0")

@@ -1,7 +1,7 @@
 """Every chat family on the same footing: KV arithmetic against llama.cpp, sessions that fit, and the
 conversation workload against llama.cpp's server on the same file.
 
-For each family the project's tiny random-weight models cover (magnitude_jupyter/tiny_models.py,
+For each family the project's tiny random-weight models cover (magnitude_jupyter/models/tiny_models.py,
 written with the family's own template so both servers render the same prompts), plus the bundled
 model: the KV bytes per cell the plan counts (a sliding-window model's windowed layers at a window per
 sequence) against the buffer llama.cpp reports, the sessions of 8,192 tokens that fit in 1 GiB, and
@@ -27,10 +27,10 @@ from pathlib import Path
 from _common import LlamaServer, MagnitudeServer, session_arguments, table
 from conversations import Run, run_workload
 
-from magnitude_jupyter.chat_formats import family_named
-from magnitude_jupyter.kvmath import kv_layout
-from magnitude_jupyter.models import bundled_model_path, read_model_info
-from magnitude_jupyter.tiny_models import ARCHITECTURES, TinyShape, write_tiny_model
+from magnitude_jupyter.models.chat_formats import family_named
+from magnitude_jupyter.models.kvmath import kv_layout
+from magnitude_jupyter.models.registry import bundled_model_path, read_model_info
+from magnitude_jupyter.models.tiny_models import ARCHITECTURES, TinyShape, write_tiny_model
 
 CTX = 8192
 

@@ -26,7 +26,7 @@ from magnitude_jupyter.config import EngineSettings, Settings
 from magnitude_jupyter.engine import SamplingParams
 from magnitude_jupyter.engine.pool import ModelPool
 from magnitude_jupyter.engine.runner import requantize
-from magnitude_jupyter.models import bundled_model_path
+from magnitude_jupyter.models.registry import bundled_model_path
 
 SECOND = "smollm2-135m-q8_0"
 MiB = 2**20

@@ -24,7 +24,7 @@ import numpy as np
 from _common import TOKEN, LlamaServer, MagnitudeServer, find_llama_server, table
 
 from magnitude_jupyter.calibrate.sweep import synthetic_prompt
-from magnitude_jupyter.client import iter_sse
+from magnitude_jupyter.client.http import iter_sse
 
 
 @dataclass

@@ -33,7 +33,7 @@ import httpx
 from _common import TOKEN, LlamaServer, MagnitudeServer, run_sessions, session_arguments, table
 
 from magnitude_jupyter.calibrate.workflow import SYSTEM, session_message
-from magnitude_jupyter.client import iter_sse
+from magnitude_jupyter.client.http import iter_sse
 
 MODEL = "smollm2-135m"
 EMBED_ROWS = {1: 64, 64: 512}  # inputs per call → rows embedded per run

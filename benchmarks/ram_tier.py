@@ -18,7 +18,7 @@ from _common import table
 
 from magnitude_jupyter.engine.plan import DecodeItem
 from magnitude_jupyter.engine.runner import LlamaRunner
-from magnitude_jupyter.models import bundled_model_path
+from magnitude_jupyter.models.registry import bundled_model_path
 
 
 def best_of(n: int, fn) -> float:

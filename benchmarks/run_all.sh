@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-$(mktemp -d /tmp/magnitude-benchmarks-XXXX)}
 shift || true
 mkdir -p "$OUT"
-MODEL=$(python -c "from magnitude_jupyter.models import bundled_model_path as p; print(p())")
+MODEL=$(python -c "from magnitude_jupyter.models.registry import bundled_model_path as p; print(p())")
 
 declare -A ARGS=(
     [server_throughput]="--repeats 3"

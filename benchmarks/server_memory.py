@@ -21,7 +21,7 @@ from _common import table
 LOAD = """
 import json, os, psutil
 from magnitude_jupyter.engine.runner import LlamaRunner
-from magnitude_jupyter.models import bundled_model_path
+from magnitude_jupyter.models.registry import bundled_model_path
 before = psutil.Process(os.getpid()).memory_info().rss
 runner = LlamaRunner(bundled_model_path(), n_ctx=8192, n_seq_max={n}, n_batch=512, n_threads=2)
 print(json.dumps({{"mib": (psutil.Process(os.getpid()).memory_info().rss - before) / 2**20, "vocab": runner.n_vocab}}))

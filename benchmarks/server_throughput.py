@@ -58,7 +58,7 @@ from _common import (
     table,
 )
 
-from magnitude_jupyter.models import bundled_model_path
+from magnitude_jupyter.models.registry import bundled_model_path
 
 
 @dataclass

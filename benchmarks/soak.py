@@ -25,10 +25,10 @@ import httpx
 import pandas as pd
 from _common import PROMPTS, TOKEN, table
 
-from magnitude_jupyter.batch import score_dataframe
+from magnitude_jupyter.batch.score import score_dataframe
 from magnitude_jupyter.calibrate.stats import percentiles
-from magnitude_jupyter.client import Client, ClientError, iter_sse
-from magnitude_jupyter.runtime import LocalServer
+from magnitude_jupyter.client.http import Client, ClientError, iter_sse
+from magnitude_jupyter.client.runtime import LocalServer
 
 ACTIONS = (("stream", 35), ("plain", 20), ("resume", 15), ("cancel", 10), ("rows", 20))
 

@@ -17,11 +17,11 @@ def __getattr__(name: str) -> Any:
     """`run_agent`, `discover` and `Client` for scripts, imported on first use (the package itself
     stays light for the server extension)."""
     if name == "run_agent":
-        from .agent import run_agent
+        from .client.agent import run_agent
 
         return run_agent
     if name in ("discover", "Client"):
-        from . import client
+        from .client import http as client
 
         return getattr(client, name)
     raise AttributeError(f"module 'magnitude_jupyter' has no attribute {name!r}")

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from magnitude_jupyter.client.runtime import LocalServer, free_port  # noqa: F401 (tests import it from here)
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine
-from magnitude_jupyter.models import bundled_model_path
-from magnitude_jupyter.runtime import LocalServer, free_port  # noqa: F401 (tests import it from here)
+from magnitude_jupyter.models.registry import bundled_model_path
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 

@@ -6,7 +6,7 @@ import itertools
 import json
 import time
 
-from magnitude_jupyter.client import ClientError
+from magnitude_jupyter.client.http import ClientError
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine
 from magnitude_jupyter.engine.plan import DecodeItem

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 def listed_details(models_dir, tmp_path, monkeypatch) -> str:
     """The listing's text with `models_dir` as the config's folder (the bundled model listed too)."""
-    from magnitude_jupyter.cli import main
+    from magnitude_jupyter.cli.main import main
 
     config = tmp_path / "config.yaml"
     config.write_text(f"models_dir: {models_dir}\n")

@@ -8,8 +8,8 @@ import json
 import jsonschema
 import pytest
 
-from magnitude_jupyter.agent import AgentError, FunctionTool, run_agent
-from magnitude_jupyter.client import Client
+from magnitude_jupyter.client.agent import AgentError, FunctionTool, run_agent
+from magnitude_jupyter.client.http import Client
 
 from .notebook_helpers import run_notebook, text_outputs
 

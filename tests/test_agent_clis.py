@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from magnitude_jupyter.runtime import LocalServer
+from magnitude_jupyter.client.runtime import LocalServer
 
 pytestmark = pytest.mark.model
 
@@ -53,7 +53,7 @@ def claude_code() -> list[str]:
 @pytest.fixture(scope="module")
 def agent_serve(tmp_path_factory, model_path):
     """`magnitude serve` on the agent model: 64k cells for two sessions."""
-    from magnitude_jupyter.tiny_models import AGENT_CONTEXT, write_agent_model
+    from magnitude_jupyter.models.tiny_models import AGENT_CONTEXT, write_agent_model
 
     model = write_agent_model(tmp_path_factory.mktemp("agent-model") / "tiny-agent.gguf", model_path)
     server = LocalServer(

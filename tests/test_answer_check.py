@@ -15,11 +15,11 @@ import anthropic
 import openai
 import pytest
 
+from magnitude_jupyter.api.tools import tool_request
 from magnitude_jupyter.engine.answer_check import AnswerCheck, SchemaCheck
 from magnitude_jupyter.engine.gbnf_check import check_grammar_language
 from magnitude_jupyter.engine.schema_grammar import UNHELD_KEYWORDS, grammar_for_schema
 from magnitude_jupyter.engine.schema_limits import GrammarError
-from magnitude_jupyter.engine.tools import ToolRequest
 
 ANSWER = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"]}
 ANSWER["additionalProperties"] = False
@@ -96,7 +96,7 @@ def test_what_cannot_be_checked_safely_is_refused_by_name(schema, words):
 
 
 def test_tool_arguments_are_checked_per_tool_and_the_message_names_the_keyword():
-    tools = ToolRequest.parse(
+    tools = tool_request(
         [
             {"type": "function", "function": {"name": "held", "parameters": ANSWER}},
             {"type": "function", "function": {"name": "checked", "parameters": FAILS}},

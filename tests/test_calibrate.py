@@ -23,8 +23,8 @@ from magnitude_jupyter.calibrate.stats import (
     scaling_efficiency,
 )
 from magnitude_jupyter.calibrate.sweep import SweepConfig, run_sweep
-from magnitude_jupyter.client import Client
-from magnitude_jupyter.models import bundled_model_path, read_model_info
+from magnitude_jupyter.client.http import Client
+from magnitude_jupyter.models.registry import bundled_model_path, read_model_info
 
 from .fakes import RecordingClient
 
@@ -336,7 +336,7 @@ def test_a_level_keeps_sending_until_its_minimum_time(server):
     import threading
 
     from magnitude_jupyter.calibrate.sweep import run_closed_level
-    from magnitude_jupyter.client import Client
+    from magnitude_jupyter.client.http import Client
 
     config = SweepConfig(concurrency=(2,), requests_per_level=1, max_tokens=4, min_seconds_per_level=1.5)
     level = run_closed_level(Client(server.url, server.token), config, 2, threading.Event())

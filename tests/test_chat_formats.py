@@ -7,7 +7,8 @@ import sys
 import gguf
 import pytest
 
-from magnitude_jupyter.chat_formats import (
+from magnitude_jupyter.engine.chat import render_chat
+from magnitude_jupyter.models.chat_formats import (
     CHATML_TURN,
     GEMMA_TURN,
     LLAMA3_TURN,
@@ -16,9 +17,8 @@ from magnitude_jupyter.chat_formats import (
     choose_format,
     family_named,
 )
-from magnitude_jupyter.engine.chat import render_chat
-from magnitude_jupyter.gguf_reader import read_header
-from magnitude_jupyter.models import read_model_info
+from magnitude_jupyter.models.gguf_reader import read_header
+from magnitude_jupyter.models.registry import read_model_info
 
 
 def vocab(*tokens: str) -> dict[str, int]:
@@ -131,7 +131,7 @@ def test_the_gguf_reader_notes_where_the_format_tokens_are(tmp_path):
 
 
 def test_the_bundled_model_keeps_its_files_template():
-    from magnitude_jupyter.models import bundled_model_path
+    from magnitude_jupyter.models.registry import bundled_model_path
 
     info = read_model_info(bundled_model_path())
     assert info.vocab_markers == {"<|im_start|>": 1, "<|im_end|>": 2}

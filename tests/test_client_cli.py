@@ -12,10 +12,10 @@ import sys
 import httpx
 import pytest
 
-from magnitude_jupyter.batch import backoff_seconds, compile_template
-from magnitude_jupyter.batch_options import BatchError, BatchOptions
-from magnitude_jupyter.client import discover, iter_sse
-from magnitude_jupyter.runtime import serve_runtime_files
+from magnitude_jupyter.batch.options import BatchError, BatchOptions
+from magnitude_jupyter.batch.score import backoff_seconds, compile_template
+from magnitude_jupyter.client.http import discover, iter_sse
+from magnitude_jupyter.client.runtime import serve_runtime_files
 
 from .conftest import wait_for
 
@@ -243,8 +243,8 @@ def test_ctrl_c_as_a_row_is_written_to_the_checkpoint_loses_nothing(engine, tmp_
     # and every row in the checkpoint counted as done, or the rerun scores it twice or loses it.
     import pandas as pd
 
-    from magnitude_jupyter import batch as batch_module
-    from magnitude_jupyter.inprocess import EngineClient
+    from magnitude_jupyter.batch import score as batch_module
+    from magnitude_jupyter.batch.inprocess import EngineClient
 
     write = batch_module.Checkpoint.append
     writes: list[object] = []

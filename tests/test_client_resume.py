@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from magnitude_jupyter.client import Client, StreamResult
+from magnitude_jupyter.client.http import Client, StreamResult
 from magnitude_jupyter.engine import FinishReason
 
 from .conftest import wait_for

@@ -6,10 +6,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from magnitude_jupyter.cli import main
+from magnitude_jupyter.cli.main import main
 from magnitude_jupyter.config import ConfigError, EngineSettings, load_settings
 from magnitude_jupyter.engine.prefix_cache import SPILL_AFTER_ROWS
-from magnitude_jupyter.models import (
+from magnitude_jupyter.models.registry import (
     BUNDLED_ALIAS,
     ModelNotFoundError,
     bundled_model_path,

@@ -13,9 +13,9 @@ import pytest
 dd = pytest.importorskip("dask.dataframe")
 distributed = pytest.importorskip("distributed")
 
-from magnitude_jupyter.batch import BatchError, score_dataframe  # noqa: E402
-from magnitude_jupyter.dask import EnginePlugin, rows_by_worker, score_dask_dataframe  # noqa: E402
-from magnitude_jupyter.models import ModelNotFoundError  # noqa: E402
+from magnitude_jupyter.batch.dask import EnginePlugin, rows_by_worker, score_dask_dataframe  # noqa: E402
+from magnitude_jupyter.batch.score import BatchError, score_dataframe  # noqa: E402
+from magnitude_jupyter.models.registry import ModelNotFoundError  # noqa: E402
 
 pytestmark = pytest.mark.model
 TEMPLATE = "Is this review positive or negative? Answer in one word. {{ review }}"
@@ -66,9 +66,9 @@ def test_a_killed_worker_loses_no_row(cluster):
 
 
 def test_reproducible_answers_equal_the_pandas_path(cluster):
+    from magnitude_jupyter.batch.inprocess import EngineClient
     from magnitude_jupyter.config import Settings
     from magnitude_jupyter.engine import Engine
-    from magnitude_jupyter.inprocess import EngineClient
 
     # Rows overlap on both sides: each reproducible request runs in a lane of its own (runner.Lane).
     options = {"max_tokens": 8, "reproducible": True}
@@ -141,7 +141,7 @@ def test_magic_scores_a_dask_dataframe_in_a_real_kernel(tmp_path):
             "%load_ext magnitude_jupyter",
             "import pandas as pd, dask.dataframe as dd\n"
             "from distributed import Client, LocalCluster\n"
-            "from magnitude_jupyter.dask import EnginePlugin\n"
+            "from magnitude_jupyter.batch.dask import EnginePlugin\n"
             "cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=':0')\n"
             "client = Client(cluster)\n"
             "client.register_plugin(EnginePlugin(parallel=2, ctx_size=1024, threads=1))\n"
@@ -159,8 +159,8 @@ def test_magic_scores_a_dask_dataframe_in_a_real_kernel(tmp_path):
 
 
 def test_calibrate_cluster_reports_every_worker_and_their_sum(cluster):
+    from magnitude_jupyter.batch.dask import calibrate_cluster
     from magnitude_jupyter.calibrate.sweep import SweepConfig
-    from magnitude_jupyter.dask import calibrate_cluster
 
     config = SweepConfig(concurrency=(1, 2), requests_per_level=2, max_tokens=6, warmup_requests=1)
     result = calibrate_cluster(cluster, config)

@@ -69,8 +69,8 @@ def test_the_dashboard_and_the_rules_name_only_what_the_server_exports(server):
 
 @pytest.mark.model
 def test_a_real_prometheus_scrapes_the_server_and_the_broken_objective_alert_goes_pending_then_fires(tmp_path):
-    from magnitude_jupyter.client import Client
-    from magnitude_jupyter.runtime import LocalServer
+    from magnitude_jupyter.client.http import Client
+    from magnitude_jupyter.client.runtime import LocalServer
     from tests.conftest import free_port
 
     prometheus = tool("prometheus")

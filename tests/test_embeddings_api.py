@@ -56,8 +56,8 @@ def test_what_cannot_be_honoured_is_refused_by_name(client):
 def test_embed_dataframe_keeps_order_fails_a_bad_row_alone_and_reuses_its_checkpoint(inproc, tmp_path):
     import pandas as pd
 
-    from magnitude_jupyter.client import Client
-    from magnitude_jupyter.embed import embed_dataframe, most_similar
+    from magnitude_jupyter.batch.embed import embed_dataframe, most_similar
+    from magnitude_jupyter.client.http import Client
 
     texts = [f"Note {i}: the {'river' if i % 2 else 'mountain'} was {'cold' if i % 3 else 'quiet'}." for i in range(40)]
     texts[7] = "word " * 5000  # longer than one input may be: this row fails, the rest do not
@@ -86,8 +86,8 @@ def test_embed_dataframe_keeps_order_fails_a_bad_row_alone_and_reuses_its_checkp
 def test_embed_dataframe_runs_in_process_on_an_engine(engine):
     import pandas as pd
 
-    from magnitude_jupyter.embed import embed_dataframe
-    from magnitude_jupyter.inprocess import EngineClient
+    from magnitude_jupyter.batch.embed import embed_dataframe
+    from magnitude_jupyter.batch.inprocess import EngineClient
 
     df = pd.DataFrame({"q": ["A cat sleeps.", "Rain falls."]})
     out = embed_dataframe(df, "q", EngineClient(engine), progress=False)

@@ -6,10 +6,10 @@ from collections import Counter
 
 import pytest
 
+from magnitude_jupyter.batch.endpoints import Endpoint, assign_partitions, endpoint_weights, normalize_url
 from magnitude_jupyter.calibrate.archive import archive
 from magnitude_jupyter.calibrate.profile import Profile
 from magnitude_jupyter.calibrate.records import Summary
-from magnitude_jupyter.endpoints import Endpoint, assign_partitions, endpoint_weights, normalize_url
 
 
 def profile_of(url: str, peak: float) -> Profile:

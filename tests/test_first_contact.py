@@ -119,7 +119,7 @@ class _LoadingServer(http.server.BaseHTTPRequestHandler):
 
 
 def test_a_waiter_follows_the_loads_progress_and_names_the_phase_where_it_stopped():
-    from magnitude_jupyter.client import Client, ClientError
+    from magnitude_jupyter.client.http import Client, ClientError
 
     phases = [f"measuring the attention kernels (step {i} of 40)" for i in range(1, 9)]
     _LoadingServer.phases, _LoadingServer.polls = phases, [0]
@@ -136,7 +136,7 @@ def test_a_waiter_follows_the_loads_progress_and_names_the_phase_where_it_stoppe
 
 
 def test_the_cli_shows_each_phase_on_one_line_of_a_terminal(capsys, monkeypatch):
-    from magnitude_jupyter.cli import _LoadProgress
+    from magnitude_jupyter.cli.main import _LoadProgress
 
     progress = _LoadProgress()
     progress.tty = False

@@ -400,8 +400,8 @@ def gguf_files(draw: Any) -> bytes:
 )
 @given(data=gguf_files())
 def test_generated_gguf_headers_are_read_or_refused_in_words(tmp_path, data):
-    from magnitude_jupyter.gguf_reader import GGUFError
-    from magnitude_jupyter.models import _read_model_info
+    from magnitude_jupyter.models.gguf_reader import GGUFError
+    from magnitude_jupyter.models.registry import _read_model_info
 
     path = tmp_path / "fuzzed.gguf"
     path.write_bytes(data)

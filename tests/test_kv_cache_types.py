@@ -8,13 +8,13 @@ import dataclasses
 import pytest
 from click.testing import CliRunner
 
-from magnitude_jupyter.cli import main
+from magnitude_jupyter.cli.main import main
 from magnitude_jupyter.config import ConfigError, EngineSettings, Settings
 from magnitude_jupyter.engine import Engine, SamplingParams
 from magnitude_jupyter.engine.memory import KV_PADDING, _buffers, _output_buffer, cache_sequences, size_context
 from magnitude_jupyter.engine.runner import LlamaRunner, load_mode
-from magnitude_jupyter.kvmath import kv_bytes_per_token
-from magnitude_jupyter.models import read_model_info
+from magnitude_jupyter.models.kvmath import kv_bytes_per_token
+from magnitude_jupyter.models.registry import read_model_info
 
 pytestmark = pytest.mark.model
 MiB = 2**20

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from magnitude_jupyter.batch import BatchError, score_dataframe
-from magnitude_jupyter.inprocess import EngineClient
-from magnitude_jupyter.labels import label_shares, labels_grammar, parse_labels
+from magnitude_jupyter.batch.inprocess import EngineClient
+from magnitude_jupyter.batch.labels import label_shares, labels_grammar, parse_labels
+from magnitude_jupyter.batch.score import BatchError, score_dataframe
 
 REVIEWS = pd.DataFrame(
     {"review": ["Boils fast and looks great.", "Flickers and died in a week.", "Quiet and strong airflow."]},

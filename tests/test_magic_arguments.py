@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from magnitude_jupyter.calibrate.options import CALIBRATE_OPTIONS, CalibrateOptions
+from magnitude_jupyter.calibrate.sweep import SweepConfig
 from magnitude_jupyter.magics.arguments import (
     LINE_COMMANDS,
     Batch,
@@ -73,7 +74,7 @@ def test_calibrate_parses_into_the_options_the_cli_uses():
     args = parse_line(["calibrate", "--concurrency", "1,2", "--latency-target-ms", "1500", "--start"])
     assert isinstance(args, Calibrate) and args.start
     assert args.options == CalibrateOptions(concurrency="1,2", latency_target_ms=1500.0)
-    assert args.options.sweep_config().concurrency == (1, 2)
+    assert SweepConfig.from_options(args.options).concurrency == (1, 2)
     assert parse_line(["calibrate"]).options == CalibrateOptions()  # one default everywhere
     assert [o.dest for o in CALIBRATE_OPTIONS] == list(CalibrateOptions.__dataclass_fields__)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from magnitude_jupyter.client import StreamResult
+from magnitude_jupyter.client.http import StreamResult
 from magnitude_jupyter.magics.prompt_cell import CUT_MARK, answer_bundle
 from magnitude_jupyter.magics.server_commands import status_lines
 

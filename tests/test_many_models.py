@@ -209,7 +209,7 @@ def test_profiles_per_model_and_the_regression_gate(server, tmp_path, profile_ar
 def test_calibration_widget_overlays_several_models(server):
     from magnitude_jupyter.calibrate.sweep import SweepConfig
     from magnitude_jupyter.calibrate.widget import CalibrationWidget
-    from magnitude_jupyter.client import Client
+    from magnitude_jupyter.client.http import Client
 
     client = Client(server.url, server.token)
     widget = CalibrationWidget(client, SweepConfig(concurrency=(1, 2), requests_per_level=2, max_tokens=6), probe=False)

@@ -1,5 +1,5 @@
 """Every chat family the engine claims, on tiny GGUFs with random weights that llama.cpp loads and
-runs (magnitude_jupyter/tiny_models.py): the format chosen for a file without a template, the
+runs (magnitude_jupyter/models/tiny_models.py): the format chosen for a file without a template, the
 prompt it renders, the turn end that stops an answer, and the KV arithmetic against llama.cpp's
 own buffer. Nothing is downloaded; each file is made in well under a second."""
 
@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from magnitude_jupyter.chat_formats import family_named
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine
 from magnitude_jupyter.engine.memory import plan_kv
 from magnitude_jupyter.engine.request import SamplingParams
-from magnitude_jupyter.kvmath import kv_bytes_per_token
-from magnitude_jupyter.models import read_model_info
-from magnitude_jupyter.tiny_models import ARCHITECTURES, WORDS, write_tiny_model
+from magnitude_jupyter.models.chat_formats import family_named
+from magnitude_jupyter.models.kvmath import kv_bytes_per_token
+from magnitude_jupyter.models.registry import read_model_info
+from magnitude_jupyter.models.tiny_models import ARCHITECTURES, WORDS, write_tiny_model
 
 from .listing import listed_details
 
@@ -186,7 +186,7 @@ THINKING_CHAIN = ("\n", "<think>", "\u2581a", "\u2581b", "</think>", "\u2581yes"
 
 @pytest.fixture(scope="module")
 def thinking_server(tmp_path_factory):
-    from magnitude_jupyter.runtime import LocalServer
+    from magnitude_jupyter.client.runtime import LocalServer
 
     folder = tmp_path_factory.mktemp("thinking")
     write_tiny_model(folder / "tiny-think.gguf", "qwen2", template=THINKING_TEMPLATE, predicts=THINKING_CHAIN)
@@ -280,7 +280,7 @@ HARMONY_CHAIN = (
 def test_gpt_oss_reasoning_is_its_analysis_channel_and_its_answer_the_final_one(tmp_path):
     import openai
 
-    from magnitude_jupyter.runtime import LocalServer
+    from magnitude_jupyter.client.runtime import LocalServer
 
     write_tiny_model(
         tmp_path / "tiny-oss.gguf",
@@ -379,7 +379,7 @@ def test_a_chat_formats_turn_end_is_end_of_generation_even_where_llama_cpp_does_
     # would pass without the engine's own set: here a plain word is made a turn end, which only the
     # engine's set can make end an answer.
     from magnitude_jupyter.engine.runner import LlamaRunner
-    from magnitude_jupyter.tiny_models import vocabulary
+    from magnitude_jupyter.models.tiny_models import vocabulary
 
     path = write_tiny_model(tmp_path / "tiny-chain.gguf", "qwen2", predicts=THINKING_CHAIN)
     tokens = vocabulary("chatml")[0]
@@ -455,12 +455,12 @@ TOOL_TURNS = [
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_familys_format_carries_the_tools_a_call_and_its_result(kind):
+    from magnitude_jupyter.api.tools import tool_request
     from magnitude_jupyter.engine.chat import render_chat
-    from magnitude_jupyter.engine.tools import ToolRequest
 
     family = family_named(ARCHITECTURES[kind].family)
     assert family is not None
-    text = render_chat(TOOL_TURNS, family.template, "<s>", "</s>", tools=ToolRequest.parse([WEATHER]))
+    text = render_chat(TOOL_TURNS, family.template, "<s>", "</s>", tools=tool_request([WEATHER]))
     if family.name == "harmony":  # its template writes tools, calls and results itself, as gpt-oss reads them
         assert "namespace functions {\n\ntype weather = (_: {" in text
         assert "<|channel|>commentary to=functions.weather <|constrain|>json<|message|>" in text
@@ -476,9 +476,10 @@ def test_each_familys_format_carries_the_tools_a_call_and_its_result(kind):
 def test_each_family_calls_a_tool_the_parser_reads_back(tiny_dir, kind):
     import json
 
-    from magnitude_jupyter.engine.tools import ToolRequest, parse_answer, template_form
+    from magnitude_jupyter.api.tools import tool_request
+    from magnitude_jupyter.engine.tools import parse_answer, template_form
 
-    tools = ToolRequest.parse([WEATHER], "required")
+    tools = tool_request([WEATHER], "required")
     with Engine(
         str(tiny_dir / f"tiny-{kind}.gguf"), settings=Settings(), parallel=1, ctx_size=1024, threads=1
     ) as engine:
@@ -518,7 +519,7 @@ HARMONY_CALL_CHAIN = (
 def test_gpt_oss_calls_a_tool_in_its_commentary_channel_and_the_api_reads_it(tmp_path):
     import openai
 
-    from magnitude_jupyter.runtime import LocalServer
+    from magnitude_jupyter.client.runtime import LocalServer
 
     write_tiny_model(tmp_path / "tiny-oss.gguf", "gpt-oss", predicts=HARMONY_CALL_CHAIN, pieces=HARMONY_CALL_CHAIN[2:8])
     server = LocalServer(("--parallel", "1", "--ctx-size", "1024"), token="oss", config=f"models_dir: {tmp_path}\n")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from magnitude_jupyter.client import Client
+from magnitude_jupyter.client.http import Client
 from magnitude_jupyter.magics.prompt_cell import CUT_MARK
 
 from .conftest import SECOND_MODEL
@@ -182,7 +182,7 @@ def test_kernel_interrupt_cancels_the_generation_on_the_server(connected, tmp_pa
             "%load_ext magnitude_jupyter",
             "import threading, _thread\nthreading.Timer(2.0, _thread.interrupt_main).start()",
             "%%magnitude --max-tokens 2000 --ignore-eos\nCount from 1 to 1000, separated by commas.",
-            "import time\nfrom magnitude_jupyter.client import discover\nclient = discover()\n"
+            "import time\nfrom magnitude_jupyter.client.http import discover\nclient = discover()\n"
             "time.sleep(0.5)\nstatus = client.status()\n"
             "print(status['running'], status['recent'][0]['finish_reason'])",
         ],

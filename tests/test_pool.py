@@ -14,7 +14,7 @@ from magnitude_jupyter.config import EngineSettings, ModelSettings, Settings, lo
 from magnitude_jupyter.engine import SamplingParams
 from magnitude_jupyter.engine.memory import plan_memory
 from magnitude_jupyter.engine.pool import ModelLoadError, ModelPool, NoRoomError
-from magnitude_jupyter.models import ModelNotFoundError, read_model_info
+from magnitude_jupyter.models.registry import ModelNotFoundError, read_model_info
 
 from .conftest import wait_for
 

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from magnitude_jupyter.calibrate.archive import compare_to_baseline
+from magnitude_jupyter.calibrate.options import parse_contexts
 from magnitude_jupyter.calibrate.pressure import (
     DOES_NOT_FIT,
     NOT_RUN,
@@ -20,7 +21,6 @@ from magnitude_jupyter.calibrate.pressure import (
     PressureMap,
     fit,
     measure_sizer,
-    parse_contexts,
     run_pressure_map,
 )
 from magnitude_jupyter.calibrate.pressure_figures import pressure_difference_figure, pressure_latency_figure
@@ -28,7 +28,7 @@ from magnitude_jupyter.calibrate.profile import Profile
 from magnitude_jupyter.calibrate.records import Summary
 from magnitude_jupyter.calibrate.report import format_pressure_map
 from magnitude_jupyter.calibrate.sweep import SweepConfig, run_sweep
-from magnitude_jupyter.client import ClientError
+from magnitude_jupyter.client.http import ClientError
 
 TEMPLATE_TOKENS = 12
 

@@ -7,7 +7,6 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from magnitude_jupyter.chat_formats import CHATML_TEMPLATE, HARMONY_TEMPLATE
 from magnitude_jupyter.engine.reasoning import (
     HARMONY,
     THINK,
@@ -16,6 +15,7 @@ from magnitude_jupyter.engine.reasoning import (
     prompt_opens_thinking,
     reasoning_tags,
 )
+from magnitude_jupyter.models.chat_formats import CHATML_TEMPLATE, HARMONY_TEMPLATE
 
 
 def split_all(pieces: list[str], inside: bool = False, tags: ReasoningTags = THINK) -> tuple[str, str]:

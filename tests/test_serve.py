@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from magnitude_jupyter.client import iter_sse
+from magnitude_jupyter.client.http import iter_sse
 
 from .conftest import SERVE_TOKEN as TOKEN
 from .conftest import wait_for

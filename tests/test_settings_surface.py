@@ -23,7 +23,7 @@ def test_the_configuration_page_is_the_generated_one():
 
 
 def test_every_engine_setting_is_a_config_key_a_serve_flag_and_a_traitlet():
-    from magnitude_jupyter.cli import serve
+    from magnitude_jupyter.cli.main import serve
     from magnitude_jupyter.server.extension import MagnitudeApp
 
     names = {s.name for s in engine_settings()}
@@ -68,7 +68,7 @@ def test_the_threads_help_says_what_zero_means_everywhere():
     assert "other processes leave free" in threads.help
     from click.testing import CliRunner
 
-    from magnitude_jupyter.cli import main
+    from magnitude_jupyter.cli.main import main
 
     output = CliRunner().invoke(main, ["serve", "--help"]).output
     assert "other processes leave free" in " ".join(output.split())
@@ -103,7 +103,7 @@ def test_calibration_defaults_are_one_everywhere():
     assert config.warmup_requests == args.warmup and ",".join(map(str, config.concurrency)) == args.concurrency
     from click.testing import CliRunner
 
-    from magnitude_jupyter.cli import main
+    from magnitude_jupyter.cli.main import main
 
     shown = " ".join(CliRunner().invoke(main, ["calibrate", "--help"]).output.split())
     assert f"[default: {options.DEFAULT_LATENCY_TARGET_MS}]" in shown

@@ -119,8 +119,8 @@ def test_ctx_size_auto_gives_the_windowed_layers_their_windows_and_the_rest_to_c
 
     from magnitude_jupyter.config import ConfigError, EngineSettings
     from magnitude_jupyter.engine.memory import KV_PADDING, _buffers, plan_kv, plan_memory, size_context
-    from magnitude_jupyter.models import read_model_info
-    from magnitude_jupyter.tiny_models import write_tiny_model
+    from magnitude_jupyter.models.registry import read_model_info
+    from magnitude_jupyter.models.tiny_models import write_tiny_model
 
     info = read_model_info(write_tiny_model(tmp_path / "tiny-gemma3.gguf", "gemma3"))  # window 64, 5 of 6 layers
     es = EngineSettings(
@@ -148,8 +148,8 @@ def test_ctx_size_auto_gives_the_windowed_layers_their_windows_and_the_rest_to_c
 
 def test_calibrations_capacity_counts_a_window_per_session(tmp_path):
     from magnitude_jupyter.calibrate.capacity import capacity_report
-    from magnitude_jupyter.models import read_model_info
-    from magnitude_jupyter.tiny_models import write_tiny_model
+    from magnitude_jupyter.models.registry import read_model_info
+    from magnitude_jupyter.models.tiny_models import write_tiny_model
 
     meta = read_model_info(write_tiny_model(tmp_path / "tiny-gemma3.gguf", "gemma3")).to_json()
     window = {"window": 64, "cells": 1024, "bytes_per_token": 640.0}
@@ -279,12 +279,12 @@ def test_a_windowed_models_kv_cache_is_the_size_llama_server_gives_it(tmp_path, 
     """`--parallel 4 --ctx-size 8192` on a windowed model: llama.cpp's KV buffer is what llama-server
     makes for `-np 4 --kv-unified -c 8192` (its arithmetic written out here), and the plan says the same;
     then a conversation on it reuses its last turn."""
-    from magnitude_jupyter.cli_models import _model_details
+    from magnitude_jupyter.cli.models import _model_details
     from magnitude_jupyter.config import EngineSettings
     from magnitude_jupyter.engine.memory import plan_kv
-    from magnitude_jupyter.kvmath import kv_bytes_per_token
-    from magnitude_jupyter.models import read_model_info, resolve_model
-    from magnitude_jupyter.tiny_models import write_tiny_model
+    from magnitude_jupyter.models.kvmath import kv_bytes_per_token
+    from magnitude_jupyter.models.registry import read_model_info, resolve_model
+    from magnitude_jupyter.models.tiny_models import write_tiny_model
 
     path = write_tiny_model(tmp_path / "tiny-gemma3.gguf", "gemma3", sliding_window=window)
     info = read_model_info(path)

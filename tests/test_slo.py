@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from magnitude_jupyter.config import ConfigError, SloSettings, load_settings
 from magnitude_jupyter.engine.metrics import EngineMetrics, Finished
+from magnitude_jupyter.engine.slo import OBJECTIVES, evaluate, judge
 from magnitude_jupyter.settings_surface import slo_overrides
-from magnitude_jupyter.slo import OBJECTIVES, evaluate, judge
 
 from .conftest import wait_for
 
@@ -91,9 +91,9 @@ def test_a_server_judges_its_objectives_live_on_status_metrics_and_the_cli():
     from click.testing import CliRunner
     from prometheus_client.parser import text_string_to_metric_families
 
-    from magnitude_jupyter.cli import main
-    from magnitude_jupyter.client import Client
-    from magnitude_jupyter.runtime import LocalServer
+    from magnitude_jupyter.cli.main import main
+    from magnitude_jupyter.client.http import Client
+    from magnitude_jupyter.client.runtime import LocalServer
 
     # One objective no answer can miss (from the flag), one every answer misses (from the config).
     with LocalServer(
@@ -133,8 +133,8 @@ def test_a_server_judges_its_objectives_live_on_status_metrics_and_the_cli():
 def test_with_shedding_on_an_interactive_request_that_would_wait_past_the_objective_is_told_at_once(warm):
     import httpx
 
-    from magnitude_jupyter.client import Client
-    from magnitude_jupyter.runtime import LocalServer
+    from magnitude_jupyter.client.http import Client
+    from magnitude_jupyter.client.runtime import LocalServer
 
     # One slot and a TTFT objective of 1 ms: any wait for the slot breaks it, by construction.
     with LocalServer(
@@ -171,8 +171,8 @@ def test_an_answer_nobody_reads_gives_its_slot_to_a_reader_instead_of_having_it_
     who would be shed for its slot is served instead: the unread answer is stopped first."""
     import httpx
 
-    from magnitude_jupyter.client import Client
-    from magnitude_jupyter.runtime import LocalServer
+    from magnitude_jupyter.client.http import Client
+    from magnitude_jupyter.client.runtime import LocalServer
 
     with LocalServer(
         ("--parallel", "1", "--ctx-size", "2048", "--slo-ttft-p95-ms", "1", "--slo-shed"),
@@ -210,8 +210,8 @@ def test_an_answer_nobody_reads_gives_its_slot_to_a_reader_instead_of_having_it_
 def test_with_a_fallback_model_the_request_the_objective_would_shed_is_answered_by_it(models_dir):
     import httpx
 
-    from magnitude_jupyter.client import Client
-    from magnitude_jupyter.runtime import LocalServer
+    from magnitude_jupyter.client.http import Client
+    from magnitude_jupyter.client.runtime import LocalServer
     from tests.conftest import SECOND_MODEL
 
     config = f"models_dir: {models_dir}\nslo:\n  fallback_model: {SECOND_MODEL}\n"
@@ -251,9 +251,9 @@ def test_a_second_calibration_against_the_applied_config_meets_what_the_first_re
     import yaml
     from click.testing import CliRunner
 
-    from magnitude_jupyter.cli import main
-    from magnitude_jupyter.client import Client
-    from magnitude_jupyter.runtime import LocalServer
+    from magnitude_jupyter.cli.main import main
+    from magnitude_jupyter.client.http import Client
+    from magnitude_jupyter.client.runtime import LocalServer
 
     # A target any level meets on any machine: the test is about the loop, not about this machine's speed.
     sweep = ("--requests", "4", "--max-tokens", "8", "--warmup", "0", "--no-probe", "--no-archive")

@@ -31,7 +31,7 @@ LONG = "You are a careful assistant. " * 40
 
 @pytest.fixture(scope="module")
 def tenants_server():
-    from magnitude_jupyter.runtime import LocalServer
+    from magnitude_jupyter.client.runtime import LocalServer
 
     with LocalServer(token="owner-key-0123456789", config=CONFIG) as server:
         yield server

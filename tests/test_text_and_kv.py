@@ -4,8 +4,8 @@ import pytest
 
 from magnitude_jupyter.engine.budget import KVBudget
 from magnitude_jupyter.engine.text import TextAssembler
-from magnitude_jupyter.kvmath import kv_bytes_per_token, kv_cache_bytes, tokens_that_fit
-from magnitude_jupyter.models import bundled_model_path, read_model_info
+from magnitude_jupyter.models.kvmath import kv_bytes_per_token, kv_cache_bytes, tokens_that_fit
+from magnitude_jupyter.models.registry import bundled_model_path, read_model_info
 
 
 def feed(assembler: TextAssembler, pieces: list[bytes]) -> list[str]:

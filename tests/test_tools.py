@@ -10,10 +10,11 @@ import jsonschema
 import openai
 import pytest
 
+from magnitude_jupyter.api.tools import tool_request
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine, SamplingParams
 from magnitude_jupyter.engine.chat import render_chat
-from magnitude_jupyter.engine.tools import GENERIC, HERMES, ToolError, ToolRequest, parse_answer, parse_tools
+from magnitude_jupyter.engine.tools import GENERIC, HERMES, ToolError, parse_answer, parse_tools
 
 ADD = {
     "type": "function",
@@ -119,7 +120,7 @@ def test_tool_turns_render_for_a_template_without_tools():
         {"role": "assistant", "content": None, "tool_calls": [call("c1", "add", '{"a": 2, "b": 3}')]},
         {"role": "tool", "tool_call_id": "c1", "content": "5"},
     ]
-    text = render_chat(messages, None, tools=ToolRequest.parse([ADD]))
+    text = render_chat(messages, None, tools=tool_request([ADD]))
     assert text.startswith("<|im_start|>system\nBe brief.\n\nYou can call these functions")
     assert '<|im_start|>assistant\n{"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}<|im_end|>' in text
     assert '<|im_start|>user\n{"tool_results": [{"name": "add", "content": "5"}]}<|im_end|>' in text
@@ -362,7 +363,7 @@ def test_a_template_that_knows_tools_renders_them_and_is_answered_in_its_own_for
     engine = Engine(settings=Settings(), parallel=1, ctx_size=2048, chat_template=template)
     engine.start()
     try:
-        tools = ToolRequest.parse([ADD], "required", parallel_tool_calls=True)
+        tools = tool_request([ADD], "required", parallel_tool_calls=True)
         messages = [{"role": "user", "content": "What is 2+3?"}]
         request = engine.submit(messages=messages, params=SamplingParams(temperature=0, max_tokens=60), tools=tools)
         request.stream.wait_final(60)
@@ -389,7 +390,7 @@ def test_a_template_that_knows_tools_renders_them_and_is_answered_in_its_own_for
 def test_the_in_process_client_submits_tools_as_the_server_does(engine):
     """The in-process client (what Dask workers score with) and the HTTP server share one submit
     (api/submit.py): tools reach the engine and the answer's calls come back in OpenAI's shape."""
-    from magnitude_jupyter.inprocess import EngineClient
+    from magnitude_jupyter.batch.inprocess import EngineClient
 
     client = EngineClient(engine)
     result = client.chat(

@@ -299,8 +299,8 @@ def _gguf(metadata: dict, tensors: int = 0) -> bytes:
     [(4, 100_000_000), (10, 2**62), (6, float("inf")), (6, float("nan"))],
 )
 def test_a_gguf_header_with_an_absurd_number_is_listed_with_its_error(tmp_path, block_count):
-    from magnitude_jupyter.gguf_reader import GGUFError
-    from magnitude_jupyter.models import _read_model_info
+    from magnitude_jupyter.models.gguf_reader import GGUFError
+    from magnitude_jupyter.models.registry import _read_model_info
 
     path = tmp_path / "bomb.gguf"
     path.write_bytes(
@@ -311,7 +311,7 @@ def test_a_gguf_header_with_an_absurd_number_is_listed_with_its_error(tmp_path, 
 
 
 def test_a_gguf_header_full_of_kept_text_is_refused_within_its_byte_budget(tmp_path):
-    from magnitude_jupyter.gguf_reader import KEPT_TEXT_BYTES, GGUFError, read_header
+    from magnitude_jupyter.models.gguf_reader import KEPT_TEXT_BYTES, GGUFError, read_header
 
     big = "x" * (1 << 20)
     count = KEPT_TEXT_BYTES // len(big) + 2

@@ -27,8 +27,8 @@ from magnitude_jupyter.engine.gbnf_limits import (
 from magnitude_jupyter.engine.grammar import GrammarError, json_grammar
 from magnitude_jupyter.engine.schema_limits import SchemaLimitError, check_schema
 from magnitude_jupyter.engine.tools import ToolError, parse_tools
-from magnitude_jupyter.gguf_reader import GGUFError, read_header
-from magnitude_jupyter.models import ModelNotFoundError, list_models, resolve_model
+from magnitude_jupyter.models.gguf_reader import GGUFError, read_header
+from magnitude_jupyter.models.registry import ModelNotFoundError, list_models, resolve_model
 from magnitude_jupyter.server.handlers import parse_event_id
 
 
@@ -263,7 +263,7 @@ def test_many_metadata_entries_are_read_within_the_time_limit_or_refused(tmp_pat
 
 
 def test_the_bundled_model_reads_as_before(model_path):
-    from magnitude_jupyter.models import read_model_info
+    from magnitude_jupyter.models.registry import read_model_info
 
     header = read_header(model_path)
     info = read_model_info(model_path)
@@ -317,7 +317,7 @@ def test_event_ids_that_are_plain_numbers_parse():
 
 
 def test_the_background_server_log_is_owner_only(tmp_path, monkeypatch):
-    from magnitude_jupyter import client as client_module
+    from magnitude_jupyter.client import http as client_module
 
     monkeypatch.setenv("MAGNITUDE_RUNTIME_DIR", str(tmp_path))
     log = tmp_path / "serve.log"
@@ -360,7 +360,7 @@ def test_cache_salt_and_user_are_bounded_strings():
 def test_magnitude_list_shows_a_bad_file_with_its_error_and_lists_the_rest(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from magnitude_jupyter.cli import main
+    from magnitude_jupyter.cli.main import main
 
     folder = tmp_path / "models"
     folder.mkdir()

@@ -21,7 +21,7 @@ import httpx
 import psutil
 import pytest
 
-from magnitude_jupyter.runtime import LocalServer
+from magnitude_jupyter.client.runtime import LocalServer
 
 from .conftest import wait_for
 

@@ -17,7 +17,7 @@ from magnitude_jupyter.calibrate.workflow import (
     session_message,
     summarize_level,
 )
-from magnitude_jupyter.client import Client
+from magnitude_jupyter.client.http import Client
 
 from .fakes import RecordingClient
 
@@ -77,7 +77,11 @@ def test_the_cli_gate_fails_a_tiny_slo_and_passes_a_huge_one(server, tmp_path):
         args = ["calibrate", "--workflow", "--sessions", "1,2", "--rounds", "2", "--max-tokens", "4"]
         args += ["--slo-round-p95-ms", slo_ms, "--json", str(tmp_path / f"w{slo_ms}.json")]
         return subprocess.run(
-            [sys.executable, "-m", "magnitude_jupyter.cli", *args], capture_output=True, text=True, env=env, timeout=300
+            [sys.executable, "-m", "magnitude_jupyter.cli", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
         )
 
     tiny, huge = gate("1"), gate("600000")

@@ -9,8 +9,8 @@ from typing import Any
 from ..engine import EngineError, OverloadedError, PromptTooLongError, StreamGoneError, UnknownStreamError
 from ..engine.chat import ChatFormatError
 from ..engine.pool import ModelLoadError, NoRoomError
-from ..models import ModelNotFoundError
-from ..slo import Shed
+from ..engine.slo import Shed
+from ..models.registry import ModelNotFoundError
 
 
 class ApiError(Exception):

@@ -22,6 +22,7 @@ from ..engine.schema_grammar import SchemaGrammar, grammar_for_schema
 from ..engine.streams import StreamEvent, TokenLogprob
 from ..engine.tools import ParsedAnswer, ToolError, ToolRequest, parse_answer
 from .errors import ApiError, refuse_unknown_fields
+from .tools import tool_request
 from .usage import openai_usage
 
 
@@ -288,7 +289,7 @@ def _tools(data: dict[str, Any]) -> ToolRequest | None:
         if data.get(name) is not None and not (name == "response_format" and _is_text_format(data[name])):
             raise bad_param(name, f"give 'tools' or '{name}', not both: a tool call is already held to its schema")
     try:
-        return ToolRequest.parse(data["tools"], data.get("tool_choice"), data.get("parallel_tool_calls"))
+        return tool_request(data["tools"], data.get("tool_choice"), data.get("parallel_tool_calls"))
     except ToolError as exc:
         raise bad_param(exc.param, str(exc)) from None
 

@@ -9,9 +9,9 @@ from typing import Any
 from ..engine import Engine
 from ..engine.pool import ModelPool, Resident
 from ..engine.runner import gpu_offload_supported
+from ..engine.slo import evaluate
 from ..engine.stats import EngineStats
-from ..models import ModelEntry, file_sha256, read_model_info
-from ..slo import evaluate
+from ..models.registry import ModelEntry, file_sha256, read_model_info
 
 SETTINGS_SHOWN = (
     *("parallel", "ctx_size", "threads", "gpu_layers", "n_batch", "prefix_cache_ram_mib"),

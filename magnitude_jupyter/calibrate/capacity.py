@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 
-from ..client import Client, ClientError
-from ..kvmath import CACHE_TYPE_BYTES, Window, kv_layout, session_bytes, tokens_that_fit
+from ..client.http import Client, ClientError
+from ..models.kvmath import CACHE_TYPE_BYTES, Window, kv_layout, session_bytes, tokens_that_fit
 
 CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .sweep import SweepConfig
+from typing import Any
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16"
 DEFAULT_REQUESTS = 16
@@ -102,35 +99,33 @@ class CalibrateOptions:
             raise ValueError("--pressure-map and --workflow are two kinds of run: give one")
 
     def context_levels(self) -> tuple[int, ...]:
-        from .pressure import parse_contexts
-
         return parse_contexts(self.contexts)
 
     def session_levels(self) -> tuple[int, ...]:
-        from .sweep import parse_levels
-
         try:
             return parse_levels(self.sessions)
         except ValueError as exc:
             raise ValueError(str(exc).replace("concurrency", "session")) from None
 
-    def sweep_config(self, model: str | None = None) -> SweepConfig:
-        """The concurrency sweep these options ask for (validated)."""
-        from .sweep import SweepConfig, parse_levels
 
-        config = SweepConfig(
-            concurrency=parse_levels(self.concurrency),
-            requests_per_level=self.requests,
-            max_tokens=self.max_tokens,
-            min_seconds_per_level=self.min_seconds,
-            warmup_requests=self.warmup,
-            prompt=self.prompt,
-            ttft_p95_limit_ms=self.ttft_limit_ms,
-            latency_target_ms=self.latency_target_ms,
-            model=model,
-        )
-        config.validate()
-        return config
+def parse_levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise ValueError(f"concurrency levels must be integers separated by commas, got {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise ValueError("give at least one concurrency level, each 1 or more")
+    return levels
+
+
+def parse_contexts(text: str) -> tuple[int, ...]:
+    try:
+        contexts = tuple(int(x) for x in text.replace(" ", "").replace("_", "").split(",") if x)
+    except ValueError:
+        raise ValueError(f"contexts must be token counts separated by commas, got {text!r}") from None
+    if not contexts or min(contexts) < 64:
+        raise ValueError("give at least one context length, each 64 tokens or more")
+    return tuple(sorted(set(contexts)))
 
 
 CALIBRATE_OPTIONS = tuple(

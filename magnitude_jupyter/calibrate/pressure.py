@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from ..client import Client, ClientError
-from ..exchange import timed_stream
+from ..client.exchange import timed_stream
+from ..client.http import Client, ClientError
 from .records import Level
 from .sweep import SweepConfig, messages_for, one_request, run_closed_level
 
@@ -26,16 +26,6 @@ SHARED_SHARE = 0.5
 MEASURED, DOES_NOT_FIT, NOT_RUN = "measured", "does not fit", "not run"
 _SIZING_WORDS = 200  # the longer sizing prompt's extra words: enough for a steady tokens-per-word figure
 _FALLBACK_TOKENS_PER_WORD = 1.5  # a server that reports no usage: a common English word's tokens
-
-
-def parse_contexts(text: str) -> tuple[int, ...]:
-    try:
-        contexts = tuple(int(x) for x in text.replace(" ", "").replace("_", "").split(",") if x)
-    except ValueError:
-        raise ValueError(f"contexts must be token counts separated by commas, got {text!r}") from None
-    if not contexts or min(contexts) < 64:
-        raise ValueError("give at least one context length, each 64 tokens or more")
-    return tuple(sorted(set(contexts)))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from ..models import unbatched_weights
+from ..models.registry import unbatched_weights
 from .capacity import sessions_admitted
 from .pressure import PressureCell, PressureMap
 from .profile import Profile, engine_text

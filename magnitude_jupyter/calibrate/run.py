@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from ..client import Client, ClientError, discover, is_magnitude_status
+from ..client.http import Client, ClientError, discover, is_magnitude_status
 from .capacity import capacity_report, probe
 from .pressure import PressureCell, run_pressure_map
 from .profile import Profile, machine_info, summarize_levels

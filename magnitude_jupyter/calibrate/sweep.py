@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..client import Client, ClientError
-from ..exchange import timed_stream
+from ..client.exchange import timed_stream
+from ..client.http import Client, ClientError
 from . import options
 from .records import Level, Percentiles
 from .stats import percentiles, saturated
@@ -97,21 +97,11 @@ def synthetic_prompt(index: int, words: int = 40) -> str:
     return f"Request {index}: write about {synthetic_words(index, words)}."
 
 
-def parse_levels(text: str) -> tuple[int, ...]:
-    try:
-        levels = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise ValueError(f"concurrency levels must be integers separated by commas, got {text!r}") from None
-    if not levels or min(levels) < 1:
-        raise ValueError("give at least one concurrency level, each 1 or more")
-    return levels
-
-
 @dataclass
 class SweepConfig:
     """One sweep; the defaults are calibrate/options.py's, as the CLI, the magic and the widget use them."""
 
-    concurrency: tuple[int, ...] = field(default_factory=lambda: parse_levels(options.DEFAULT_CONCURRENCY))
+    concurrency: tuple[int, ...] = field(default_factory=lambda: options.parse_levels(options.DEFAULT_CONCURRENCY))
     requests_per_level: int = options.DEFAULT_REQUESTS
     seconds_per_level: float | None = None  # if set, run each level this long instead of a request count
     min_seconds_per_level: float | None = None  # and at least this long: a few short requests are noise
@@ -129,6 +119,23 @@ class SweepConfig:
     mode: str = "closed"  # or "open": Poisson arrivals at `rates` requests/s
     rates: tuple[float, ...] = ()
     model: str | None = None
+
+    @classmethod
+    def from_options(cls, opts: options.CalibrateOptions, model: str | None = None) -> SweepConfig:
+        """The concurrency sweep a command's options ask for (validated)."""
+        config = cls(
+            concurrency=options.parse_levels(opts.concurrency),
+            requests_per_level=opts.requests,
+            max_tokens=opts.max_tokens,
+            min_seconds_per_level=opts.min_seconds,
+            warmup_requests=opts.warmup,
+            prompt=opts.prompt,
+            ttft_p95_limit_ms=opts.ttft_limit_ms,
+            latency_target_ms=opts.latency_target_ms,
+            model=model,
+        )
+        config.validate()
+        return config
 
     def validate(self) -> None:
         if self.mode not in ("closed", "open"):

@@ -21,7 +21,7 @@ from typing import Any
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from ..client import Client, discover
+from ..client.http import Client, discover
 from .figures import (
     PERCENTILE_STYLE,
     capacity_figure,
@@ -34,13 +34,14 @@ from .figures import (
     throughput_title,
     throughput_traces,
 )
-from .pressure import PressureCell, PressureMap, parse_contexts
+from .options import parse_contexts, parse_levels
+from .pressure import PressureCell, PressureMap
 from .pressure_figures import pressure_latency_figure, pressure_throughput_figure
 from .profile import Profile
 from .records import Level
 from .report import agreement_text, knee_text
 from .run import calibrate, calibrate_pressure_map
-from .sweep import SweepConfig, parse_levels
+from .sweep import SweepConfig
 
 SERVER_DEFAULT = "(server default)"
 EARLIER = {"color": "rgba(140, 140, 140, 0.55)"}  # an earlier run's lines

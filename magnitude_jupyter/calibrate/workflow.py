@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..agent import FunctionTool, answer_call, tool_message
-from ..client import Client, ClientError, StreamResult
-from ..exchange import timed_stream
+from ..client.agent import FunctionTool, answer_call, tool_message
+from ..client.exchange import timed_stream
+from ..client.http import Client, ClientError, StreamResult
 from .agent_tools import TOOLS, agent_task
 from .options import DEFAULT_SLO_ROUND_P95_MS
 from .records import Percentiles

@@ -14,7 +14,7 @@ from .tools import ToolError, generic_messages, native_messages, template_form
 if TYPE_CHECKING:
     from .tools import ToolRequest
 
-from ..chat_formats import CHATML_TEMPLATE  # where no template is given at all: engines without a model file
+from ..models.chat_formats import CHATML_TEMPLATE  # where no template is given at all: engines without a model file
 
 ROLES = {"system", "user", "assistant", "tool", "developer"}
 

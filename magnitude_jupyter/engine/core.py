@@ -1,4 +1,4 @@
-"""The engine: a step loop on its own thread, and the thread-safe API around it.
+"""The engine: a step loop on its own thread (loop.py), and the thread-safe API around it.
 
     submit() ──▶ Scheduler.add_request ─┐
                                         ▼
@@ -27,25 +27,23 @@ from typing import Any
 
 import numpy as np
 
-from ..chat_formats import ChatFormat
 from ..config import EngineSettings, Settings, load_settings
-from ..models import ModelEntry, ModelInfo, read_model_info, resolve_model
+from ..models.chat_formats import ChatFormat
+from ..models.registry import ModelEntry, ModelInfo, read_model_info, resolve_model
 from ..token_counts import TokenCounts
 from .admission_errors import PromptTooLongError
-from .answers import AnswerWriter, step_chunks
+from .answers import AnswerWriter
 from .gbnf_limits import start_with_grammar_stack
+from .loop import EngineLoop
 from .memory import (
     ContextSizing,
-    cache_sequences,
     context_sequences,
     is_windowed,
     plan_kv,
     resolve_settings,
-    shares_sequences,
 )
 from .metrics import EngineMetrics, StepCounts
-from .plan import SchedulerOutput, SchedulerStats
-from .prefix_cache import KVOp
+from .plan import SchedulerStats
 from .prepare import prepare_params
 from .reasoning import ReasoningSplitter, Thinking, prompt_opens_thinking, reasoning_tags
 from .request import FinishReason, Priority, Request, SamplingParams, prompt_head
@@ -55,14 +53,11 @@ from .runner_api import (
     EmbeddingCancelled,
     EmbeddingError,
     Runner,
-    Sampled,
-    apply_kv_ops,
     chat_prompt,
     chat_prompt_tokens,
 )
 from .scheduler import Scheduler
 from .stats import EngineStats, FinishedRequest, LiveRequest, rss_bytes
-from .step import execute_plan
 from .streams import StreamEvent, StreamRegistry
 from .text import TextAssembler
 from .threads import ThreadGovernor
@@ -104,7 +99,7 @@ class GenerationResult:
 RATE_WINDOW_S = 30.0  # the recent past the departure rate of predicted_wait_s is measured over
 
 
-class Engine:
+class Engine(EngineLoop):
     """Serve one GGUF model to many concurrent requests.
 
     >>> with Engine() as engine:                       # the bundled model, settings from config
@@ -458,7 +453,7 @@ class Engine:
         if self.model_entry is None:
             return None
         if self._sha256 is None:
-            from ..models import file_sha256
+            from ..models.registry import file_sha256
 
             self._sha256 = file_sha256(self.model_entry.path)
         return self._sha256
@@ -579,220 +574,3 @@ class Engine:
             live=live,
             recent=recent,
         )
-
-    # -- the step loop (engine thread only) ------------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            self.runner = self._runner_factory(self.engine_settings)
-            trained = (self.runner.n_ctx_train if self.runner is not None else 0) or None
-            if self.engine_settings.repack is None and self.runner.repack is not None:
-                # What it runs with, as ctx_size auto is shown resolved (/v1/models).
-                self.engine_settings = replace(self.engine_settings, repack=self.runner.repack)
-            if self.engine_settings.flash_attention is None and self.runner.flash_attention is not None:
-                self.engine_settings = replace(self.engine_settings, flash_attention=self.runner.flash_attention)
-            self.flash_attention_reason = self.runner.flash_attention_reason
-            self.flash_attention_source = getattr(self.runner, "flash_attention_source", None)
-            if self.runner.recurrent and (self.engine_settings.prefix_reuse or self.engine_settings.draft_tokens):
-                # A recurrent state holds a whole sequence: it cannot be copied or cut at a position.
-                log.warning(
-                    "%s: a recurrent or hybrid model (not covered, docs/models.md): prefix reuse and drafts are off",
-                    self.model_id,
-                )
-                self.engine_settings = replace(self.engine_settings, prefix_reuse=False, draft_tokens=0)
-            es = self.engine_settings
-            # threads: 0 (the default) follows what other processes leave free; a number is fixed.
-            self.governor = ThreadGovernor(es.n_threads) if es.threads == 0 else None
-            self._threads = es.n_threads  # what llama.cpp uses now
-            self.scheduler = Scheduler(
-                ctx_size=min(self.runner.n_ctx, es.cells),
-                max_running=es.parallel,
-                n_batch=es.n_batch,
-                max_waiting=es.max_waiting,
-                trained_context=trained,
-                prefix_reuse=es.prefix_reuse,
-                min_prefix_tokens=es.min_prefix_tokens,
-                cache_sequences=cache_sequences(es),
-                cache_ram_bytes=es.prefix_cache_ram_mib << 20,
-                cache_spill_rows=es.prefix_cache_spill_rows,
-                spell=self.runner.token_to_piece,
-                draft_tokens=es.draft_tokens,
-                draft_max_sequences=es.draft_max_sequences,
-                admission=es.admission,
-                sliding_window=self.runner.sliding_window,
-                sequence_start=self.runner.sequence_start,
-                shared_sequences=shares_sequences(self._windowed, es),
-            )
-            if trained and es.cells > trained:
-                # Said at start-up, never discovered by a request (docs/configuration.md, ctx_size).
-                log.warning(
-                    "%s: ctx_size %d is above the %d tokens this model was trained on: one request holds at "
-                    "most %d tokens (the cells hold several requests at once)",
-                    self.model_id,
-                    es.cells,
-                    trained,
-                    trained,
-                )
-        except Exception as exc:  # reported through state/load_error, and to wait_ready()
-            log.exception("model load failed")
-            self.load_error = str(exc)
-            self.state = "failed"
-            self._ready.set()
-            return
-        self._writer = AnswerWriter(
-            self.runner, self.scheduler, self.metrics, self._recent, self._lock, self._notify_step
-        )
-        self._set_load_phase("ready")
-        self.state = "ready"
-        self._ready.set()
-        try:
-            self._loop()
-        finally:
-            self._abort_all("the engine shut down")
-            self._notify_step()
-            self.runner.close()
-            self.state = "stopped"
-
-    def _loop(self) -> None:
-        assert self.runner is not None and self.scheduler is not None
-        runner, scheduler, governor = self.runner, self.scheduler, self.governor
-        next_housekeeping = 0.0
-        while True:
-            if governor is not None:
-                threads = governor.update(time.monotonic())
-                if threads is not None:
-                    runner.set_threads(threads)
-                    self._threads = threads
-                    if scheduler.drafts is not None:
-                        scheduler.drafts.costs_changed()
-            with self._lock:
-                now = time.monotonic()
-                if now >= next_housekeeping:
-                    self._housekeeping(now)
-                    next_housekeeping = now + 0.25
-                to_end, cancelled = self._apply_cancels()
-                if self._stop:
-                    break
-                # Cleared under the lock, so that status() never counts cells a cancel has given back.
-                self._end_sequences(runner, to_end)
-                out = scheduler.schedule(now)
-                if out.empty and not cancelled and not out.kv_ops:
-                    self._lock.wait(timeout=0.25)
-            if out.empty:
-                # The cache may have moved entries with nothing to decode (saved ones back from the RAM
-                # tier, or evictions for a request that still did not fit): the tree has already handed
-                # their sequence ids out again, so their cells must go now, not with a later step.
-                try:
-                    self._apply_kv_ops(runner, out.kv_ops)
-                except Exception:  # as a failed step: logged, and the engine goes on serving
-                    log.exception("prefix cache operations failed")
-                    with self._lock:
-                        if not scheduler.running:  # no request shares its cells
-                            self._apply_kv_ops(runner, scheduler.reset_cache())
-                if cancelled:
-                    self._notify_step()
-                continue
-            step_started = time.perf_counter()
-            try:
-                self._apply_kv_ops(runner, out.kv_ops)
-                self._start_admitted(runner, out)
-                sampled = self._execute(runner, out)
-            except Exception as exc:
-                log.exception("decode failed")
-                self._fail_step(out, f"decode failed: {exc}")
-                self._notify_step()
-                continue
-            with self._lock:
-                self._end_sequences(runner, self._answers().update(out, sampled))
-                # Under the lock: a caller woken by this step's last event reads stats() after it.
-                self.metrics.record_step_time(time.perf_counter() - step_started)
-            self._notify_step()
-
-    def _start_admitted(self, runner: Runner, out: SchedulerOutput) -> None:
-        """Start the sequences of the requests the step admits. One that llama.cpp refuses (a lane it
-        cannot allocate, a grammar it cannot parse) ends with its own error, and the step goes on
-        without it: the requests beside it lose nothing."""
-        refused: list[tuple[Request, str]] = []
-        for request in out.admitted:
-            assert request.seq_id is not None
-            try:
-                if request.preemptions:  # resumed: its sampler (and a lane's cells) as they were
-                    state, request.suspended_state = request.suspended_state, None
-                    runner.resume_sequence(request.seq_id, request.request_id, state, request.kv_cells)
-                else:
-                    runner.start_sequence(request.seq_id, request.params, request.prompt_tokens, request.kv_cells)
-            except Exception as exc:
-                log.exception("could not start request %s", request.request_id)
-                refused.append((request, f"could not start the request: {exc}"))
-        if not refused:
-            return
-        with self._lock:
-            ended = [self._answers().finish(request, FinishReason.ERROR, error=error) for request, error in refused]
-            self._end_sequences(runner, [seq_id for seq_id in ended if seq_id is not None])
-        gone = {id(request) for request, _ in refused}
-        out.batched = [chunk for chunk in out.batched if id(chunk.request) not in gone]
-        out.solo = [chunk for chunk in out.solo if id(chunk.request) not in gone]
-
-    def _apply_kv_ops(self, runner: Runner, ops: list[KVOp]) -> None:
-        cache = self.scheduler.cache if self.scheduler is not None else None
-        apply_kv_ops(runner, ops, cache.ram if cache is not None else None)
-
-    def _end_sequences(self, runner: Runner, seq_ids: list[int]) -> None:
-        """Clear finished sequences, after the scheduler has kept what it wants of them (the prefix slot)."""
-        assert self.scheduler is not None
-        self._apply_kv_ops(runner, self.scheduler.take_pending_kv_ops())
-        for seq_id in seq_ids:
-            runner.end_sequence(seq_id)
-
-    def _execute(self, runner: Runner, out: SchedulerOutput) -> list[list[Sampled]]:
-        drafts = self.scheduler.drafts if self.scheduler is not None else None
-        solo_one_thread = self._threads > 1 and self.engine_settings.uses_flash_attention
-        threads = self._threads if solo_one_thread else None
-        return execute_plan(runner, out, self.metrics, drafts, threads, lambda: self._make_room(runner))
-
-    def _make_room(self, runner: Runner) -> bool:
-        """llama.cpp found no cells for a step: the cache gives back every entry no request runs on
-        (saved to the RAM tier), and the step runs again. Whether anything was given back."""
-        assert self.scheduler is not None
-        with self._lock:
-            ops = self.scheduler.release_idle_cache()
-        log.warning("llama.cpp found no KV cells for a step: %d cache operations free idle entries", len(ops))
-        self._apply_kv_ops(runner, ops)
-        return bool(ops)
-
-    def _answers(self) -> AnswerWriter:
-        assert self._writer is not None
-        return self._writer
-
-    def _apply_cancels(self) -> tuple[list[int], bool]:
-        """Finish the queued cancels: the sequence ids to clear, and whether any request ended."""
-        ended, any_finished = [], False
-        while self._cancels:
-            request_id, reason, error = self._cancels.popleft()
-            request = self._requests.get(request_id)
-            if request is not None and not request.is_finished:
-                seq_id = self._answers().finish(request, reason, error=error)
-                any_finished = True
-                if seq_id is not None:
-                    ended.append(seq_id)
-        return ended, any_finished
-
-    def _housekeeping(self, now: float) -> None:
-        """Cancel requests nobody reads any more, and forget old finished streams. Lock held."""
-        es = self.engine_settings
-        for request_id in self.streams.abandoned(now, es.grace_seconds):
-            self._cancels.append((request_id, FinishReason.CANCELLED, "no reader re-attached within the grace period"))
-        for request_id in self.streams.drop_expired(now, es.retention_seconds):
-            self._requests.pop(request_id, None)
-
-    def _fail_step(self, out: SchedulerOutput, error: str) -> None:
-        assert self.runner is not None
-        with self._lock:
-            ended = [self._answers().finish(c.request, FinishReason.ERROR, error=error) for c in step_chunks(out)]
-            self._end_sequences(self.runner, [seq_id for seq_id in ended if seq_id is not None])
-
-    def _abort_all(self, error: str) -> None:
-        with self._lock:
-            for request in list(self._requests.values()):
-                if not request.is_finished and self._writer is not None:
-                    self._answers().finish(request, FinishReason.CANCELLED, error=error)

@@ -27,8 +27,8 @@ from typing import Any
 import psutil
 
 from ..config import ConfigError, EngineSettings, parse_memory_budget
-from ..kvmath import KV_BLOCK, KVLayout, kv_layout
-from ..models import ModelInfo
+from ..models.kvmath import KV_BLOCK, KVLayout, kv_layout
+from ..models.registry import ModelInfo
 
 FLOAT_BYTES = 4
 SCORE_BYTES = 5  # an attention score in llama.cpp's compute buffer, measured (see _scores_bytes_per_cell)

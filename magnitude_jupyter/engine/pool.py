@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 
 from ..config import EngineSettings, Settings
-from ..models import ModelEntry, ModelNotFoundError, list_models, read_model_info, resolve_model
+from ..models.registry import ModelEntry, ModelNotFoundError, list_models, read_model_info, resolve_model
 from .core import Engine, EngineError
 from .memory import ContextSizing, MemoryPlan, plan_memory, resolve_settings
 from .stats import EngineStats, LiveRequest, LoadWaiter

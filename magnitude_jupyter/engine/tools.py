@@ -180,23 +180,16 @@ class ToolRequest:
     parallel: bool = False  # as llama.cpp's server: a small model asked for several tends to loop
 
     @classmethod
-    def parse(cls, tools: Any, tool_choice: Any = None, parallel_tool_calls: Any = None) -> ToolRequest:
-        parsed = parse_tools(tools)
-        if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
-            raise ToolError("'parallel_tool_calls' must be true or false", "parallel_tool_calls")
-        parallel = bool(parallel_tool_calls)
-        if tool_choice is None or tool_choice in CHOICES:
-            return cls(tuple(parsed), tool_choice or "auto", None, parallel)
-        function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
-        name = function.get("name") if isinstance(function, dict) else None
-        if not isinstance(tool_choice, dict) or tool_choice.get("type") != "function" or not isinstance(name, str):
-            raise ToolError(
-                "'tool_choice' must be 'auto', 'none', 'required' or {type: 'function', function: {name}}",
-                "tool_choice",
-            )
-        if not any(tool.name == name for tool in parsed):
-            raise ToolError(f"'tool_choice' names {name!r}, which is not one of the tools", "tool_choice")
-        return cls(tuple(parsed), "function", name, parallel)
+    def of(
+        cls, tools: list[Tool], choice: str = "auto", function: str | None = None, parallel: bool = False
+    ) -> ToolRequest:
+        """Checked: `choice` one of CHOICES or "function", and then `function` one of the tools."""
+        if choice == "function":
+            if not any(tool.name == function for tool in tools):
+                raise ToolError(f"'tool_choice' names {function!r}, which is not one of the tools", "tool_choice")
+        elif choice not in CHOICES:
+            raise ToolError(f"'tool_choice' must be one of {', '.join(CHOICES)} or a function", "tool_choice")
+        return cls(tuple(tools), choice, function if choice == "function" else None, parallel)
 
 
 # -- the two forms --------------------------------------------------------------------------------

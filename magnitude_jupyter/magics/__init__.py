@@ -83,7 +83,7 @@ class MagnitudeMagics(Magics):
 
             return batch_command(self.session, args.df, cell.strip(), args.batch_options(), args.output, args.compare)
         if args.batch_only():
-            from ..batch_options import batch_flags
+            from ..batch.options import batch_flags
 
             names = {name: flag.name for name, flag, _ in batch_flags()}
             flags = ", ".join(names[name] for name in args.batch_only())

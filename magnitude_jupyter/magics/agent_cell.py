@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.display import display
 
-from ..agent import AgentError, AgentStep, run_agent
-from ..client import ClientError
-from ..conversations import Conversation, Turn
+from ..client.agent import AgentError, AgentStep, run_agent
+from ..client.conversations import Conversation, Turn
+from ..client.http import ClientError
 from .arguments import CellArgs, MagnitudeError
 from .session import NotebookSession
 

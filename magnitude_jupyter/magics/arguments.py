@@ -15,10 +15,10 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, NoReturn
 
-from ..batch_options import add_batch_arguments, given_options
+from ..batch.options import add_batch_arguments, given_options
 from ..calibrate.options import CalibrateOptions
 from ..calibrate.options import add_arguments as add_calibrate_arguments
-from ..conversations import DEFAULT_CHAT
+from ..client.conversations import DEFAULT_CHAT
 
 FORMATS = ("text", "markdown", "json", "code")
 # Options a single prompt shares with a batch: declared in CellArgs for both, with the same types.

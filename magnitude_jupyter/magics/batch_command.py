@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..batch import is_dask_dataframe, score_dataframe, summary_line
-from ..batch_options import BatchError
+from ..batch.options import BatchError
+from ..batch.score import is_dask_dataframe, score_dataframe, summary_line
 from .arguments import MagnitudeError
 from .session import NotebookSession
 
@@ -35,7 +35,7 @@ def batch_command(
         options.setdefault("model", session.model)
         try:
             if compare is not None:
-                from ..compare import compare_dataframe, parse_model_list
+                from ..batch.compare import compare_dataframe, parse_model_list
 
                 options.pop("model", None)
                 result = compare_dataframe(df, template, parse_model_list(compare), client=session.client, **options)
@@ -63,8 +63,8 @@ def _dask_batch(ddf: Any, template: str, options: dict[str, Any], compare: str |
     """A dask DataFrame: scored on the workers' own engines (register `EnginePlugin` first)."""
     if options.get("model") or compare:
         raise MagnitudeError("a dask DataFrame is scored by the model of each worker's engine: no -m/--compare")
-    from ..dask import compute_scored, score_dask_dataframe
-    from ..dask import summary_line as dask_summary
+    from ..batch.dask import compute_scored, score_dask_dataframe
+    from ..batch.dask import summary_line as dask_summary
 
     try:
         result = compute_scored(score_dask_dataframe(ddf, template, **options))

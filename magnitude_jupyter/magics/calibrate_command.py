@@ -7,7 +7,8 @@ from typing import Any
 from IPython.display import display
 
 from ..calibrate.options import CalibrateOptions
-from ..client import Client, ClientError
+from ..calibrate.sweep import SweepConfig
+from ..client.http import Client, ClientError
 from .arguments import Calibrate, MagnitudeError
 from .session import NotebookSession
 
@@ -38,7 +39,7 @@ def calibrate(client: Client, args: Calibrate, user_ns: dict[str, Any]) -> Any:
         client = client.for_model(client.load_model(model)["id"] if client.is_magnitude() else model)
     if options.workflow:
         return _workflow(client, options, user_ns)
-    config = options.sweep_config(model=client.model)
+    config = SweepConfig.from_options(options, model=client.model)
     contexts = options.contexts if options.pressure_map else ""
     if contexts:
         options.context_levels()  # refused here, in the cell, when not numbers

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from ..batch import summary_line
-from ..batch_options import BatchError, batch_flags
-from ..client import ClientError
-from ..embed import EMBEDDING_COLUMN, EmbeddingClient, embed_dataframe
+from ..batch.embed import EMBEDDING_COLUMN, EmbeddingClient, embed_dataframe
+from ..batch.options import BatchError, batch_flags
+from ..batch.score import summary_line
+from ..client.http import ClientError
 from .arguments import CellArgs, MagnitudeError
 from .session import NotebookSession
 

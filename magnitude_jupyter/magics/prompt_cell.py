@@ -11,9 +11,9 @@ from typing import Any
 
 from IPython.display import display
 
-from ..client import Client, ClientError, StreamResult
-from ..conversations import Conversation, Turn
-from ..exchange import prompt_messages
+from ..client.conversations import Conversation, Turn
+from ..client.exchange import prompt_messages
+from ..client.http import Client, ClientError, StreamResult
 from .arguments import CellArgs, MagnitudeError
 from .session import LAST_ANSWER, NotebookSession
 
@@ -202,7 +202,7 @@ def provenance(session: NotebookSession, client: Client, body: dict[str, Any], r
 def compare_cell(
     session: NotebookSession, args: CellArgs, messages: list[dict[str, Any]], body: dict[str, Any]
 ) -> None:
-    from ..compare import answers_frame, answers_html, answers_text, compare_prompt, parse_model_list
+    from ..batch.compare import answers_frame, answers_html, answers_text, compare_prompt, parse_model_list
 
     assert args.compare is not None
     try:

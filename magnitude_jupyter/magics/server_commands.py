@@ -8,7 +8,7 @@ from typing import Any
 
 from IPython.display import display
 
-from ..client import Client
+from ..client.http import Client
 from .arguments import Connect, Status, Use
 from .session import NotebookSession
 

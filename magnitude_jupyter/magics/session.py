@@ -8,8 +8,8 @@ import string
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..client import Client, ClientError, discover
-from ..conversations import Conversation, Conversations
+from ..client.conversations import Conversation, Conversations
+from ..client.http import Client, ClientError, discover
 from .arguments import MagnitudeError
 
 LAST_ANSWER = "_magnitude"

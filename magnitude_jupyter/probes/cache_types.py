@@ -15,13 +15,13 @@ from typing import Any, cast
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..batch.inprocess import EngineClient
 from ..calibrate.profile import Profile
 from ..calibrate.records import Level
 from ..calibrate.run import calibrate
 from ..calibrate.sweep import SweepConfig
 from ..config import load_settings
 from ..engine import Engine
-from ..inprocess import EngineClient
 
 
 def calibrate_cache_types(

@@ -38,8 +38,8 @@ from ..api.submit import submit
 from ..engine import Engine, Priority, Request
 from ..engine.pool import ROOM_POLL_SECONDS, ROOM_WAIT_SECONDS, ModelPool, NoRoomError, Resident
 from ..engine.request import prompt_head
+from ..engine.slo import Shed, check_shed
 from ..engine.stats import LoadWaiter
-from ..slo import Shed, check_shed
 from .sse import POOL_KEY, send_sse, step_hub, wait_final
 from .tenants import OWNER, Tenant
 from .work import ClientGone, off_loop

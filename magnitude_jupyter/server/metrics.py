@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from ..engine import Engine
 from ..engine.metrics import Histogram
 from ..engine.pool import ModelPool
-from ..slo import evaluate
+from ..engine.slo import evaluate
 
 OUTCOMES = ("stop", "length", "cancelled", "error")
 SLO_GAUGES = (

@@ -17,8 +17,8 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
+from ..client.runtime import write_runtime_file
 from ..engine.pool import ModelPool
-from ..runtime import write_runtime_file
 from .handlers import DEFAULT_MAX_BODY_BYTES, MAX_BODY_KEY, ApiMixin, api_key_as_bearer
 from .routes import fallback_route, make_routes
 from .sse import POOL_KEY

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .api.usage import token_counts
+from .exchange import token_counts
 
 if TYPE_CHECKING:
     import pandas as pd

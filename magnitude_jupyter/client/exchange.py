@@ -8,13 +8,21 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .api.usage import TokenCounts, token_counts
-from .client import StreamResult
+from ..token_counts import TokenCounts
+from .http import StreamResult
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
 __all__ = ["TimedAnswer", "TokenCounts", "prompt_messages", "timed_stream", "token_counts"]
+
+
+def token_counts(usage: dict[str, Any] | None) -> TokenCounts:
+    """A server's OpenAI `usage` (None: it sent none) as counts."""
+    usage = usage or {}
+    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+    reasoning = int((usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0))
+    return TokenCounts(int(usage.get("prompt_tokens", 0)), cached, int(usage.get("completion_tokens", 0)), reasoning)
 
 
 class StreamingClient(Protocol):

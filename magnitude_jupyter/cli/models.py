@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from .config import ConfigError, Settings, load_settings
-from .models import list_models, read_model_info
+from ..config import ConfigError, Settings, load_settings
+from ..models.registry import list_models, read_model_info
 
 
 def settings_or_exit() -> Settings:
@@ -20,7 +20,7 @@ def settings_or_exit() -> Settings:
 
 def _served_models() -> dict[str, dict[str, Any]] | None:
     """The models of a magnitude server running for this user, by id; None when none runs."""
-    from .client import ClientError, discover
+    from ..client.http import ClientError, discover
 
     try:
         client = discover(start=False)
@@ -66,7 +66,7 @@ def _chat_format_line(fmt: dict[str, Any]) -> str:
 def _model_details(entry: Any, settings: Any) -> dict[str, Any]:
     from dataclasses import replace
 
-    from .kvmath import kv_layout
+    from ..models.kvmath import kv_layout
 
     info = read_model_info(entry.path)
     details = info.to_json()
@@ -95,8 +95,8 @@ def _model_details(entry: Any, settings: Any) -> dict[str, Any]:
 def _planned_kv(info: Any, engine: Any, reserve_bytes: int) -> dict[str, Any] | str:
     """The KV cache llama.cpp will make for the configured settings (ctx_size auto sized as a load
     would size it now): bytes, cells, and the windowed layers' cells; or why it cannot be planned."""
-    from .config import ConfigError
-    from .engine.memory import plan_kv, resolve_settings
+    from ..config import ConfigError
+    from ..engine.memory import plan_kv, resolve_settings
 
     try:
         es, _ = resolve_settings(info, engine, reserve_bytes)
@@ -131,7 +131,7 @@ def _attention_line(entry: Any, settings: Any, served: dict[str, Any] | None) ->
     engine = replace(settings.engine, **settings.model_settings(entry.alias).engine)
     if engine.flash_attention is not None:
         return f"flash attention {'on' if engine.flash_attention else 'off'}: set"
-    from .engine.attention_probe import default_flash_attention, remembered_for
+    from ..engine.attention_probe import default_flash_attention, remembered_for
 
     known = remembered_for(entry.path, engine.kv_types)
     if known is not None:
@@ -238,7 +238,7 @@ def list_cmd(as_json: bool, show_details: bool) -> None:
 @click.option("--model", default=None, help="Only this model's profiles.")
 def profiles_cmd(as_json: bool, model: str | None) -> None:
     """List the archived calibration profiles (newest last), by model file and settings."""
-    from .calibrate.archive import archive_dir, archived
+    from ..calibrate.archive import archive_dir, archived
 
     rows = [a.row() for a in archived() if model is None or a.profile.model.get("id") == model]
     if as_json:

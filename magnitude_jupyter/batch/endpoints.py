@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .calibrate.archive import archived
+from ..calibrate.archive import archived
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,12 @@ from typing import Any
 
 import click
 
-from .calibrate.options import click_options as calibrate_options
-from .cli_models import list_cmd, profiles_cmd, settings_or_exit
-from .cli_slo import slo_cmd
-from .config import ConfigError
-from .models import ModelNotFoundError
-from .settings_surface import engine_options, engine_overrides, with_slo
+from ..calibrate.options import click_options as calibrate_options
+from ..config import ConfigError
+from ..models.registry import ModelNotFoundError
+from ..settings_surface import engine_options, engine_overrides, with_slo
+from .models import list_cmd, profiles_cmd, settings_or_exit
+from .slo import slo_cmd
 
 
 @click.group()
@@ -53,7 +53,7 @@ class _LoadProgress:
 def _client(url: str | None, token: str | None):
     """The server to use (started in the background if none runs), once its model is loaded: the
     wait lasts as long as the load makes progress, and says what it is doing."""
-    from .client import Client, ClientError, discover
+    from ..client.http import Client, ClientError, discover
 
     progress = _LoadProgress()
     try:
@@ -113,8 +113,8 @@ def chat(
 
 
 def _one_answer(client: Any, system: str | None, prompt: str, body: dict[str, Any], fmt: str) -> None:
-    from .client import ClientError, StreamResult
-    from .exchange import prompt_messages
+    from ..client.exchange import prompt_messages
+    from ..client.http import ClientError, StreamResult
 
     messages = prompt_messages(prompt, system)
     result = StreamResult()
@@ -141,8 +141,8 @@ def _one_answer(client: Any, system: str | None, prompt: str, body: dict[str, An
 
 def _conversation(client: Any, system: str | None, body: dict[str, Any]) -> None:
     """A conversation at the terminal: each turn resends the history (the server's prefix cache has it)."""
-    from .client import ClientError, StreamResult
-    from .conversations import Conversation, Turn
+    from ..client.conversations import Conversation, Turn
+    from ..client.http import ClientError, StreamResult
 
     conversation = Conversation("terminal", system)
     click.echo("magnitude chat: /reset forgets the conversation, /exit or Ctrl-D leaves, Ctrl-C stops an answer")
@@ -182,7 +182,7 @@ def _conversation(client: Any, system: str | None, body: dict[str, Any]) -> None
 
 def batch_options(command: Any) -> Any:
     """The batch options (declared once, in `batch_options.BatchOptions`) as click options."""
-    from .batch_options import batch_flags
+    from ..batch.options import batch_flags
 
     for name, flag, default in reversed(batch_flags()):
         names = [flag.name, *([flag.short] if flag.short else [])]
@@ -230,8 +230,8 @@ def batch(
     """
     import pandas as pd
 
-    from .batch import score_dataframe, summary_line
-    from .batch_options import BatchError, given_options
+    from ..batch.options import BatchError, given_options
+    from ..batch.score import score_dataframe, summary_line
 
     try:
         df = pd.read_csv(input_path) if input_path.endswith(".csv") else pd.read_json(input_path, lines=True)
@@ -282,9 +282,9 @@ def serve(
     import asyncio
     import logging
 
-    from .engine.pool import ModelPool
-    from .server.standalone import is_loopback, resolve_token
-    from .server.standalone import serve as run_server
+    from ..engine.pool import ModelPool
+    from ..server.standalone import is_loopback, resolve_token
+    from ..server.standalone import serve as run_server
 
     if no_auth and not is_loopback(host) and not force:
         raise click.ClickException(
@@ -358,14 +358,15 @@ def calibrate(
     Every profile is archived by model file and settings (`magnitude profiles`); with --baseline the
     run is compared with another and exits 1 when a figure is worse by more than --max-regression.
     """
-    from .calibrate.archive import parse_fraction
-    from .calibrate.options import CalibrateOptions
-    from .calibrate.records import Level
-    from .calibrate.report import format_profile
-    from .calibrate.run import calibrate as run_calibration
-    from .calibrate.run import calibrate_workflow
-    from .calibrate.workflow import format_workflow
-    from .client import ClientError
+    from ..calibrate.archive import parse_fraction
+    from ..calibrate.options import CalibrateOptions
+    from ..calibrate.records import Level
+    from ..calibrate.report import format_profile
+    from ..calibrate.run import calibrate as run_calibration
+    from ..calibrate.run import calibrate_workflow
+    from ..calibrate.sweep import SweepConfig
+    from ..calibrate.workflow import format_workflow
+    from ..client.http import ClientError
 
     options = CalibrateOptions.from_values(values)
     try:
@@ -395,7 +396,7 @@ def calibrate(
         return
 
     try:
-        config = options.sweep_config()
+        config = SweepConfig.from_options(options)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -431,9 +432,9 @@ def calibrate(
 
 def _pressure_map(client: Any, config: Any, options: Any) -> Any:
     """The pressure map, cell by cell on stderr, then its grids."""
-    from .calibrate.pressure import PressureCell, sessions_text
-    from .calibrate.report import format_pressure_map
-    from .calibrate.run import calibrate_pressure_map
+    from ..calibrate.pressure import PressureCell, sessions_text
+    from ..calibrate.report import format_pressure_map
+    from ..calibrate.run import calibrate_pressure_map
 
     contexts = options.context_levels()
     total = len(contexts) * len(set(config.concurrency))
@@ -455,8 +456,8 @@ def _pressure_map(client: Any, config: Any, options: Any) -> Any:
 
 def _apply(profile: Any, yes: bool) -> None:
     """Show what the calibration recommends as a diff of the config file, and write it (asked first)."""
-    from .calibrate.apply import proposal, write_config
-    from .config import config_path
+    from ..calibrate.apply import proposal, write_config
+    from ..config import config_path
 
     path = config_path()
     what, diff, new = proposal(profile, path)
@@ -476,8 +477,8 @@ def _apply(profile: Any, yes: bool) -> None:
 def _calibrate_cache_types(
     cache_types: str, config: Any, model: str | None, url: str | None, progress: Any, html: str | None, no_archive: bool
 ) -> None:
-    from .calibrate.archive import archive
-    from .probes.cache_types import cache_types_figure, calibrate_cache_types, format_cache_types
+    from ..calibrate.archive import archive
+    from ..probes.cache_types import cache_types_figure, calibrate_cache_types, format_cache_types
 
     if url is not None:
         raise click.ClickException("--cache-types restarts the engine for each type: it runs its own, not --url's")
@@ -496,7 +497,7 @@ def _calibrate_cache_types(
 
 def _model_client(client: Any, model: str | None) -> Any:
     """The client every calibration request goes through: on `model` (loaded first by our server)."""
-    from .client import ClientError
+    from ..client.http import ClientError
 
     if model is None:
         return client
@@ -510,8 +511,8 @@ def _model_client(client: Any, model: str | None) -> Any:
 def _archive_and_compare(profile: Any, baseline: str | None, bound: float, no_archive: bool) -> tuple[bool, Any]:
     """Archive the profile and compare it with the baseline: whether a figure regressed, and the
     baseline's profile (None: none was asked for, or none was found)."""
-    from .calibrate.archive import archive, compare_to_baseline, format_regressions, latest_match
-    from .calibrate.profile import Profile
+    from ..calibrate.archive import archive, compare_to_baseline, format_regressions, latest_match
+    from ..calibrate.profile import Profile
 
     saved = None if no_archive else archive(profile)
     if saved is not None:
@@ -550,6 +551,3 @@ def _save_profile(
 main.add_command(list_cmd)
 main.add_command(profiles_cmd)
 main.add_command(slo_cmd)
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

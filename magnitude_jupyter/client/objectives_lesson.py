@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import yaml
 
-from .client import Client, ClientError
+from .http import Client, ClientError
 from .runtime import free_port
 
 RULES_PACKAGED = Path(__file__).resolve().parent / "deploy" / "prometheus" / "magnitude-rules.yml"  # in the wheel

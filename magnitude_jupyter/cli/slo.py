@@ -45,7 +45,7 @@ def _num(value: float | None, spec: str) -> str:
 def slo_cmd(model: str | None, url: str | None, token: str | None, as_json: bool) -> None:
     """Each service-level objective of the running server: its value over the window, the share of
     requests within it, the error budget left, and whether it holds. Exits 1 when one is broken."""
-    from .client import Client, ClientError, discover
+    from ..client.http import Client, ClientError, discover
 
     try:
         client = Client(url, token, source="--url") if url else discover(start=False)

@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from .api.errors import ApiError, api_error_from
-from .api.openai import ResponseShape, parse_generation
-from .api.submit import submit
-from .api.usage import openai_usage
-from .client import ClientError, StreamResult
-from .engine import Engine
-from .engine.tools import parse_answer
+from ..api.errors import ApiError, api_error_from
+from ..api.openai import ResponseShape, parse_generation
+from ..api.submit import submit
+from ..api.usage import openai_usage
+from ..client.http import ClientError, StreamResult
+from ..engine import Engine
+from ..engine.tools import parse_answer
 
 STREAM_TIMEOUT_S = 600.0
 
@@ -50,7 +50,7 @@ class EngineClient:
         return [{"id": self.engine.model_id, "meta": meta}]
 
     def status(self, model: str | None = None) -> dict[str, Any]:
-        from .api.status import status_json
+        from ..api.status import status_json
 
         return status_json(self.engine.stats())
 

@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .config import SloSettings
-from .engine.metrics import Finished
+from ..config import SloSettings
+from .metrics import Finished
 
 PERCENTILE = 95.0
 ALLOWED_MISSES = 1 - PERCENTILE / 100  # the error budget: 5% of requests may miss

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from .batch import Checkpoint, render_prompts
-from .batch_options import BatchError
-from .client import ClientError, discover
+from ..client.http import ClientError, discover
+from .options import BatchError
+from .score import Checkpoint, render_prompts
 
 if TYPE_CHECKING:
     import pandas as pd

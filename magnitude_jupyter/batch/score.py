@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import jinja2
 import jinja2.meta
 
-from .batch_options import PROBABILITY_COLUMN, BatchError, BatchOptions
-from .client import ClientError, StreamResult, discover
-from .exchange import prompt_messages
+from ..client.exchange import prompt_messages
+from ..client.http import ClientError, StreamResult, discover
 from .labels import label_shares, labels_grammar, probability_column
+from .options import PROBABILITY_COLUMN, BatchError, BatchOptions
 
 
 class ChatClient(Protocol):
@@ -277,7 +277,7 @@ def score_dataframe(
     if is_dask_dataframe(df):
         raise BatchError(
             "a dask DataFrame is scored by the workers' engines: "
-            "from magnitude_jupyter.dask import score_dask_dataframe"
+            "from magnitude_jupyter.batch.dask import score_dask_dataframe"
         )
 
     opts = BatchOptions(template=template, **options)

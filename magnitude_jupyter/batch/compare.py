@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .client import Client, ClientError, StreamResult
+from ..client.http import Client, ClientError, StreamResult
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -112,7 +112,7 @@ def compare_dataframe(
     """Score the DataFrame once per model: the input's columns, then one answer column per model
     (`answer[model]`, and `error[model]` where a row failed). Each model keeps its own checkpoint
     file (`name.<model>.jsonl`), so a rerun reuses each model's finished rows."""
-    from .batch import score_dataframe
+    from .score import score_dataframe
 
     result = df.copy()
     column = options.get("output_column") or "answer"

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..config import Settings
 from .chat_formats import ChatFormat, choose_format
-from .config import Settings
 from .gguf_reader import (
     MAX_CONTEXT,
     MAX_EMBEDDING,

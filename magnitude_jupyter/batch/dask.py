@@ -1,7 +1,7 @@
 """Scoring beyond one machine: an engine in every Dask worker, and DataFrames scored where they lie.
 
     from distributed import Client, LocalCluster
-    from magnitude_jupyter.dask import EnginePlugin, score_dask_dataframe
+    from magnitude_jupyter.batch.dask import EnginePlugin, score_dask_dataframe
 
     client = Client(LocalCluster(n_workers=2, threads_per_worker=1))
     client.register_plugin(EnginePlugin(parallel=4, threads=1))   # every worker, now and later
@@ -28,24 +28,24 @@ from typing import TYPE_CHECKING, Any, cast
 
 from distributed import WorkerPlugin, get_worker
 
-from .batch import ChatClient, score_dataframe, served_model
-from .batch_options import BatchOptions
-from .calibrate.profile import Profile, compare, summarize_levels
-from .calibrate.records import Level, Percentiles
-from .calibrate.run import calibrate
-from .calibrate.sweep import SweepConfig
-from .client import Client as HTTPClient
-from .config import load_settings
+from ..calibrate.profile import Profile, compare, summarize_levels
+from ..calibrate.records import Level, Percentiles
+from ..calibrate.run import calibrate
+from ..calibrate.sweep import SweepConfig
+from ..client.http import Client as HTTPClient
+from ..config import load_settings
+from ..engine import Engine
+from ..models.registry import ModelNotFoundError
 from .endpoints import assign_partitions, endpoint_weights
-from .engine import Engine
 from .inprocess import EngineClient
-from .models import ModelNotFoundError
+from .options import BatchOptions
+from .score import ChatClient, score_dataframe, served_model
 
 if TYPE_CHECKING:
     import dask.dataframe as dd
     import pandas as pd
 
-    from .client import Client
+    from ..client.http import Client
 
 PLUGIN_NAME = "magnitude-engine"
 WORKER_COLUMN = "worker"
@@ -176,7 +176,7 @@ def score_dask_dataframe(
     `endpoints=[url, …]` (OpenAI-compatible servers, `token` their bearer token), each partition goes
     to one of them over HTTP, in proportion to `weights` or to their calibrated throughput (see
     `endpoints.py`); `worker` then names the server."""
-    from .batch import BatchError, render_prompts
+    from .score import BatchError, render_prompts
 
     checkpoint = options.pop("checkpoint", None)
     if checkpoint is not None:
