@@ -8,8 +8,8 @@ import time
 import pytest
 
 from magnitude_jupyter.engine import FinishReason, Priority, SamplingParams
+from magnitude_jupyter.engine.kv_ops import ForgetSuspended, SuspendSequence
 from magnitude_jupyter.engine.output_lengths import MIN_SAMPLES, PRIOR_TOKENS, OutputLengths
-from magnitude_jupyter.engine.prefix_cache import ForgetSuspended, SuspendSequence
 from magnitude_jupyter.engine.request import Request, RequestStatus
 from magnitude_jupyter.engine.scheduler import Scheduler
 

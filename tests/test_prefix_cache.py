@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import random
 
+from magnitude_jupyter.engine.kv_ops import KVOp
 from magnitude_jupyter.engine.plan import DecodeItem
-from magnitude_jupyter.engine.prefix_cache import (
-    SPILL_AFTER_ROWS,
-    KVOp,
-    PrefixCache,
-)
+from magnitude_jupyter.engine.prefix_cache import SPILL_AFTER_ROWS, PrefixCache
 from magnitude_jupyter.engine.runner_api import apply_kv_ops
 
 from .fakes import FakeRunner, assert_cache_exact

@@ -16,13 +16,8 @@ from magnitude_jupyter.engine import (
     PromptTooLongError,
     SamplingParams,
 )
-from magnitude_jupyter.engine.prefix_cache import (
-    SPILL_AFTER_ROWS,
-    ClearSequence,
-    CopyCells,
-    RestoreSequence,
-    SaveSequence,
-)
+from magnitude_jupyter.engine.kv_ops import ClearSequence, CopyCells, RestoreSequence, SaveSequence
+from magnitude_jupyter.engine.prefix_cache import SPILL_AFTER_ROWS
 from magnitude_jupyter.engine.request import Request, RequestStatus
 from magnitude_jupyter.engine.scheduler import BRING_BACK_AFTER_IDLE_SECONDS, REPRODUCIBLE_CHUNK, Scheduler
 

@@ -9,8 +9,9 @@ import pytest
 
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine
+from magnitude_jupyter.engine.kv_ops import KVOp
 from magnitude_jupyter.engine.plan import DecodeItem
-from magnitude_jupyter.engine.prefix_cache import KVOp, Match, PrefixCache
+from magnitude_jupyter.engine.prefix_cache import Match, PrefixCache
 from magnitude_jupyter.engine.ram_tier import RamTier
 from magnitude_jupyter.engine.request import SamplingParams
 from magnitude_jupyter.engine.runner_api import apply_kv_ops

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 from ..config import EngineSettings
 from .answers import AnswerWriter, step_chunks
+from .kv_ops import KVOp
 from .memory import cache_sequences, shares_sequences
 from .metrics import EngineMetrics
 from .plan import SchedulerOutput
-from .prefix_cache import KVOp
 from .request import FinishReason, Request
 from .runner_api import Runner, Sampled, apply_kv_ops
 from .scheduler import Scheduler

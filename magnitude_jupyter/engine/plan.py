@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .prefix_cache import KVOp
+from .kv_ops import KVOp
 from .ram_tier import SavedState
 from .request import Request
 

@@ -13,7 +13,7 @@ from ..token_counts import TokenCounts
 
 if TYPE_CHECKING:
     from .answer_check import AnswerCheck
-    from .prefix_cache import SavedState
+    from .ram_tier import SavedState
     from .reasoning import ReasoningSplitter
     from .speculate import NgramIndex
     from .streams import TokenStream

@@ -12,8 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .chat import render_chat
-from .plan import DecodeItem
-from .prefix_cache import (
+from .kv_ops import (
     ClearSequence,
     CopyCells,
     ForgetSuspended,
@@ -26,6 +25,7 @@ from .prefix_cache import (
     TakeTreeCells,
     TrimSequence,
 )
+from .plan import DecodeItem
 from .ram_tier import RamTier, SavedState
 from .request import SamplingParams
 from .streams import TokenLogprob

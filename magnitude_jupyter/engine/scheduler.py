@@ -26,19 +26,10 @@ from collections.abc import Callable, Sequence
 from .admission_errors import OverloadedError, PromptTooLongError
 from .budget import KVBudget
 from .draft_policy import DraftPolicy
+from .kv_ops import CopyCells, ForgetSuspended, KVOp, LoadWindow, SuspendSequence
 from .output_lengths import OutputLengths
 from .plan import ScheduledChunk, SchedulerOutput, SchedulerStats
-from .prefix_cache import (
-    SPILL_AFTER_ROWS,
-    CopyCells,
-    ForgetSuspended,
-    KVOp,
-    LoadWindow,
-    Pins,
-    PrefixCache,
-    SavedState,
-    SuspendSequence,
-)
+from .prefix_cache import SPILL_AFTER_ROWS, Pins, PrefixCache, SavedState
 from .prompt_start import PromptStarts
 from .request import FinishReason, Priority, Request, RequestStatus
 from .speculate import AnswerMemory, Guess, NgramIndex
