@@ -7,14 +7,8 @@ import json
 import pytest
 
 from magnitude_jupyter.api.errors import api_error_from
-from magnitude_jupyter.api.openai import (
-    ApiError,
-    ResponseShape,
-    completion_response,
-    parse_generation,
-    parse_json_body,
-    stream_chunks,
-)
+from magnitude_jupyter.api.openai import ApiError, parse_generation, parse_json_body
+from magnitude_jupyter.api.openai_shapes import ResponseShape, completion_response, stream_chunks
 from magnitude_jupyter.engine.chat import ChatFormatError, normalize_messages
 from magnitude_jupyter.engine.request import NUMBER_LIMITS, SamplingParams
 from magnitude_jupyter.engine.streams import StreamEvent, TokenLogprob

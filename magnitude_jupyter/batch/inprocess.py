@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from ..api.errors import ApiError, api_error_from
-from ..api.openai import ResponseShape, parse_generation
+from ..api.openai import parse_generation
+from ..api.openai_shapes import ResponseShape
 from ..api.submit import submit
 from ..api.usage import openai_usage
 from ..client.http import ClientError, StreamResult
