@@ -168,7 +168,7 @@ class LocalServer:
         if token is not None:
             env.pop("MAGNITUDE_TOKEN", None)
         self.runtime = Path(env.get("MAGNITUDE_RUNTIME_DIR") or runtime_dir())
-        cmd = [sys.executable, "-m", "magnitude_jupyter.cli.main", "serve", "--port", "0", *args]
+        cmd = [sys.executable, "-m", "magnitude_jupyter.cli", "serve", "--port", "0", *args]
         if token is not None:
             cmd += ["--token", token]
         self.proc = subprocess.Popen(
