@@ -148,6 +148,7 @@ def main() -> None:
                     ),
                     f"{run_peer.cached_tokens / max(1, run_peer.prompt_tokens):.0%}",
                     f"{run_ours.errors} / {run_peer.errors}",
+                    "on" if after.get("flash_attention") else "off",
                 ]
             )
     print(
@@ -173,6 +174,7 @@ def main() -> None:
                 "ours cached",
                 "llama-server cached",
                 "errors (ours / llama-server)",
+                "our flash attention (the probe's)",
             ],
             rows,
         )

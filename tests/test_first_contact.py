@@ -44,6 +44,9 @@ class FakeLlama:
     def llama_memory_seq_cp(self, *args: Any) -> None:
         pass
 
+    def llama_memory_seq_rm(self, *args: Any) -> bool:
+        return True
+
     def llama_batch_free(self, batch: Any) -> None:
         pass
 

@@ -3,16 +3,17 @@
 Which of llama.cpp's CPU attention kernels is faster depends on the CPU and the context length:
 flash attention wins at every length measured on an AVX2 EPYC and loses at long contexts on a Xeon
 with AMX (docs/decisions.md, "Attention kernel"). So at load, before the main context is made, a
-short probe decodes the same steps both ways (`PROBE_ROWS` sequences over `PROBE_CELLS` cells, the
-kinds alternating) and the faster kind is kept. The result is remembered per model file, machine
-and cache type (`remembered_path`), so a later load reads it.
+short probe decodes the same steps both ways, the kinds alternating: decode steps of `PROBE_ROWS`
+sequences that share `PROBE_CELLS` cells, the same beside cells of their own, and prompt chunks of
+`PROBE_CHUNK` tokens beside the cells in use. The kind that serves a reference workload faster
+(`PROMPT_PER_OUTPUT` prompt tokens computed for each token generated) is kept. The result is
+remembered per model file, machine and cache type (`remembered_path`), so a later load reads it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import platform
 import statistics
@@ -31,14 +32,19 @@ log = logging.getLogger("magnitude.runner")
 
 PROBE_CELLS = 1024  # cells each decode attends over: a conversation's worth of context
 PROBE_ROWS = 16  # sequences decoded together, one row each: a busy server's step
-PROBE_STEPS = 3  # timed steps per kind and round
+PROBE_STEPS = 2  # timed steps per kind and round
 PROBE_ROUNDS = 2  # rounds, the kinds alternating; each kind's fastest step counts
+PROBE_CHUNK = 32  # tokens of a prompt chunk (the prompt shape): small, so that a large model's probe stays short
+# Prompt tokens computed per output token in the reference workload the kinds are compared on: a
+# conversation or an agent resends its history, and what the cache does not hold is computed again
+# (docs/decisions.md, "Attention kernel").
+PROMPT_PER_OUTPUT = 4.0
 PROBE_FILL_SECONDS = 1.5  # filling the cells stops here, at what is filled (a large model on a small CPU)
 PROBE_BUDGET_SECONDS = 10.0  # the whole probe, every phase: past it the CPU family's default runs
 # Measured while other processes kept more than this many cores busy, or with a kind's steps this
 # far apart, a result is not trusted: the default runs, and the next load measures again.
 CONTENDED_CORES = 0.5
-PROBE_VERSION = 2  # results remembered before the probe recorded its conditions are measured again
+PROBE_VERSION = 3  # results remembered before the probe timed prompt chunks are measured again
 NOISY_SPREAD = 1.5  # a kind's median step over its best: above it, the machine was busy while it measured
 
 
@@ -72,7 +78,7 @@ def remembered_path() -> Path:
 @dataclass(frozen=True)
 class AttentionChoice:
     flash_attention: bool
-    on_ms: float  # a probe step with flash attention (the geometric mean of the two shapes')
+    on_ms: float  # the reference workload's time per output token with flash attention (prompt and decode)
     off_ms: float  # ... without
     cells: int
     rows: int
@@ -91,7 +97,9 @@ class AttentionChoice:
         kind = "on" if self.flash_attention else "off"
         return (
             f"flash attention {kind}: measured at load, steps of {self.rows} rows over {self.cells} shared cells "
-            f"and over {self.cells // max(1, self.rows)} cells each ({self.detail}; on against off)"
+            f"and over {self.cells // max(1, self.rows)} cells each, and prompt chunks of {PROBE_CHUNK} tokens "
+            f"beside them ({self.detail}; on against off; {PROMPT_PER_OUTPUT:g} prompt tokens an output token: "
+            f"{self.on_ms:.2f} against {self.off_ms:.2f} ms)"
         )
 
 
@@ -158,15 +166,17 @@ def measure(
     budget_s: float = PROBE_BUDGET_SECONDS,
     on_step: Callable[[int, int], None] | None = None,
 ) -> AttentionChoice:
-    """Time decode steps, flash attention on and off, in two shapes: `rows` sequences that all see
-    the same cells (a long conversation's), and `rows` sequences of their own, shorter, beside them
-    (many short requests among the cells in use). The kind whose steps take less time over both
-    (their product) is kept. `make_context(n_ctx, n_seq_max, n_batch, flash_attention)` makes a
+    """Time steps, flash attention on and off, in three shapes: decode steps of `rows` sequences that
+    all see the same cells (a long conversation's, an agent's shared prompt), the same for `rows`
+    sequences of their own, shorter, beside them (many requests among the cells in use), and prompt
+    chunks of PROBE_CHUNK tokens of a new sequence beside all of them. The kind kept serves the
+    reference workload faster: PROMPT_PER_OUTPUT prompt tokens (chunks) for each output token (a
+    decode row, half of them shared, half own). `make_context(n_ctx, n_seq_max, n_batch, flash_attention)` makes a
     llama.cpp context. Filling stops after PROBE_FILL_SECONDS, at the same count for both kinds.
     Every phase counts against `budget_s`: past it, ProbeNotTrusted. `on_step(done, total)` follows
     its decodes. The result says how busy the rest of the machine was (`trusted`)."""
     deadline = time.perf_counter() + budget_s
-    total = 2 * 2 + 2 * 2 * PROBE_ROUNDS * (PROBE_STEPS + 1)  # fills, then the timed rounds
+    total = 2 * 2 + 3 * 2 * PROBE_ROUNDS * (PROBE_STEPS + 1)  # fills, then the timed rounds
     done = 0
 
     def step_done() -> None:
@@ -178,9 +188,10 @@ def measure(
             raise ProbeNotTrusted(f"the probe ran out of its {budget_s:g} s")
 
     busy_before, own_before, wall_before = *_busy_seconds(), time.perf_counter()
-    n_ctx = 2 * (cells + rows * PROBE_ROUNDS * (PROBE_STEPS + 1)) + 256
-    contexts = {flash: make_context(n_ctx, 2 * rows, n_batch, flash) for flash in (True, False)}
-    batch = llama_cpp.llama_batch_init(max(n_batch, rows), 0, 1)
+    n_ctx = 2 * (cells + rows * PROBE_ROUNDS * (PROBE_STEPS + 1)) + 256 + PROBE_CHUNK
+    chunk_seq = 2 * rows  # the prompt shape's sequence, cleared after each chunk
+    contexts = {flash: make_context(n_ctx, 2 * rows + 1, n_batch, flash) for flash in (True, False)}
+    batch = llama_cpp.llama_batch_init(max(n_batch, rows, PROBE_CHUNK), 0, 1)
     try:
         if not all(contexts.values()):
             raise RuntimeError("llama.cpp could not make the attention probe's contexts")
@@ -196,27 +207,33 @@ def measure(
             _fill_own(ctx, batch, tokens[:own], n_batch, rows, deadline)
             step_done()
         shapes = {"shared": (0, filled), "own": (rows, own)}  # (first sequence, position of the next token)
-        timed: dict[tuple[str, bool], list[float]] = {(shape, flash): [] for shape in shapes for flash in contexts}
+        timed: dict[tuple[str, bool], list[float]] = {
+            (shape, flash): [] for shape in (*shapes, "prompt") for flash in contexts
+        }
         for round_ in range(PROBE_ROUNDS):  # the kinds alternate: drift on a busy machine hits both
             for shape, (first, start) in shapes.items():
                 for flash, ctx in contexts.items():
                     for step in range(PROBE_STEPS + 1):  # the first step of each round warms up
                         position = start + round_ * (PROBE_STEPS + 1) + step
                         _rows(batch, [(tokens[seq % filled], position, first + seq) for seq in range(rows)])
-                        started = time.perf_counter()
-                        if llama_cpp.llama_decode(ctx, batch) != 0:
-                            raise RuntimeError("the attention probe's step did not decode")
-                        if step:
-                            timed[shape, flash].append((time.perf_counter() - started) * 1000)
+                        _timed_decode(ctx, batch, timed[shape, flash] if step else None)
                         step_done()
+            for flash, ctx in contexts.items():  # the prompt shape: a new sequence's chunk beside every cell in use
+                memory = llama_cpp.llama_get_memory(ctx)
+                for step in range(PROBE_STEPS + 1):
+                    _rows(batch, [(tokens[i % filled], i, chunk_seq) for i in range(PROBE_CHUNK)])
+                    _timed_decode(ctx, batch, timed["prompt", flash] if step else None)
+                    llama_cpp.llama_memory_seq_rm(memory, chunk_seq, -1, -1)
+                    step_done()
         best = {key: min(steps) for key, steps in timed.items()}
         # How far a kind's typical step lies above its best: one slow step is the OS's, not contention.
         spread = max(statistics.median(steps) / max(min(steps), 1e-6) for steps in timed.values())
         busy_after, own_after, wall_after = *_busy_seconds(), time.perf_counter()
         others = max(0.0, ((busy_after - busy_before) - (own_after - own_before)) / max(1e-6, wall_after - wall_before))
-        on = math.sqrt(best["shared", True] * best["own", True])
-        off = math.sqrt(best["shared", False] * best["own", False])
-        detail = ", ".join(f"{shape} {best[shape, True]:.1f} against {best[shape, False]:.1f} ms" for shape in shapes)
+        on, off = (per_output_ms(best["shared", f], best["own", f], best["prompt", f], rows) for f in (True, False))
+        detail = ", ".join(
+            f"{shape} {best[shape, True]:.1f} against {best[shape, False]:.1f} ms" for shape in (*shapes, "prompt")
+        )
         return AttentionChoice(
             on <= off, round(on, 2), round(off, 2), filled, rows, detail, round(others, 2), round(spread, 2)
         )
@@ -225,6 +242,21 @@ def measure(
         for ctx in contexts.values():
             if ctx:
                 llama_cpp.llama_free(ctx)
+
+
+def per_output_ms(shared_ms: float, own_ms: float, prompt_ms: float, rows: int) -> float:
+    """The reference workload's time per output token: a decode row (half the rows see shared cells,
+    half their own) and PROMPT_PER_OUTPUT prompt tokens."""
+    decode_row = (shared_ms + own_ms) / (2 * rows)
+    return decode_row + PROMPT_PER_OUTPUT * prompt_ms / PROBE_CHUNK
+
+
+def _timed_decode(ctx: Any, batch: Any, into: list[float] | None) -> None:
+    started = time.perf_counter()
+    if llama_cpp.llama_decode(ctx, batch) != 0:
+        raise RuntimeError("the attention probe's step did not decode")
+    if into is not None:
+        into.append((time.perf_counter() - started) * 1000)
 
 
 def _past(deadline: float | None) -> None:
