@@ -193,7 +193,7 @@ def test_widget_updates_traces_and_honours_stop(server, tmp_path):
     from magnitude_jupyter.calibrate.widget import CalibrationWidget
 
     client = Client(server.url, server.token)
-    widget = CalibrationWidget(
+    widget = CalibrationWidget.connect(
         client, SweepConfig(concurrency=(1, 2), requests_per_level=2, max_tokens=6, warmup_requests=0), probe=False
     )
     profile = widget.run()
@@ -234,7 +234,7 @@ def test_widget_updates_traces_and_honours_stop(server, tmp_path):
     assert widget.verdict.value.startswith("This run: ") and "run 1" in widget.verdict.value  # agree or not
 
     # A profile measured in a cell above is the first run of a new widget
-    cell = CalibrationWidget(client, SweepConfig(concurrency=(1, 2)), probe=False, earlier=profile)
+    cell = CalibrationWidget.connect(client, SweepConfig(concurrency=(1, 2)), probe=False, earlier=profile)
     first = [t for t in cell.throughput.data if t.name == "the cell's run (earlier)"]
     assert len(first) == 1 and list(first[0].y) == [lv.output_tokens_per_s for lv in profile.levels]
     assert cell.verdict.value.startswith("The cell's run: knee")

@@ -79,6 +79,44 @@ def test_reproducible_answers_equal_the_pandas_path(cluster):
     assert out["error"].isna().all() and out["answer"].tolist() == local["answer"].tolist()
 
 
+LOOKUP = {
+    "type": "function",
+    "function": {
+        "name": "lookup_sentiment",
+        "description": "Look up a review's sentiment.",
+        "parameters": {
+            "type": "object",
+            "properties": {"sentiment": {"type": "string", "enum": ["positive", "negative"]}},
+            "required": ["sentiment"],
+        },
+    },
+}
+
+
+def test_tools_reach_the_workers_engines_and_every_row_has_its_calls(cluster, inproc):
+    """The Dask path submits as the HTTP handlers do (api.submit): a DataFrame scored with tools and
+    tool_choice 'required' has each row's call, held to the tool's schema by the grammar, on the
+    workers' engines, through a server over HTTP, and in the process."""
+    from magnitude_jupyter.batch.inprocess import EngineClient
+    from magnitude_jupyter.client.http import Client
+
+    df = reviews(6)
+    options = {"max_tokens": 48, "tools": [LOOKUP], "tool_choice": "required"}
+    lazy = score_dask_dataframe(dd.from_pandas(df, npartitions=2, sort=False), TEMPLATE, **options)
+    assert "tool_calls" in lazy.columns
+    on_dask = lazy.compute()
+    over_http = score_dataframe(df, TEMPLATE, client=Client(inproc.url, token=inproc.token), progress=False, **options)
+    in_process = score_dataframe(df, TEMPLATE, client=EngineClient(inproc.engine), progress=False, **options)
+    for out in (on_dask, over_http, in_process):
+        assert out["error"].isna().all(), out["error"].tolist()
+        assert (out["finish_reason"] == "tool_calls").all()
+        for calls in out["tool_calls"]:
+            assert calls and calls[0]["name"] == "lookup_sentiment"
+            assert calls[0]["arguments"]["sentiment"] in ("positive", "negative")
+    with pytest.raises(BatchError, match="tool_choice needs tools"):
+        score_dask_dataframe(dd.from_pandas(df, npartitions=2), TEMPLATE, tool_choice="required")
+
+
 def test_endpoints_take_partitions_by_weight(cluster, inproc):
     df = reviews(16)
     ddf = dd.from_pandas(df, npartitions=8, sort=False)

@@ -212,7 +212,9 @@ def test_calibration_widget_overlays_several_models(server):
     from magnitude_jupyter.client.http import Client
 
     client = Client(server.url, server.token)
-    widget = CalibrationWidget(client, SweepConfig(concurrency=(1, 2), requests_per_level=2, max_tokens=6), probe=False)
+    widget = CalibrationWidget.connect(
+        client, SweepConfig(concurrency=(1, 2), requests_per_level=2, max_tokens=6), probe=False
+    )
     assert "broken" not in widget.model.options, "a model that cannot load is not offered"
     for fig in (widget.throughput, widget.latency, widget.capacity):  # sized by the cell, not 700 px each
         assert fig.layout.width is None and fig.layout.autosize

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from magnitude_jupyter.cli.configuration_doc import extension_only, render_configuration, serve_only
 from magnitude_jupyter.config import ENGINE_KEYS, ConfigError, EngineSettings, load_settings
-from magnitude_jupyter.settings_surface import engine_overrides, engine_settings, render_configuration
+from magnitude_jupyter.settings_surface import engine_overrides, engine_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_the_configuration_page_is_the_generated_one():
     committed = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert committed == render_configuration(), (
-        "run: python -m magnitude_jupyter.settings_surface > docs/configuration.md"
+        "run: python -m magnitude_jupyter.cli.configuration_doc > docs/configuration.md"
     )
 
 
@@ -36,6 +37,27 @@ def test_every_engine_setting_is_a_config_key_a_serve_flag_and_a_traitlet():
     for setting in engine_settings():
         assert f"| `{setting.name}` |" in page
         assert setting.help, setting.name
+
+
+def test_every_serve_option_extension_traitlet_and_config_key_has_its_row():
+    """The rows no engine setting makes are read off the serve command, the extension and
+    `config.Settings`: an option added to one of them gets its row, with its help."""
+    from magnitude_jupyter.cli.main import serve
+    from magnitude_jupyter.config import TOP_KEYS
+
+    page = render_configuration()
+    rows = serve_only()
+    assert {"--host", "--port", "--token", "--no-auth", "--force"} <= {s.split(", ")[-1] for s, _ in rows}
+    assert ("-m, --model", "Model alias or .gguf path (default: from config).") in rows
+    engine = {s.name for s in engine_settings()}
+    assert len(rows) == len([p for p in serve.params if p.name not in engine and not p.name.startswith("slo_")])
+    for spelling, text in rows:
+        assert text and f"| `{spelling}` |" in page, spelling
+    for name, text in extension_only():
+        assert text and f"| `c.MagnitudeApp.{name}` |" in page, name
+    assert {name for name, _ in extension_only()} == {"model", "max_body_bytes", "load_model_at_start"}
+    for name in TOP_KEYS:
+        assert f"| `{name}` |" in page, name
 
 
 def test_every_engine_key_is_read_from_the_file(tmp_path):

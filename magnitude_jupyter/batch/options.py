@@ -18,6 +18,7 @@ RESULT_COLUMNS = ("finish_reason", "prompt_tokens", "completion_tokens", "latenc
 PROBABILITY_COLUMN = "probability"  # with logprobs: the answer's probability under the model (with labels:
 # its share among them, see labels.py)
 OVERFLOW_MODES = ("error", "truncate", "skip")
+TOOL_CALLS_COLUMN = "tool_calls"
 
 
 class BatchError(ValueError):
@@ -86,6 +87,10 @@ class BatchOptions:
         default=False,
         metadata=flag("--reproducible", "Each answer as an idle engine gives it, whatever else runs (slower).", bool),
     )
+    # Tools the model may call (OpenAI's shape), from Python only: each row's calls land in the
+    # `tool_calls` column, as {name, arguments} with the arguments parsed.
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None  # auto | required | none | {type: function, ...}
     progress: bool = True
 
     @property
@@ -108,7 +113,8 @@ class BatchOptions:
         extra: tuple[str, ...] = ()
         if self.logprobs:
             extra = (PROBABILITY_COLUMN, *(probability_column(label) for label in self.label_list))
-        return (self.output_column, *self.schema_columns, *extra, *RESULT_COLUMNS)
+        calls = (TOOL_CALLS_COLUMN,) if self.tools else ()
+        return (self.output_column, *calls, *self.schema_columns, *extra, *RESULT_COLUMNS)
 
     def response_format(self) -> dict[str, Any] | None:
         if self.json_schema is not None:
@@ -135,6 +141,13 @@ class BatchOptions:
                 raise BatchError(str(exc)) from None
             if self.wants_json:
                 raise BatchError("--labels holds each answer to a label: it does not combine with --json/--json-schema")
+        if self.tools is not None:
+            if not isinstance(self.tools, list) or not self.tools:
+                raise BatchError("tools must be a non-empty list of OpenAI tool definitions")
+            if self.wants_json or self.labels is not None:
+                raise BatchError("tools hold an answer to a call's schema: they do not combine with json or labels")
+        elif self.tool_choice is not None:
+            raise BatchError("tool_choice needs tools")
 
     def check_columns(self, columns: list[str]) -> None:
         """The output columns must not overwrite the input's or each other."""

@@ -25,7 +25,7 @@ import jinja2.meta
 from ..client.exchange import prompt_messages
 from ..client.http import ClientError, StreamResult, discover
 from .labels import label_shares, labels_grammar, probability_column
-from .options import PROBABILITY_COLUMN, BatchError, BatchOptions
+from .options import PROBABILITY_COLUMN, TOOL_CALLS_COLUMN, BatchError, BatchOptions
 
 
 class ChatClient(Protocol):
@@ -94,6 +94,10 @@ def request_for(prompt: str, opts: BatchOptions) -> tuple[list[dict[str, str]], 
         body["logprobs"] = True
     if opts.reproducible:
         body["reproducible"] = True
+    if opts.tools:
+        body["tools"] = opts.tools
+        if opts.tool_choice is not None:
+            body["tool_choice"] = opts.tool_choice
     return messages, body
 
 
@@ -153,6 +157,19 @@ def answer_probability(logprobs: list[dict[str, Any]]) -> float | None:
     if not logprobs:
         return None
     return math.exp(sum(float(entry["logprob"]) for entry in logprobs))
+
+
+def _calls(tool_calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A row's tool calls as {name, arguments}, the arguments parsed (their text where they do not parse)."""
+    out = []
+    for call in tool_calls:
+        function = call.get("function") or {}
+        try:
+            arguments = json.loads(function.get("arguments") or "{}")
+        except ValueError:
+            arguments = function.get("arguments")
+        out.append({"name": function.get("name"), "arguments": arguments})
+    return out
 
 
 def _parse_json_answer(record: dict[str, Any], opts: BatchOptions) -> dict[str, Any]:
@@ -236,6 +253,8 @@ def _score_row(
             }
             if opts.logprobs:
                 record[PROBABILITY_COLUMN] = answer_probability(result.logprobs)
+            if opts.tools:
+                record[TOOL_CALLS_COLUMN] = _calls(result.tool_calls)
             return _parse_json_answer(record, opts) if opts.wants_json else record
         except ClientError as exc:
             last_error = str(exc)
@@ -271,110 +290,118 @@ def score_dataframe(
     scored on the Dask workers' own engines by `dask.score_dask_dataframe` (dask builds on this
     module, never the other way).
     """
-    import pandas as pd
-    from tqdm.auto import tqdm
-
     if is_dask_dataframe(df):
         raise BatchError(
             "a dask DataFrame is scored by the workers' engines: "
             "from magnitude_jupyter.batch.dask import score_dask_dataframe"
         )
-
     opts = BatchOptions(template=template, **options)
     opts.validate()
     opts.check_columns([str(c) for c in df.columns])
     prompts = render_prompts(df, template)
-    base = client or discover()
-    worker = base.with_timeout(opts.timeout)
-    checkpoint = Checkpoint(opts.checkpoint)
-    model = opts.model or (served_model(worker) if checkpoint.path is not None else None)
-    requests = {index: request_for(prompts[index], opts) for index in df.index}
-    keys = {index: job_key(*requests[index], opts, model) for index in df.index}
+    worker = (client or discover()).with_timeout(opts.timeout)
+    run = _BatchRun(df, prompts, opts, worker, origin)
+    try:
+        run.score()
+    finally:
+        worker.close()
+    return run.frame()
 
-    results: dict[Any, dict[str, Any]] = {}
-    for index in df.index:
-        record = checkpoint.take(index, keys[index])
-        if record is not None:
-            results[index] = record
-    reused = len(results)
-    todo = [index for index in df.index if index not in results]
 
-    stop = threading.Event()
-    inflight: dict[int, str] = {}
-    bar = tqdm(total=len(df), initial=len(results), desc="magnitude batch", unit="row", disable=not opts.progress)
-    pool = ThreadPoolExecutor(max_workers=opts.concurrency, thread_name_prefix="magnitude-batch")
+class _BatchRun:
+    """One batch: the rows a checkpoint already holds, the others scored `opts.concurrency` at a time,
+    each finished row written to the checkpoint as it comes; an interrupt keeps what finished."""
 
-    def submit(i: Any) -> Future:
-        messages, body = requests[i]
+    def __init__(
+        self, df: pd.DataFrame, prompts: dict[Any, str], opts: BatchOptions, worker: ChatClient, origin: str
+    ) -> None:
+        self.df, self.opts, self.worker, self.origin = df, opts, worker, origin
+        self.checkpoint = Checkpoint(opts.checkpoint)
+        model = opts.model or (served_model(worker) if self.checkpoint.path is not None else None)
+        self.requests = {index: request_for(prompts[index], opts) for index in df.index}
+        self.keys = {index: job_key(*self.requests[index], opts, model) for index in df.index}
+        self.results: dict[Any, dict[str, Any]] = {}
+        for index in df.index:
+            record = self.checkpoint.take(index, self.keys[index])
+            if record is not None:
+                self.results[index] = record
+        self.reused = len(self.results)
+        self.collected: set[Any] = set()
+        self.interrupted = False
+        self.stop = threading.Event()
+        self.inflight: dict[int, str] = {}
+        self.shown_errors = 0  # for the bar; the count returned is recounted from the results
+
+    def score(self) -> None:
+        from tqdm.auto import tqdm
+
+        todo = [index for index in self.df.index if index not in self.results]
+        self.bar = tqdm(
+            total=len(self.df), initial=self.reused, desc="magnitude batch", unit="row", disable=not self.opts.progress
+        )
+        pool = ThreadPoolExecutor(max_workers=self.opts.concurrency, thread_name_prefix="magnitude-batch")
+        futures: dict[Future, Any] = {self._submit(pool, i): i for i in todo}
+        try:
+            pending = set(futures)
+            while pending:
+                finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    self._collect(futures[future], future)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.stop.set()
+            for completion_id in list(self.inflight.values()):
+                self.worker.cancel(completion_id)
+            for future in futures:
+                future.cancel()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            for future, index in futures.items():  # rows that finished while we were stopping, or mid-collect
+                if future.done() and not future.cancelled():
+                    self._collect(index, future)
+            self.bar.close()
+
+    def _submit(self, pool: ThreadPoolExecutor, index: Any) -> Future:
+        messages, body = self.requests[index]
+        origin = f"{self.origin} · row {index} · {len(self.df)} rows"
         return pool.submit(
-            _score_row,
-            worker,
-            messages,
-            {**body, "origin": f"{origin} · row {i} · {len(df)} rows"},
-            opts,
-            stop,
-            inflight,
+            _score_row, self.worker, messages, {**body, "origin": origin}, self.opts, self.stop, self.inflight
         )
 
-    futures: dict[Future, Any] = {submit(i): i for i in todo}
-    interrupted = False
-    collected: set[Any] = set()
-    shown_errors = 0  # for the bar; the count returned is recounted from the results
-
-    def collect(future: Future) -> None:
-        # Ctrl-C can land between any two lines here, and the finally below collects again whatever
-        # did not reach `collected`: so the row is written to the checkpoint first (a second copy of
-        # a line is harmless), and counts as a result only once it is there.
-        nonlocal shown_errors
-        index = futures[future]
-        if index in collected:
+    def _collect(self, index: Any, future: Future) -> None:
+        # Ctrl-C can land between any two lines here, and `score` collects again whatever did not
+        # reach `collected`: so the row is written to the checkpoint first (a second copy of a line
+        # is harmless), and counts as a result only once it is there.
+        if index in self.collected:
             return
         record = future.result()
         if record.get("error") == "not run (interrupted)":
             return
         if not record.get("error"):
-            checkpoint.append(index, keys[index], record)
-        results[index] = record
-        collected.add(index)
-        shown_errors += bool(record.get("error"))
-        bar.update(1)
-        bar.set_postfix(errors=shown_errors, refresh=False)
+            self.checkpoint.append(index, self.keys[index], record)
+        self.results[index] = record
+        self.collected.add(index)
+        self.shown_errors += bool(record.get("error"))
+        self.bar.update(1)
+        self.bar.set_postfix(errors=self.shown_errors, refresh=False)
 
-    try:
-        pending = set(futures)
-        while pending:
-            finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-            for future in finished:
-                collect(future)
-    except KeyboardInterrupt:
-        interrupted = True
-        stop.set()
-        for completion_id in list(inflight.values()):
-            worker.cancel(completion_id)
-        for future in futures:
-            future.cancel()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        for future in futures:  # rows that finished while we were stopping, or mid-collect
-            if future.done() and not future.cancelled():
-                collect(future)
-        bar.close()
-        worker.close()
-    errors = sum(1 for i in collected if results[i].get("error"))
+    def frame(self) -> pd.DataFrame:
+        import pandas as pd
 
-    out = df.copy()
-    for column in opts.columns:
-        out[column] = pd.Series([results.get(i, {}).get(column) for i in df.index], index=df.index, dtype=object)
-    never_run = [i for i in df.index if i not in results]
-    for index in never_run:
-        out.at[index, "error"] = "not run (interrupted)"
-    out.attrs["magnitude"] = {
-        "interrupted": interrupted,
-        "errors": errors,
-        "skipped_from_checkpoint": reused,
-        "checkpoint_unmatched": checkpoint.unmatched,
-    }
-    return out
+        df, results = self.df, self.results
+        out = df.copy()
+        for column in self.opts.columns:
+            out[column] = pd.Series([results.get(i, {}).get(column) for i in df.index], index=df.index, dtype=object)
+        for index in df.index:
+            if index not in results:
+                out.at[index, "error"] = "not run (interrupted)"
+        out.attrs["magnitude"] = {
+            "interrupted": self.interrupted,
+            "errors": sum(1 for i in self.collected if results[i].get("error")),
+            "skipped_from_checkpoint": self.reused,
+            "checkpoint_unmatched": self.checkpoint.unmatched,
+        }
+        return out
 
 
 def is_dask_dataframe(df: Any) -> bool:

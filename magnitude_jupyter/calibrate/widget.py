@@ -49,17 +49,33 @@ WIDE = {"description_width": "initial"}  # a control's whole label, never cut
 
 
 class CalibrationWidget:
-    def __init__(
-        self,
+    @classmethod
+    def connect(
+        cls,
         client: Client | None = None,
         config: SweepConfig | None = None,
         probe: bool = True,
         earlier: Profile | None = None,
         contexts: str = "",
+    ) -> CalibrationWidget:
+        """The widget for a server (`client`, else the one discovered), offering the models it serves."""
+        client = client or discover()
+        models = [m["id"] for m in client.models() if m.get("error") is None]
+        return cls(client, models, config, probe, earlier, contexts)
+
+    def __init__(
+        self,
+        client: Client,
+        models: list[str],
+        config: SweepConfig | None = None,
+        probe: bool = True,
+        earlier: Profile | None = None,
+        contexts: str = "",
     ) -> None:
-        """`earlier`: a profile measured before (a cell above), drawn greyed as the first run;
-        `contexts`: context lengths for a pressure map (empty: a plain sweep)."""
-        self.client = client or discover()
+        """`models`: those the server serves (none: its default); `earlier`: a profile measured
+        before (a cell above), drawn greyed as the first run; `contexts`: context lengths for a
+        pressure map (empty: a plain sweep). Sends nothing: `connect` asks the server."""
+        self.client = client
         config = config or SweepConfig()
         self._base_config = config
         self.run_probe = probe
@@ -74,8 +90,17 @@ class CalibrationWidget:
         self._earlier_knees: list[str] = [knee_text(earlier.summary)] if earlier else []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._make_controls(config, models, contexts)
+        self._make_figures(config)
+        self.box = w.VBox([self._controls_box(), self.map_box, self.sweep_plots], layout=w.Layout(width="100%"))
+        self._reset_traces(self.models())  # an earlier profile's lines, greyed, from the start
+        if earlier is not None:
+            self.verdict.value = (
+                f"The cell's run: {knee_text(earlier.summary)}. Press Start to measure again beside it."
+            )
+        self._draw(self.capacity)
 
-        models = [m["id"] for m in self.client.models() if m.get("error") is None]
+    def _make_controls(self, config: SweepConfig, models: list[str], contexts: str) -> None:
         self.model = w.SelectMultiple(
             options=models or [SERVER_DEFAULT],
             value=(models[0] if models else SERVER_DEFAULT,),
@@ -117,6 +142,7 @@ class CalibrationWidget:
         self.start_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
 
+    def _make_figures(self, config: SweepConfig) -> None:
         # No fixed widths: each plot takes the width of its box, side by side in a wide cell, stacked
         # in a narrow one (two 700 px plots overflow a notebook cell beside the Lab panel).
         self.throughput = go.Figure(
@@ -144,8 +170,18 @@ class CalibrationWidget:
             self.latency.add_scatter(x=[], y=[], mode="lines+markers", name=f"TTFT {stat}", **PERCENTILE_STYLE[stat])
         self.capacity = go.Figure(capacity_figure(_Empty()))
         self.capacity.update_layout(height=320, autosize=True, margin={"l": 60, "r": 20, "t": 50, "b": 50})
+        self._views = {id(fig): _view() for fig in (self.throughput, self.latency, self.capacity)}
+        plots = w.Box(
+            [self._views[id(self.throughput)], self._views[id(self.latency)]],
+            layout=w.Layout(display="flex", flex_flow="row wrap", width="100%"),
+        )
+        self.sweep_plots = w.VBox([plots, self._views[id(self.capacity)]], layout=w.Layout(width="100%"))
+        # The pressure map's two heatmaps: shown once a map is asked for.
+        self.map_views = (_view(), _view())
+        self.map_box = w.Box(list(self.map_views), layout=w.Layout(display="none", flex_flow="row wrap", width="100%"))
 
-        controls = w.VBox(
+    def _controls_box(self) -> w.VBox:
+        return w.VBox(
             [
                 w.HBox([self.model, self.concurrency, self.requests]),
                 w.HBox([self.max_tokens, self.target, self.contexts]),
@@ -156,22 +192,6 @@ class CalibrationWidget:
                 self.apply_text,
             ]
         )
-        self._views = {id(fig): _view() for fig in (self.throughput, self.latency, self.capacity)}
-        plots = w.Box(
-            [self._views[id(self.throughput)], self._views[id(self.latency)]],
-            layout=w.Layout(display="flex", flex_flow="row wrap", width="100%"),
-        )
-        self.sweep_plots = w.VBox([plots, self._views[id(self.capacity)]], layout=w.Layout(width="100%"))
-        # The pressure map's two heatmaps: shown once a map is asked for.
-        self.map_views = (_view(), _view())
-        self.map_box = w.Box(list(self.map_views), layout=w.Layout(display="none", flex_flow="row wrap", width="100%"))
-        self.box = w.VBox([controls, self.map_box, self.sweep_plots], layout=w.Layout(width="100%"))
-        self._reset_traces(self.models())  # an earlier profile's lines, greyed, from the start
-        if earlier is not None:
-            self.verdict.value = (
-                f"The cell's run: {knee_text(earlier.summary)}. Press Start to measure again beside it."
-            )
-        self._draw(self.capacity)
 
     def _draw(self, *figures: go.Figure) -> None:
         """Show each figure as it is now, as plain plotly output inside an Output widget.

@@ -262,7 +262,7 @@ def batch(
 @main.command()
 @click.option("-m", "--model", default=None, help="Model alias or .gguf path (default: from config).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True, help="Port to listen on.")
 @engine_options
 @click.option("--token", default=None, help="Bearer token clients must send (default: $MAGNITUDE_TOKEN or a new one).")
 @click.option("--no-auth", is_flag=True, help="Accept requests without a token (loopback hosts only).")
@@ -363,9 +363,7 @@ def calibrate(
     from ..calibrate.records import Level
     from ..calibrate.report import format_profile
     from ..calibrate.run import calibrate as run_calibration
-    from ..calibrate.run import calibrate_workflow
     from ..calibrate.sweep import SweepConfig
-    from ..calibrate.workflow import format_workflow
     from ..client.http import ClientError
 
     options = CalibrateOptions.from_values(values)
@@ -376,19 +374,7 @@ def calibrate(
         raise click.ClickException(str(exc)) from exc
     model = options.model
     if options.workflow:
-        try:
-            levels = options.session_levels()
-        except ValueError as exc:
-            raise click.ClickException(str(exc)) from exc
-        client = _model_client(_client(url, token), model)
-        try:
-            profile = calibrate_workflow(
-                client, levels, options.rounds, options.max_tokens, options.slo_round_p95_ms, agent=options.agent
-            )
-        except (ClientError, ValueError) as exc:
-            raise click.ClickException(str(exc)) from exc
-        assert profile.workflow is not None
-        click.echo(format_workflow(profile.workflow))
+        profile = _workflow(lambda: _model_client(_client(url, token), model), options)
         regressed, _ = _archive_and_compare(profile, baseline, bound, no_archive)
         _save_profile(profile, json_path, csv_path, html_path)
         if not profile.workflow.passed or regressed:
@@ -428,6 +414,29 @@ def calibrate(
         _apply(profile, yes)
     if regressed:
         sys.exit(1)
+
+
+def _workflow(connect: Any, options: Any) -> Any:
+    """Multi-round sessions at each level of --sessions (checked before `connect()` finds the server):
+    the profile, its verdict printed."""
+    from ..calibrate.run import calibrate_workflow
+    from ..calibrate.workflow import format_workflow
+    from ..client.http import ClientError
+
+    try:
+        levels = options.session_levels()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    client = connect()
+    try:
+        profile = calibrate_workflow(
+            client, levels, options.rounds, options.max_tokens, options.slo_round_p95_ms, agent=options.agent
+        )
+    except (ClientError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    assert profile.workflow is not None
+    click.echo(format_workflow(profile.workflow))
+    return profile
 
 
 def _pressure_map(client: Any, config: Any, options: Any) -> Any:

@@ -22,6 +22,13 @@ from .engine import (
 from .service import ApiKey, SloSettings, parse_api_keys, parse_slo
 
 
+def key(default: Any, help: str, factory: bool = False) -> Any:
+    """A top-level key of the config file: its default (a factory with `factory`) and its help."""
+    if factory:
+        return field(default_factory=default, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class ModelSettings:
     """One model's own settings (`models: {alias: {...}}`): engine settings that differ for it, and
@@ -34,22 +41,34 @@ class ModelSettings:
 
 @dataclass(frozen=True)
 class Settings:
-    default_model: str = "smollm2-135m"
-    models_dir: Path | None = None
-    # A *.gguf in models_dir that is a link to a file outside it is not served unless this is true.
-    models_dir_follow_links: bool = False
-    engine: EngineSettings = field(default_factory=EngineSettings)
+    """The whole config file. Each top-level key is a field with its help (docs/configuration.md's
+    row); `source` is where these came from, not a key."""
+
+    default_model: str = key("smollm2-135m", "The model served when a request names none: an alias or a .gguf path.")
+    models_dir: Path | None = key(
+        None, "Every *.gguf here is a model, by its file name lower-cased; no restart needed."
+    )
+    models_dir_follow_links: bool = key(False, "Serve a *.gguf in models_dir that links to a file outside it.")
+    engine: EngineSettings = key(EngineSettings, "The engine settings below.", factory=True)
     source: Path | None = None  # the file these came from, if any
     # Many models behind one server (engine/pool.py):
-    max_loaded_models: int = 2  # resident at once; the least recently used idle one makes room
-    keep_alive: float = 300.0  # seconds an idle model stays loaded; -1: until it must make room
-    memory_reserve_mib: int = 512  # memory a model load must leave free for everything else
-    # Responses-API responses kept (stored, and being made), in MiB; 0: 1/128 of the machine's RAM, 16-256.
-    response_store_mib: int = 0
-    # Clients of `magnitude serve`, each a tenant with its own key (docs/operations.md, "Several clients").
-    api_keys: tuple[ApiKey, ...] = ()
-    models: dict[str, ModelSettings] = field(default_factory=dict)
-    slo: SloSettings = field(default_factory=SloSettings)
+    max_loaded_models: int = key(2, "Models resident at once; the least recently used idle one makes room.")
+    keep_alive: float = key(300.0, "Seconds (or '5m') an idle model stays loaded; -1: until its room is needed.")
+    memory_reserve_mib: int = key(512, "Memory a model load must leave free for everything else.")
+    response_store_mib: int = key(
+        0,
+        "Memory for Responses-API responses, stored and being made (least recently used out first); "
+        "0: 1/128 of RAM, 16-256 MiB.",
+    )
+    api_keys: tuple[ApiKey, ...] = key(
+        (),
+        "Clients of `magnitude serve`, each a tenant: `[{name, key or key_env, batch, models, never_shed}]` "
+        "(docs/operations.md).",
+    )
+    models: dict[str, ModelSettings] = key(
+        dict, "Per model, by alias: engine settings that differ for it, `chat_template` and `slo`.", factory=True
+    )
+    slo: SloSettings = key(SloSettings, "Service-level objectives, watched live (below).", factory=True)
 
     def response_store_bytes(self) -> int:
         """What the Responses API keeps, in bytes: the setting, or a share of the machine's RAM."""
@@ -69,19 +88,7 @@ class Settings:
 
 ENGINE_KEYS = {f.name: f.type for f in dataclasses.fields(EngineSettings)}
 MODEL_KEYS = {f.name for f in dataclasses.fields(EngineSettings) if f.metadata["per_model"]} | {"chat_template", "slo"}
-TOP_KEYS = {
-    "default_model",
-    "models_dir",
-    "models_dir_follow_links",
-    "engine",
-    "max_loaded_models",
-    "keep_alive",
-    "memory_reserve_mib",
-    "response_store_mib",
-    "api_keys",
-    "models",
-    "slo",
-}
+TOP_KEYS = {f.name for f in dataclasses.fields(Settings) if "help" in f.metadata}
 
 
 def config_path() -> Path:

@@ -44,7 +44,7 @@ def calibrate(client: Client, args: Calibrate, user_ns: dict[str, Any]) -> Any:
     if contexts:
         options.context_levels()  # refused here, in the cell, when not numbers
     earlier = _profile(args.compare, user_ns)
-    widget = CalibrationWidget(client, config, probe=not options.no_probe, earlier=earlier, contexts=contexts)
+    widget = CalibrationWidget.connect(client, config, probe=not options.no_probe, earlier=earlier, contexts=contexts)
     if client.model in widget.model.options:
         widget.model.value = (client.model,)
     user_ns[CALIBRATION_VARIABLE] = widget

@@ -13,9 +13,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from ..engine import Engine
-from ..engine.metrics import Histogram
+from ..engine.metrics import EngineMetrics, Histogram
+from ..engine.plan import SchedulerStats
 from ..engine.pool import ModelPool
 from ..engine.slo import evaluate
+from ..engine.stats import EngineStats
 
 OUTCOMES = ("stop", "length", "cancelled", "error")
 SLO_GAUGES = (
@@ -30,6 +32,104 @@ SLO_GAUGES = (
 def _add_histogram(family: HistogramMetricFamily, model: str, hist: Histogram) -> None:
     buckets = [("+Inf" if bound == float("inf") else f"{bound:g}", count) for bound, count in hist.cumulative()]
     family.add_metric([model], buckets=buckets, sum_value=hist.total)
+
+
+# Each engine's counters and gauges: (name, help, its value from the engine's metrics, its scheduler's
+# figures and its stats).
+Reading = Callable[[EngineMetrics, SchedulerStats, EngineStats], float]
+ENGINE_COUNTERS: tuple[tuple[str, str, Reading], ...] = (
+    ("magnitude_prompt_tokens", "Prompt tokens of finished requests.", lambda m, s, e: m.prompt_tokens_total),
+    ("magnitude_generation_tokens", "Tokens generated.", lambda m, s, e: m.generation_tokens_total),
+    ("magnitude_draft_tokens", "Prompt-lookup draft tokens decoded.", lambda m, s, e: m.draft_tokens_total),
+    (
+        "magnitude_draft_accepted_tokens",
+        "Draft tokens the model's own greedy picks confirmed.",
+        lambda m, s, e: m.draft_accepted_total,
+    ),
+    ("magnitude_decode_calls", "llama_decode calls.", lambda m, s, e: m.decode_calls_total),
+    (
+        "magnitude_decode_rows",
+        "Rows llama_decode computed: prompt, answer, draft.",
+        lambda m, s, e: m.decode_rows_total,
+    ),
+    ("magnitude_decode_prompt_rows", "Prompt rows among them.", lambda m, s, e: m.decode_prompt_rows_total),
+    ("magnitude_decode_seconds", "Seconds inside llama_decode.", lambda m, s, e: m.decode_seconds_total),
+    (
+        "magnitude_step_seconds",
+        "Seconds of whole engine steps: plan, llama_decode, sampling, events.",
+        lambda m, s, e: m.step_seconds_total,
+    ),
+    (
+        "magnitude_prompt_cache_lookup_tokens",
+        "Prompt tokens of admitted requests that could use the prefix cache.",
+        lambda m, s, e: s.prompt_tokens_looked_up,
+    ),
+    (
+        "magnitude_prompt_cache_hit_tokens",
+        "Prompt tokens copied from the prefix cache instead of computed.",
+        lambda m, s, e: s.prompt_tokens_cached,
+    ),
+    (
+        "magnitude_prompt_cache_restored_tokens",
+        "Prompt tokens the prefix cache brought back from its RAM tier.",
+        lambda m, s, e: s.prompt_tokens_restored,
+    ),
+    (
+        "magnitude_prefix_cache_spilled_entries",
+        "Prefix-cache entries moved to the RAM tier for being idle while other rows were decoded.",
+        lambda m, s, e: s.prefix_cache_spilled,
+    ),
+    ("magnitude_preemptions", "Running requests preempted for lack of KV cells.", lambda m, s, e: s.preemptions),
+    ("magnitude_preempted_cells", "KV cells preempted requests gave back.", lambda m, s, e: s.preempted_cells),
+    (
+        "magnitude_preempted_seconds",
+        "Seconds preempted requests waited to resume.",
+        lambda m, s, e: s.preempted_seconds,
+    ),
+    (
+        "magnitude_prompt_cache_respelled_tokens",
+        "Cached answer tokens reused where the prompt's tokens spelled the same text otherwise.",
+        lambda m, s, e: s.prompt_tokens_respelled,
+    ),
+    (
+        "magnitude_prompt_cache_window_missed_tokens",
+        "Cached prompt tokens not reused because a sliding window had moved past them.",
+        lambda m, s, e: s.prompt_tokens_window_missed,
+    ),
+    (
+        "magnitude_prompt_cache_window_checkpoint_tokens",
+        "Cached prompt tokens reused through a window checkpoint of a sliding-window model.",
+        lambda m, s, e: s.prompt_tokens_window_checkpoint,
+    ),
+)
+ENGINE_GAUGES: tuple[tuple[str, str, Reading], ...] = (
+    (
+        "magnitude_kv_usage_ratio",
+        "KV cells reserved by running requests / all cells.",
+        lambda m, s, e: s.kv_cells_reserved / s.kv_cells_total if s.kv_cells_total else 0.0,
+    ),
+    ("magnitude_kv_cells_used", "KV cells holding tokens.", lambda m, s, e: s.kv_cells_used),
+    ("magnitude_prefix_cache_cells", "KV cells held by prefix-cache entries.", lambda m, s, e: s.prefix_cache_cells),
+    ("magnitude_prefix_cache_entries", "Prefix-cache entries in the KV cache.", lambda m, s, e: s.prefix_cache_entries),
+    (
+        "magnitude_prefix_cache_ram_bytes",
+        "Saved prefix-cache entries in RAM.",
+        lambda m, s, e: s.prefix_cache_ram_bytes,
+    ),
+    ("magnitude_requests_running", "Requests being decoded.", lambda m, s, e: s.running),
+    ("magnitude_requests_waiting", "Requests queued for KV cells or a slot.", lambda m, s, e: s.waiting),
+    ("magnitude_requests_preempted", "Preempted requests waiting to resume.", lambda m, s, e: s.preempted_waiting),
+    (
+        "magnitude_preempted_state_bytes",
+        "Preempted reproducible requests' KV states held in memory.",
+        lambda m, s, e: s.preempted_state_bytes,
+    ),
+    (
+        "magnitude_recent_tokens_per_second",
+        "Generated tokens/s over the last seconds.",
+        lambda m, s, e: e.recent_tokens_per_s,
+    ),
+)
 
 
 class PoolCollector:
@@ -64,115 +164,39 @@ class PoolCollector:
         )
         for outcome in OUTCOMES:
             requests.add_metric([model, outcome], metrics.requests_by_outcome.get(outcome, 0))
-        tenant_requests, tenant_tokens = metrics.tenant_counts()
-        if tenant_requests:  # a server with several API keys: each tenant's share
-            by_tenant = family(
-                CounterMetricFamily,
-                "magnitude_tenant_requests",
-                "Finished requests by API key (tenant) and outcome.",
-                ("model", "tenant", "outcome"),
-            )
-            for (tenant, outcome), n_requests in sorted(tenant_requests.items()):
-                by_tenant.add_metric([model, tenant, outcome], n_requests)
-            tokens = family(
-                CounterMetricFamily,
-                "magnitude_tenant_tokens",
-                "Prompt and generated tokens of finished requests, by API key (tenant).",
-                ("model", "tenant", "kind"),
-            )
-            for (tenant, kind), n_tokens in sorted(tenant_tokens.items()):
-                tokens.add_metric([model, tenant, kind], n_tokens)
-        for counter_name, counter_help, count in (
-            ("magnitude_prompt_tokens", "Prompt tokens of finished requests.", metrics.prompt_tokens_total),
-            ("magnitude_generation_tokens", "Tokens generated.", metrics.generation_tokens_total),
-            ("magnitude_draft_tokens", "Prompt-lookup draft tokens decoded.", metrics.draft_tokens_total),
-            (
-                "magnitude_draft_accepted_tokens",
-                "Draft tokens the model's own greedy picks confirmed.",
-                metrics.draft_accepted_total,
-            ),
-            ("magnitude_decode_calls", "llama_decode calls.", metrics.decode_calls_total),
-            ("magnitude_decode_rows", "Rows llama_decode computed: prompt, answer, draft.", metrics.decode_rows_total),
-            ("magnitude_decode_prompt_rows", "Prompt rows among them.", metrics.decode_prompt_rows_total),
-            ("magnitude_decode_seconds", "Seconds inside llama_decode.", metrics.decode_seconds_total),
-            (
-                "magnitude_step_seconds",
-                "Seconds of whole engine steps: plan, llama_decode, sampling, events.",
-                metrics.step_seconds_total,
-            ),
-            (
-                "magnitude_prompt_cache_lookup_tokens",
-                "Prompt tokens of admitted requests that could use the prefix cache.",
-                sched.prompt_tokens_looked_up,
-            ),
-            (
-                "magnitude_prompt_cache_hit_tokens",
-                "Prompt tokens copied from the prefix cache instead of computed.",
-                sched.prompt_tokens_cached,
-            ),
-            (
-                "magnitude_prompt_cache_restored_tokens",
-                "Prompt tokens the prefix cache brought back from its RAM tier.",
-                sched.prompt_tokens_restored,
-            ),
-            (
-                "magnitude_prefix_cache_spilled_entries",
-                "Prefix-cache entries moved to the RAM tier for being idle while other rows were decoded.",
-                sched.prefix_cache_spilled,
-            ),
-            ("magnitude_preemptions", "Running requests preempted for lack of KV cells.", sched.preemptions),
-            ("magnitude_preempted_cells", "KV cells preempted requests gave back.", sched.preempted_cells),
-            ("magnitude_preempted_seconds", "Seconds preempted requests waited to resume.", sched.preempted_seconds),
-            (
-                "magnitude_prompt_cache_respelled_tokens",
-                "Cached answer tokens reused where the prompt's tokens spelled the same text otherwise.",
-                sched.prompt_tokens_respelled,
-            ),
-            (
-                "magnitude_prompt_cache_window_missed_tokens",
-                "Cached prompt tokens not reused because a sliding window had moved past them.",
-                sched.prompt_tokens_window_missed,
-            ),
-            (
-                "magnitude_prompt_cache_window_checkpoint_tokens",
-                "Cached prompt tokens reused through a window checkpoint of a sliding-window model.",
-                sched.prompt_tokens_window_checkpoint,
-            ),
-        ):
-            family(CounterMetricFamily, counter_name, counter_help).add_metric([model], count)
+        self._tenants(metrics, model, family)
+        for name, help_text, read in ENGINE_COUNTERS:
+            family(CounterMetricFamily, name, help_text).add_metric([model], read(metrics, sched, stats))
         for name, help_text, hist in (
             ("magnitude_time_to_first_token_seconds", "Arrival to first token.", metrics.ttft),
             ("magnitude_e2e_request_latency_seconds", "Arrival to last token.", metrics.e2e),
         ):
             _add_histogram(family(HistogramMetricFamily, name, help_text), model, hist)
-        total = sched.kv_cells_total
-        gauges: tuple[tuple[str, str, float], ...] = (
-            (
-                "magnitude_kv_usage_ratio",
-                "KV cells reserved by running requests / all cells.",
-                sched.kv_cells_reserved / total if total else 0.0,
-            ),
-            ("magnitude_kv_cells_used", "KV cells holding tokens.", sched.kv_cells_used),
-            ("magnitude_prefix_cache_cells", "KV cells held by prefix-cache entries.", sched.prefix_cache_cells),
-            ("magnitude_prefix_cache_entries", "Prefix-cache entries in the KV cache.", sched.prefix_cache_entries),
-            ("magnitude_prefix_cache_ram_bytes", "Saved prefix-cache entries in RAM.", sched.prefix_cache_ram_bytes),
-            ("magnitude_requests_running", "Requests being decoded.", sched.running),
-            ("magnitude_requests_waiting", "Requests queued for KV cells or a slot.", sched.waiting),
-            ("magnitude_requests_preempted", "Preempted requests waiting to resume.", sched.preempted_waiting),
-            (
-                "magnitude_preempted_state_bytes",
-                "Preempted reproducible requests' KV states held in memory.",
-                sched.preempted_state_bytes,
-            ),
-            (
-                "magnitude_recent_tokens_per_second",
-                "Generated tokens/s over the last seconds.",
-                stats.recent_tokens_per_s,
-            ),
-        )
-        for name, help_text, value in gauges:
-            family(GaugeMetricFamily, name, help_text).add_metric([model], value)
+        for name, help_text, read in ENGINE_GAUGES:
+            family(GaugeMetricFamily, name, help_text).add_metric([model], read(metrics, sched, stats))
         self._slo(engine, model, family)
+
+    def _tenants(self, metrics: EngineMetrics, model: str, family: Callable[..., Any]) -> None:
+        """A server with several API keys: each tenant's requests and tokens."""
+        tenant_requests, tenant_tokens = metrics.tenant_counts()
+        if not tenant_requests:
+            return
+        by_tenant = family(
+            CounterMetricFamily,
+            "magnitude_tenant_requests",
+            "Finished requests by API key (tenant) and outcome.",
+            ("model", "tenant", "outcome"),
+        )
+        for (tenant, outcome), n_requests in sorted(tenant_requests.items()):
+            by_tenant.add_metric([model, tenant, outcome], n_requests)
+        tokens = family(
+            CounterMetricFamily,
+            "magnitude_tenant_tokens",
+            "Prompt and generated tokens of finished requests, by API key (tenant).",
+            ("model", "tenant", "kind"),
+        )
+        for (tenant, kind), n_tokens in sorted(tenant_tokens.items()):
+            tokens.add_metric([model, tenant, kind], n_tokens)
 
     def _slo(self, engine: Engine, model: str, family: Callable[..., Any]) -> None:
         """Each objective set for the model, judged over its rolling window (slo.py)."""
