@@ -35,6 +35,16 @@ def tool(name: str) -> str:
     return found
 
 
+def test_the_lesson_finds_the_rules_it_loads():
+    """Notebook 09's Prometheus loads the repository's rules, wherever the lesson's module lies."""
+    from magnitude_jupyter.client.objectives_lesson import rules_path
+
+    assert (
+        rules_path().is_file()
+        and rules_path().read_text() == (DEPLOY / "prometheus" / "magnitude-rules.yml").read_text()
+    )
+
+
 def test_promtool_checks_the_rules_and_their_unit_tests_pass():
     promtool = tool("promtool")
     subprocess.run([promtool, "check", "rules", str(RULES)], check=True, capture_output=True)

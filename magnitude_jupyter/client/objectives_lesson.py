@@ -24,8 +24,16 @@ import yaml
 from .http import Client, ClientError
 from .runtime import free_port
 
-RULES_PACKAGED = Path(__file__).resolve().parent / "deploy" / "prometheus" / "magnitude-rules.yml"  # in the wheel
-RULES_SOURCE = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "magnitude-rules.yml"
+PACKAGE = Path(__file__).resolve().parent.parent  # magnitude_jupyter/
+RULES_PACKAGED = PACKAGE / "deploy" / "prometheus" / "magnitude-rules.yml"  # in the wheel
+RULES_SOURCE = PACKAGE.parent / "deploy" / "prometheus" / "magnitude-rules.yml"
+
+
+def rules_path() -> Path:
+    """The Prometheus rules the lesson loads: the wheel's copy, else the source checkout's."""
+    return RULES_PACKAGED if RULES_PACKAGED.is_file() else RULES_SOURCE
+
+
 TOPICS = ("a lighthouse", "a library", "a glacier", "a bakery", "a volcano", "a harbour", "a vineyard", "a comet")
 
 
@@ -165,7 +173,7 @@ class Prometheus:
     def __init__(self, binary: str, server_url: str, token: str | None, alert_after: str) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="magnitude-prometheus-")
         folder = Path(self._tmp.name)
-        rules = RULES_PACKAGED if RULES_PACKAGED.is_file() else RULES_SOURCE
+        rules = rules_path()
         (folder / "magnitude-rules.yml").write_text(rules.read_text().replace("for: 5m", f"for: {alert_after}"))
         (folder / "token").write_text(token or "none")
         config: dict[str, Any] = {
