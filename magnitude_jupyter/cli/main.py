@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -416,7 +417,7 @@ def calibrate(
         sys.exit(1)
 
 
-def _workflow(connect: Any, options: Any) -> Any:
+def _workflow(connect: Callable[[], Any], options: Any) -> Any:
     """Multi-round sessions at each level of --sessions (checked before `connect()` finds the server):
     the profile, its verdict printed."""
     from ..calibrate.run import calibrate_workflow
