@@ -1,6 +1,6 @@
 """Every engine setting's flag, traitlet and documentation row, made from its one definition.
 
-`config.EngineSettings` declares each setting once (name, type, default, and `about` metadata: help,
+`config.EngineSettings` declares each setting once (name, type, default, and its `options.Option`: help,
 kind, per model, environment variable, choices). `magnitude serve`'s options and the Jupyter
 extension's traitlets are generated here from it; docs/configuration.md from them
 (cli/configuration_doc.py), and a test checks that they agree.
@@ -22,6 +22,7 @@ from .config import (
     SloSettings,
     parse_keep_alive,
 )
+from .options import options_of
 
 
 @dataclass(frozen=True)
@@ -49,14 +50,14 @@ def engine_settings() -> list[Setting]:
     return [
         Setting(
             name=item.name,
-            kind=item.metadata["kind"],
+            kind=spelled.kind or "str",
             default=item.default,
-            help=item.metadata["help"],
-            per_model=item.metadata["per_model"],
+            help=spelled.help,
+            per_model=spelled.per_model,
             env=env_of.get(item.name),
-            choices=item.metadata["choices"],
+            choices=spelled.choices,
         )
-        for item in dataclasses.fields(EngineSettings)
+        for item, spelled in options_of(EngineSettings)
     ]
 
 
@@ -68,14 +69,14 @@ def slo_settings() -> list[Setting]:
     return [
         Setting(
             name=SLO_PREFIX + item.name,
-            kind=item.metadata["kind"],
+            kind=spelled.kind or "str",
             default=item.default,
-            help=item.metadata["help"],
+            help=spelled.help,
             per_model=True,
             env=None,
             choices=None,
         )
-        for item in dataclasses.fields(SloSettings)
+        for item, spelled in options_of(SloSettings)
     ]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from magnitude_jupyter.calibrate.options import CALIBRATE_OPTIONS, CalibrateOptions
+from magnitude_jupyter.calibrate.options import CalibrateOptions
 from magnitude_jupyter.calibrate.sweep import SweepConfig
 from magnitude_jupyter.magics.arguments import (
     LINE_COMMANDS,
@@ -20,6 +20,7 @@ from magnitude_jupyter.magics.arguments import (
     parse_cell,
     parse_line,
 )
+from magnitude_jupyter.options import options_of
 
 
 def test_a_cell_parses_into_typed_arguments():
@@ -76,7 +77,7 @@ def test_calibrate_parses_into_the_options_the_cli_uses():
     assert args.options == CalibrateOptions(concurrency="1,2", latency_target_ms=1500.0)
     assert SweepConfig.from_options(args.options).concurrency == (1, 2)
     assert parse_line(["calibrate"]).options == CalibrateOptions()  # one default everywhere
-    assert [o.dest for o in CALIBRATE_OPTIONS] == list(CalibrateOptions.__dataclass_fields__)
+    assert [f.name for f, _ in options_of(CalibrateOptions)] == list(CalibrateOptions.__dataclass_fields__)
 
 
 def test_missing_or_unknown_commands_say_what_to_do():

@@ -97,7 +97,7 @@ def test_the_threads_help_says_what_zero_means_everywhere():
 
 
 def test_magnitude_help_lists_every_command_with_its_options(capsys):
-    from magnitude_jupyter.calibrate.options import CALIBRATE_OPTIONS
+    from magnitude_jupyter.calibrate.options import CalibrateOptions
     from magnitude_jupyter.magics import LINE_COMMANDS, MagnitudeMagics, cell_parser, help_text
 
     text = help_text()
@@ -105,8 +105,10 @@ def test_magnitude_help_lists_every_command_with_its_options(capsys):
         assert f"%magnitude {command}" in text
     for action in cell_parser()._actions:
         assert action.option_strings[0] in text
-    for option in CALIBRATE_OPTIONS:
-        assert option.flag in text
+    from magnitude_jupyter.options import flag_names
+
+    for flag in flag_names(CalibrateOptions).values():
+        assert flag in text
     magics = MagnitudeMagics(None)
     for line, cell in (("help", None), ("--help", "ignored")):  # %magnitude help, %%magnitude --help
         magics.magnitude(line, cell)
@@ -129,3 +131,29 @@ def test_calibration_defaults_are_one_everywhere():
 
     shown = " ".join(CliRunner().invoke(main, ["calibrate", "--help"]).output.split())
     assert f"[default: {options.DEFAULT_LATENCY_TARGET_MS}]" in shown
+
+
+def test_every_declared_option_is_spelled_the_same_on_the_cli_and_in_the_magics():
+    """Batch and calibration options are one declaration each (`options.option`): the `magnitude`
+    command's click options and the magics' argparse arguments carry every one, by the same flags,
+    and calibration's by the same defaults."""
+    import click
+
+    from magnitude_jupyter.batch.options import BatchOptions
+    from magnitude_jupyter.calibrate.options import CalibrateOptions
+    from magnitude_jupyter.cli.main import main
+    from magnitude_jupyter.magics import line_parser
+    from magnitude_jupyter.options import options_of
+
+    line = line_parser()
+    commands = next(a for a in line._actions if a.dest == "command").choices
+    context = click.Context(main)
+    for cls, name in ((BatchOptions, "batch"), (CalibrateOptions, "calibrate")):
+        cli = {p.name: p for p in main.get_command(context, name).params}
+        magic = {a.dest: a for a in commands[name]._actions}
+        for item, spelled in options_of(cls):
+            flags = spelled.flags(item.name)
+            assert set(flags) <= set(cli[item.name].opts) | set(cli[item.name].secondary_opts), item.name
+            assert set(flags) == set(magic[item.name].option_strings), item.name
+            if cls is CalibrateOptions:
+                assert cli[item.name].default == magic[item.name].default == item.default, item.name

@@ -7,11 +7,11 @@ and Jinja2: every `magnitude serve` process imports the CLI.
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..options import given_values, option
 from .labels import parse_labels, probability_column
 
 RESULT_COLUMNS = ("finish_reason", "prompt_tokens", "completion_tokens", "latency_ms", "error")
@@ -25,68 +25,39 @@ class BatchError(ValueError):
     """The batch cannot start: bad template, missing columns, bad options."""
 
 
-@dataclass(frozen=True)
-class Flag:
-    """How one batch option is spelled on the command line and in the magics."""
-
-    name: str
-    help: str
-    type: type = str
-    short: str | None = None
-    choices: tuple[str, ...] | None = None
-
-
-def flag(name: str, help: str, type: type = str, **spelling: Any) -> dict[str, Flag]:
-    return {"flag": Flag(name, help, type, **spelling)}
-
-
 @dataclass
 class BatchOptions:
     """Every batch option, declared once: `%%magnitude --df`, `%magnitude batch` and `magnitude batch`
-    are built from these fields (see `batch_flags`)."""
+    are built from these fields (`options.add_arguments`, `options.click_options`)."""
 
     template: str
-    system: str | None = field(default=None, metadata=flag("--system", "System message for every row.", short="-s"))
-    output_column: str = field(default="answer", metadata=flag("--output-column", "Column for the answers."))
-    concurrency: int = field(default=8, metadata=flag("--concurrency", "Rows in flight at once.", int))
-    retry: int = field(default=3, metadata=flag("--retry", "Retries per row on timeouts, 429 and 5xx.", int))
-    timeout: float = field(default=120.0, metadata=flag("--timeout", "Seconds per request.", float))
-    max_tokens: int | None = field(default=256, metadata=flag("--max-tokens", "Most tokens per answer.", int))
-    temperature: float = field(
-        default=0.0, metadata=flag("--temperature", "Sampling temperature (0: greedy).", float, short="-t")
+    system: str | None = option(None, "System message for every row.", "--system", "-s")
+    output_column: str = option("answer", "Column for the answers.")
+    concurrency: int = option(8, "Rows in flight at once.")
+    retry: int = option(3, "Retries per row on timeouts, 429 and 5xx.")
+    timeout: float = option(120.0, "Seconds per request.")
+    max_tokens: int | None = option(256, "Most tokens per answer.")
+    temperature: float = option(0.0, "Sampling temperature (0: greedy).", "--temperature", "-t")
+    on_overflow: str = option(
+        "error", "A row longer than the context: error, truncate or skip.", choices=OVERFLOW_MODES
     )
-    on_overflow: str = field(
-        default="error",
-        metadata=flag(
-            "--on-overflow", "A row longer than the context: error, truncate or skip.", choices=OVERFLOW_MODES
-        ),
+    checkpoint: str | Path | None = option(
+        None, "JSONL file of finished rows; a rerun of the same job reuses them.", type=str
     )
-    checkpoint: str | Path | None = field(
-        default=None, metadata=flag("--checkpoint", "JSONL file of finished rows; a rerun of the same job reuses them.")
-    )
-    model: str | None = field(
-        default=None, metadata=flag("--model", "Model to ask for (default: the server's).", short="-m")
-    )
-    json_object: bool = field(default=False, metadata=flag("--json", "Each answer a JSON object, parsed.", bool))
+    model: str | None = option(None, "Model to ask for (default: the server's).", "--model", "-m")
+    json_object: bool = option(False, "Each answer a JSON object, parsed.", "--json")
     # Each surface reads --json-schema its own way (a notebook variable, a file) and passes the dict.
-    json_schema: dict[str, Any] | None = field(
-        default=None, metadata=flag("--json-schema", "A JSON Schema: answers follow it, its properties become columns.")
+    json_schema: dict[str, Any] | None = option(
+        None, "A JSON Schema: answers follow it, its properties become columns.", type=str
     )
-    logprobs: bool = field(
-        default=False, metadata=flag("--logprobs", "Add the answer's probability under the model.", bool)
+    logprobs: bool = option(False, "Add the answer's probability under the model.")
+    labels: str | list[str] | None = option(
+        None,
+        "The only answers allowed, comma-separated (a grammar holds the model to them); "
+        "with --logprobs, each label's probability.",
+        type=str,
     )
-    labels: str | list[str] | None = field(
-        default=None,
-        metadata=flag(
-            "--labels",
-            "The only answers allowed, comma-separated (a grammar holds the model to them); "
-            "with --logprobs, each label's probability.",
-        ),
-    )
-    reproducible: bool = field(
-        default=False,
-        metadata=flag("--reproducible", "Each answer as an idle engine gives it, whatever else runs (slower).", bool),
-    )
+    reproducible: bool = option(False, "Each answer as an idle engine gives it, whatever else runs (slower).")
     # Tools the model may call (OpenAI's shape), from Python only: each row's calls land in the
     # `tool_calls` column, as {name, arguments} with the arguments parsed.
     tools: list[dict[str, Any]] | None = None
@@ -160,25 +131,6 @@ class BatchOptions:
             )
 
 
-def batch_flags() -> list[tuple[str, Flag, Any]]:
-    """(field name, flag, default) of every batch option a person can set."""
-    return [(f.name, f.metadata["flag"], f.default) for f in fields(BatchOptions) if "flag" in f.metadata]
-
-
-def add_batch_arguments(parser: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> None:
-    """The batch options on an argparse parser (the magics); unset ones parse as None."""
-    for name, flag, default in batch_flags():
-        if name in skip:
-            continue
-        names = [flag.name, *([flag.short] if flag.short else [])]
-        if flag.type is bool:
-            parser.add_argument(*names, dest=name, action="store_true", default=None, help=flag.help)
-        else:
-            help_text = f"{flag.help} (default: {default})"
-            parser.add_argument(*names, dest=name, type=flag.type, choices=flag.choices, default=None, help=help_text)
-
-
 def given_options(values: Any) -> dict[str, Any]:
     """The batch options set in parsed arguments (an argparse Namespace or a dict), by field name."""
-    values = values if isinstance(values, dict) else vars(values)
-    return {name: values[name] for name, _, _ in batch_flags() if values.get(name) is not None}
+    return given_values(BatchOptions, values)

@@ -7,9 +7,10 @@ Imports nothing heavy: every `magnitude` command imports the CLI.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
+
+from ..options import option
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16"
 DEFAULT_REQUESTS = 16
@@ -24,67 +25,34 @@ DEFAULT_ROUNDS = 6
 
 
 @dataclass(frozen=True)
-class Option:
-    """How one calibration option is spelled: its flag, the keyword it becomes, its type (None: an
-    on/off flag), its default and its help."""
-
-    flag: str
-    dest: str
-    type: type | None
-    default: Any
-    help: str
-    short: str | None = None
-
-
-def option(flag: str, kind: type | None, default: Any, help: str, short: str | None = None) -> Any:
-    return field(default=default, metadata={"spelling": (flag, kind, help, short)})
-
-
-@dataclass(frozen=True)
 class CalibrateOptions:
     """What one calibration asks for, as the CLI and the magic parse it."""
 
-    concurrency: str = option("--concurrency", str, DEFAULT_CONCURRENCY, "Concurrency levels, comma-separated.")
-    requests: int = option("--requests", int, DEFAULT_REQUESTS, "Requests per level.")
-    max_tokens: int = option("--max-tokens", int, DEFAULT_MAX_TOKENS, "New tokens per request.")
-    min_seconds: float | None = option(
-        "--min-seconds", float, None, "Run each level at least this long (steadier figures)."
-    )
-    warmup: int = option("--warmup", int, DEFAULT_WARMUP, "Requests sent before the first level.")
-    prompt: str | None = option("--prompt", str, None, "One prompt for every request (a cache hit after the first).")
+    concurrency: str = option(DEFAULT_CONCURRENCY, "Concurrency levels, comma-separated.")
+    requests: int = option(DEFAULT_REQUESTS, "Requests per level.")
+    max_tokens: int = option(DEFAULT_MAX_TOKENS, "New tokens per request.")
+    min_seconds: float | None = option(None, "Run each level at least this long (steadier figures).")
+    warmup: int = option(DEFAULT_WARMUP, "Requests sent before the first level.")
+    prompt: str | None = option(None, "One prompt for every request (a cache hit after the first).")
     latency_target_ms: float | None = option(
-        "--latency-target-ms",
-        float,
-        DEFAULT_LATENCY_TARGET_MS,
-        "The p95 end-to-end latency the recommended parallel must meet.",
+        DEFAULT_LATENCY_TARGET_MS, "The p95 end-to-end latency the recommended parallel must meet."
     )
-    ttft_limit_ms: float | None = option("--ttft-limit-ms", float, None, "Stop when a level's p95 TTFT is over this.")
-    no_probe: bool = option("--no-probe", None, False, "Skip the capacity probe.")
-    workflow: bool = option(
-        "--workflow", None, False, "Sweep concurrent multi-round sessions instead (agent workflows)."
-    )
-    sessions: str = option("--sessions", str, DEFAULT_SESSIONS, "With --workflow: concurrent sessions, per level.")
-    rounds: int = option("--rounds", int, DEFAULT_ROUNDS, "With --workflow: rounds per session.")
-    agent: bool = option(
-        "--agent", None, False, "With --workflow: tool-using agent sessions (call, result, next call)."
-    )
+    ttft_limit_ms: float | None = option(None, "Stop when a level's p95 TTFT is over this.")
+    no_probe: bool = option(False, "Skip the capacity probe.")
+    workflow: bool = option(False, "Sweep concurrent multi-round sessions instead (agent workflows).")
+    sessions: str = option(DEFAULT_SESSIONS, "With --workflow: concurrent sessions, per level.")
+    rounds: int = option(DEFAULT_ROUNDS, "With --workflow: rounds per session.")
+    agent: bool = option(False, "With --workflow: tool-using agent sessions (call, result, next call).")
     slo_round_p95_ms: float = option(
-        "--slo-round-p95-ms",
-        float,
-        DEFAULT_SLO_ROUND_P95_MS,
-        "With --workflow: the p95 round latency every round must meet.",
+        DEFAULT_SLO_ROUND_P95_MS, "With --workflow: the p95 round latency every round must meet."
     )
     pressure_map: bool = option(
-        "--pressure-map",
-        None,
         False,
         "Measure every concurrency level at every context length of --contexts (a heatmap), instead of one sweep.",
     )
-    contexts: str = option(
-        "--contexts", str, DEFAULT_CONTEXTS, "With --pressure-map: tokens of context per session, comma-separated."
-    )
+    contexts: str = option(DEFAULT_CONTEXTS, "With --pressure-map: tokens of context per session, comma-separated.")
     model: str | None = option(
-        "--model", str, None, "Calibrate this model (a server with many models loads it first).", "-m"
+        None, "Calibrate this model (a server with many models loads it first).", "--model", "-m"
     )
 
     @classmethod
@@ -126,37 +94,3 @@ def parse_contexts(text: str) -> tuple[int, ...]:
     if not contexts or min(contexts) < 64:
         raise ValueError("give at least one context length, each 64 tokens or more")
     return tuple(sorted(set(contexts)))
-
-
-CALIBRATE_OPTIONS = tuple(
-    Option(f.metadata["spelling"][0], f.name, f.metadata["spelling"][1], f.default, *f.metadata["spelling"][2:])
-    for f in fields(CalibrateOptions)
-)
-
-
-def click_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The calibration options as click options."""
-    import click
-
-    for spelled in reversed(CALIBRATE_OPTIONS):
-        names = [spelled.flag, *([spelled.short] if spelled.short else [])]
-        if spelled.type is None:
-            command = click.option(*names, spelled.dest, is_flag=True, help=spelled.help)(command)
-        else:
-            show = spelled.default is not None
-            command = click.option(
-                *names, spelled.dest, type=spelled.type, default=spelled.default, show_default=show, help=spelled.help
-            )(command)
-    return command
-
-
-def add_arguments(parser: Any) -> None:
-    """The calibration options on an argparse parser (the magics)."""
-    for spelled in CALIBRATE_OPTIONS:
-        names = [spelled.flag, *([spelled.short] if spelled.short else [])]
-        if spelled.type is None:
-            parser.add_argument(*names, dest=spelled.dest, action="store_true", help=spelled.help)
-        else:
-            parser.add_argument(
-                *names, dest=spelled.dest, type=spelled.type, default=spelled.default, help=spelled.help
-            )

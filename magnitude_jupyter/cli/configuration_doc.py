@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from ..config import DEFAULT_CONFIG_PATH, DEFAULT_MODELS_DIR, ENV_OVERRIDES, Settings
+from ..options import options_of
 from ..settings_surface import SLO_PREFIX, engine_settings, slo_settings
 
 
@@ -62,7 +63,7 @@ def render_configuration() -> str:
     top_defaults = {f.name: f.default for f in dataclasses.fields(Settings) if f.default is not dataclasses.MISSING}
     top_defaults["models_dir"] = DEFAULT_MODELS_DIR
     top_defaults["api_keys"] = "[]"
-    top_level = [(f.name, f.metadata["help"]) for f in dataclasses.fields(Settings) if "help" in f.metadata]
+    top_level = [(f.name, spelled.help) for f, spelled in options_of(Settings)]
     lines = [
         "# Configuration",
         "",

@@ -10,9 +10,11 @@ from typing import Any
 
 import click
 
-from ..calibrate.options import click_options as calibrate_options
+from ..batch.options import BatchOptions
+from ..calibrate.options import CalibrateOptions
 from ..config import ConfigError
 from ..models.registry import ModelNotFoundError
+from ..options import click_options
 from ..settings_surface import engine_options, engine_overrides, with_slo
 from .models import list_cmd, profiles_cmd, settings_or_exit
 from .slo import slo_cmd
@@ -181,21 +183,6 @@ def _conversation(client: Any, system: str | None, body: dict[str, Any]) -> None
         conversation.turns.append(Turn(line, result.text, f"turn {turn}", result.usage, result.timings))
 
 
-def batch_options(command: Any) -> Any:
-    """The batch options (declared once, in `batch_options.BatchOptions`) as click options."""
-    from ..batch.options import batch_flags
-
-    for name, flag, default in reversed(batch_flags()):
-        names = [flag.name, *([flag.short] if flag.short else [])]
-        if flag.type is bool:
-            command = click.option(*names, name, is_flag=True, default=None, help=flag.help)(command)
-        else:
-            kind = click.Choice(flag.choices) if flag.choices else flag.type
-            help_text = f"{flag.help}  [default: {default}]" if default is not None else flag.help
-            command = click.option(*names, name, type=kind, default=None, help=help_text)(command)
-    return command
-
-
 @main.command()
 @click.option(
     "--input",
@@ -212,7 +199,7 @@ def batch_options(command: Any) -> Any:
     help="Where to write the scored rows (.jsonl).",
 )
 @click.option("--template", required=True, help="Jinja2 template over the columns, e.g. 'Classify: {{ review }}'.")
-@batch_options
+@click_options(BatchOptions, skip=("template",), unset_is_none=True)
 @click.option("--fail-on-truncation", is_flag=True, help="Exit non-zero if any answer hit max tokens.")
 @click.option("--url", default=None)
 @click.option("--token", default=None, envvar="MAGNITUDE_TOKEN")
@@ -315,7 +302,7 @@ def serve(
 @main.command()
 @click.option("--url", default=None, help="Server URL ending before /v1 (default: find one, or start one).")
 @click.option("--token", default=None, envvar="MAGNITUDE_TOKEN")
-@calibrate_options
+@click_options(CalibrateOptions)
 @click.option("--json", "json_path", default=None, help="Write the profile here.")
 @click.option("--csv", "csv_path", default=None, help="Write the levels here.")
 @click.option("--html", "html_path", default=None, help="Write a standalone report with the plots here.")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ..options import option, option_of
 
 CONFIG_ENV = "MAGNITUDE_CONFIG"
 DEFAULT_CONFIG_PATH = Path("~/.magnitude/config.yaml")
@@ -23,164 +25,116 @@ UNQUANTIZED_CACHE_TYPES = ("f16", "f32")
 KV_CACHE_TYPES = ("f16", "q8_0", "q4_0", "f32", "q5_1", "q5_0", "q4_1")
 
 
-def about(
-    help: str, kind: str, *, per_model: bool = True, env: bool = False, choices: tuple[str, ...] | None = None
-) -> dict[str, Any]:
-    """The one description of an engine setting: its help, its kind (for flags, traitlets and the docs),
-    whether a model's own settings may change it, whether a MAGNITUDE_* variable sets it, its choices."""
-    return {"help": help, "kind": kind, "per_model": per_model, "env": env, "choices": choices}
-
-
 @dataclass(frozen=True)
 class EngineSettings:
     """How the engine is sized and behaves. Each field is one setting: the config file's `engine:` key,
     `magnitude serve`'s flag, the Jupyter extension's traitlet and the docs' row (docs/configuration.md)
-    all come from its metadata (`about`)."""
+    all come from its `Option` (magnitude_jupyter/options.py)."""
 
-    parallel: int = field(default=8, metadata=about("Sequences decoded together (request slots).", "int", env=True))
-    ctx_size: int | str = field(
-        default=8192,
-        metadata=about(
-            "KV cache cells shared by all sequences, or 'auto': as many as memory_budget holds (engine/memory.py).",
-            "int|auto",
-            env=True,
-        ),
+    parallel: int = option(8, "Sequences decoded together (request slots).", kind="int", env=True)
+    ctx_size: int | str = option(
+        8192,
+        "KV cache cells shared by all sequences, or 'auto': as many as memory_budget holds (engine/memory.py).",
+        kind="int|auto",
+        env=True,
     )
-    n_batch: int = field(
-        default=512, metadata=about("Tokens per decode step: decode rows first, then prompt chunks.", "int")
+    n_batch: int = option(512, "Tokens per decode step: decode rows first, then prompt chunks.", kind="int")
+    threads: int = option(
+        0,
+        "CPU threads for llama.cpp; 0: the cores other processes leave free, read once a second.",
+        kind="int",
+        env=True,
     )
-    threads: int = field(
-        default=0,
-        metadata=about(
-            "CPU threads for llama.cpp; 0: the cores other processes leave free, read once a second.",
-            "int",
-            env=True,
-        ),
+    max_waiting: int = option(256, "Waiting requests before new ones get 429.", kind="int")
+    admission: str = option(
+        "estimate",
+        "How a request is charged KV cells: 'estimate' holds its prompt + the answer's likely length "
+        "and grows, preempting a running request to the RAM tier when the cells run out; 'reserve' "
+        "holds its prompt + max_tokens from the start and never preempts (docs/decisions.md).",
+        kind="str",
+        choices=("reserve", "estimate"),
     )
-    max_waiting: int = field(default=256, metadata=about("Waiting requests before new ones get 429.", "int"))
-    admission: str = field(
-        default="estimate",
-        metadata=about(
-            "How a request is charged KV cells: 'estimate' holds its prompt + the answer's likely length "
-            "and grows, preempting a running request to the RAM tier when the cells run out; 'reserve' "
-            "holds its prompt + max_tokens from the start and never preempts (docs/decisions.md).",
-            "str",
-            choices=("reserve", "estimate"),
-        ),
+    default_max_tokens: int = option(512, "max_tokens of a request that gives none.", kind="int")
+    grace_seconds: float = option(
+        60.0, "A stream nobody reads is cancelled after this long (a reader may re-attach).", kind="float", env=True
     )
-    default_max_tokens: int = field(default=512, metadata=about("max_tokens of a request that gives none.", "int"))
-    grace_seconds: float = field(
-        default=60.0,
-        metadata=about(
-            "A stream nobody reads is cancelled after this long (a reader may re-attach).", "float", env=True
-        ),
+    retention_seconds: float = option(
+        300.0, "A finished stream's events are kept this long for re-attaching.", kind="float"
     )
-    retention_seconds: float = field(
-        default=300.0, metadata=about("A finished stream's events are kept this long for re-attaching.", "float")
+    max_retained_events: int = option(100_000, "Events kept over all finished streams.", kind="int", per_model=False)
+    prefix_reuse: bool = option(
+        True,
+        "Start a prompt from cells already computed: the prefix cache's, or a running request's (rows "
+        "that start together); off, every prompt is computed whole.",
+        kind="bool",
     )
-    max_retained_events: int = field(
-        default=100_000, metadata=about("Events kept over all finished streams.", "int", per_model=False)
+    min_prefix_tokens: int = option(4, "The shortest cached prefix worth copying.", kind="int")
+    swa_full: bool = option(
+        False,
+        "Sliding-window layers keep every token's cells, as global layers do: more memory, and a cached "
+        "prefix reusable at any point, not only where an entry ends (docs/decisions.md).",
+        kind="bool",
     )
-    prefix_reuse: bool = field(
-        default=True,
-        metadata=about(
-            "Start a prompt from cells already computed: the prefix cache's, or a running request's (rows "
-            "that start together); off, every prompt is computed whole.",
-            "bool",
-        ),
+    prefix_cache_ram_mib: int = option(
+        256,
+        "Host memory for evicted cache entries, restored when their conversation returns, and a "
+        "sliding-window model's window checkpoints.",
+        kind="int",
     )
-    min_prefix_tokens: int = field(default=4, metadata=about("The shortest cached prefix worth copying.", "int"))
-    swa_full: bool = field(
-        default=False,
-        metadata=about(
-            "Sliding-window layers keep every token's cells, as global layers do: more memory, and a cached "
-            "prefix reusable at any point, not only where an entry ends (docs/decisions.md).",
-            "bool",
-        ),
+    prefix_cache_entries: int = option(
+        64,
+        "Cache entries held in KV cells at once; each is a llama.cpp sequence with a resident logits row. "
+        "A model with sliding-window layers holds at most `parallel` (its entries share the request "
+        "slots' sequences; docs/decisions.md).",
+        kind="int",
     )
-    prefix_cache_ram_mib: int = field(
-        default=256,
-        metadata=about(
-            "Host memory for evicted cache entries, restored when their conversation returns, and a "
-            "sliding-window model's window checkpoints.",
-            "int",
-        ),
+    prefix_cache_spill_rows: int = option(
+        64, "An entry unused while this many rows decode moves to the RAM tier; 0: only under pressure.", kind="int"
     )
-    prefix_cache_entries: int = field(
-        default=64,
-        metadata=about(
-            "Cache entries held in KV cells at once; each is a llama.cpp sequence with a resident logits row. "
-            "A model with sliding-window layers holds at most `parallel` (its entries share the request "
-            "slots' sequences; docs/decisions.md).",
-            "int",
-        ),
+    prefix_cache_scope: str = option(
+        "shared",
+        "'shared': any request may reuse any cached prefix; 'user': only those of requests with the same "
+        "`user` (or `cache_salt`), so no client can time another's prompts.",
+        kind="str",
+        choices=("shared", "user"),
     )
-    prefix_cache_spill_rows: int = field(
-        default=64,
-        metadata=about(
-            "An entry unused while this many rows decode moves to the RAM tier; 0: only under pressure.", "int"
-        ),
+    draft_tokens: int = option(
+        6, "Prompt-lookup guesses per step for greedy requests (how many is measured); 0: off.", kind="int"
     )
-    prefix_cache_scope: str = field(
-        default="shared",
-        metadata=about(
-            "'shared': any request may reuse any cached prefix; 'user': only those of requests with the same "
-            "`user` (or `cache_salt`), so no client can time another's prompts.",
-            "str",
-            choices=("shared", "user"),
-        ),
+    draft_max_sequences: int = option(8, "No drafts while more sequences than this decode.", kind="int")
+    gpu_layers: int = option(
+        0, "Layers offloaded to a GPU (GPU builds of llama-cpp-python; a CPU build ignores it).", kind="int"
     )
-    draft_tokens: int = field(
-        default=6,
-        metadata=about("Prompt-lookup guesses per step for greedy requests (how many is measured); 0: off.", "int"),
+    cache_type: str = option(
+        "f16",
+        "The KV cache's type: f16, q8_0 (about half the bytes), q4_0 (about a quarter).",
+        kind="str",
+        env=True,
+        choices=KV_CACHE_TYPES,
     )
-    draft_max_sequences: int = field(
-        default=8, metadata=about("No drafts while more sequences than this decode.", "int")
+    cache_type_v: str | None = option(
+        None, "V's own type, when it differs from K's.", kind="str|null", choices=KV_CACHE_TYPES
     )
-    gpu_layers: int = field(
-        default=0,
-        metadata=about("Layers offloaded to a GPU (GPU builds of llama-cpp-python; a CPU build ignores it).", "int"),
+    memory_budget: int | float | str | None = option(
+        None,
+        "With ctx_size auto: bytes ('4GiB') or a fraction of the memory free at load; none: half of it.",
+        kind="bytes|fraction",
+        env=True,
     )
-    cache_type: str = field(
-        default="f16",
-        metadata=about(
-            "The KV cache's type: f16, q8_0 (about half the bytes), q4_0 (about a quarter).",
-            "str",
-            env=True,
-            choices=KV_CACHE_TYPES,
-        ),
+    mlock: bool = option(False, "Keep the weights locked in RAM.", kind="bool")
+    mmap: bool | None = option(
+        None, "Map the weights from the file; null: llama.cpp's choice (mmap on a CPU).", kind="bool|null"
     )
-    cache_type_v: str | None = field(
-        default=None,
-        metadata=about("V's own type, when it differs from K's.", "str|null", choices=KV_CACHE_TYPES),
+    repack: bool | None = option(
+        None,
+        "llama.cpp's repacked weight layouts; null: on, unless this build's AMX kernels would crash.",
+        kind="bool|null",
     )
-    memory_budget: int | float | str | None = field(
-        default=None,
-        metadata=about(
-            "With ctx_size auto: bytes ('4GiB') or a fraction of the memory free at load; none: half of it.",
-            "bytes|fraction",
-            env=True,
-        ),
-    )
-    mlock: bool = field(default=False, metadata=about("Keep the weights locked in RAM.", "bool"))
-    mmap: bool | None = field(
-        default=None,
-        metadata=about("Map the weights from the file; null: llama.cpp's choice (mmap on a CPU).", "bool|null"),
-    )
-    repack: bool | None = field(
-        default=None,
-        metadata=about(
-            "llama.cpp's repacked weight layouts; null: on, unless this build's AMX kernels would crash.",
-            "bool|null",
-        ),
-    )
-    flash_attention: bool | None = field(
-        default=None,
-        metadata=about(
-            "llama.cpp's flash attention; null: on with GPU layers or a quantized V, else measured at load on "
-            "this machine, the faster kind kept (docs/decisions.md, 'Attention kernel').",
-            "bool|null",
-        ),
+    flash_attention: bool | None = option(
+        None,
+        "llama.cpp's flash attention; null: on with GPU layers or a quantized V, else measured at load on "
+        "this machine, the faster kind kept (docs/decisions.md, 'Attention kernel').",
+        kind="bool|null",
     )
 
     def __post_init__(self) -> None:
@@ -189,8 +143,9 @@ class EngineSettings:
         ):
             raise ConfigError(f"engine setting 'ctx_size' must be a positive integer or 'auto', got {self.ctx_size!r}")
         for item in dataclasses.fields(self):
-            choices, value = item.metadata["choices"], getattr(self, item.name)
-            if choices and not (value is None and item.metadata["kind"].endswith("|null")) and value not in choices:
+            spelled, value = option_of(item), getattr(self, item.name)
+            choices, kind = spelled.choices, spelled.kind or ""
+            if choices and not (value is None and kind.endswith("|null")) and value not in choices:
                 raise ConfigError(f"engine setting {item.name!r} must be one of {', '.join(choices)}, got {value!r}")
         if not (self.flash_attention is None or isinstance(self.flash_attention, bool)):
             raise ConfigError(
@@ -344,9 +299,9 @@ ENV_OVERRIDES: dict[str, tuple[str | None, str, Callable[[str], Any]]] = {
     "MAGNITUDE_MODEL": (None, "default_model", str),
     "MAGNITUDE_MODELS_DIR": (None, "models_dir", str),
     **{
-        f"MAGNITUDE_{item.name.upper()}": ("engine", item.name, KIND_PARSERS[item.metadata["kind"]])
+        f"MAGNITUDE_{item.name.upper()}": ("engine", item.name, KIND_PARSERS[option_of(item).kind or "str"])
         for item in dataclasses.fields(EngineSettings)
-        if item.metadata["env"]
+        if option_of(item).env
     },
     "MAGNITUDE_MAX_LOADED_MODELS": (None, "max_loaded_models", int),
     "MAGNITUDE_KEEP_ALIVE": (None, "keep_alive", str),

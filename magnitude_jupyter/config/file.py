@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from ..options import option, option_of, options_of
 from .engine import (
     CONFIG_ENV,
     DEFAULT_CONFIG_PATH,
@@ -20,13 +21,6 @@ from .engine import (
     parse_keep_alive,
 )
 from .service import ApiKey, SloSettings, parse_api_keys, parse_slo
-
-
-def top_key(default: Any, help: str, factory: bool = False) -> Any:
-    """A top-level key of the config file: its default (a factory with `factory`) and its help."""
-    if factory:
-        return field(default_factory=default, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True)
@@ -44,33 +38,31 @@ class Settings:
     """The whole config file. Each top-level key is a field with its help (docs/configuration.md's
     row); `source` is where these came from, not a key."""
 
-    default_model: str = top_key(
-        "smollm2-135m", "The model served when a request names none: an alias or a .gguf path."
-    )
-    models_dir: Path | None = top_key(
+    default_model: str = option("smollm2-135m", "The model served when a request names none: an alias or a .gguf path.")
+    models_dir: Path | None = option(
         None, "Every *.gguf here is a model, by its file name lower-cased; no restart needed."
     )
-    models_dir_follow_links: bool = top_key(False, "Serve a *.gguf in models_dir that links to a file outside it.")
-    engine: EngineSettings = top_key(EngineSettings, "The engine settings below.", factory=True)
+    models_dir_follow_links: bool = option(False, "Serve a *.gguf in models_dir that links to a file outside it.")
+    engine: EngineSettings = option(EngineSettings, "The engine settings below.", factory=True)
     source: Path | None = None  # the file these came from, if any
     # Many models behind one server (engine/pool.py):
-    max_loaded_models: int = top_key(2, "Models resident at once; the least recently used idle one makes room.")
-    keep_alive: float = top_key(300.0, "Seconds (or '5m') an idle model stays loaded; -1: until its room is needed.")
-    memory_reserve_mib: int = top_key(512, "Memory a model load must leave free for everything else.")
-    response_store_mib: int = top_key(
+    max_loaded_models: int = option(2, "Models resident at once; the least recently used idle one makes room.")
+    keep_alive: float = option(300.0, "Seconds (or '5m') an idle model stays loaded; -1: until its room is needed.")
+    memory_reserve_mib: int = option(512, "Memory a model load must leave free for everything else.")
+    response_store_mib: int = option(
         0,
         "Memory for Responses-API responses, stored and being made (least recently used out first); "
         "0: 1/128 of RAM, 16-256 MiB.",
     )
-    api_keys: tuple[ApiKey, ...] = top_key(
+    api_keys: tuple[ApiKey, ...] = option(
         (),
         "Clients of `magnitude serve`, each a tenant: `[{name, key or key_env, batch, models, never_shed}]` "
         "(docs/operations.md).",
     )
-    models: dict[str, ModelSettings] = top_key(
+    models: dict[str, ModelSettings] = option(
         dict, "Per model, by alias: engine settings that differ for it, `chat_template` and `slo`.", factory=True
     )
-    slo: SloSettings = top_key(SloSettings, "Service-level objectives, watched live (below).", factory=True)
+    slo: SloSettings = option(SloSettings, "Service-level objectives, watched live (below).", factory=True)
 
     def response_store_bytes(self) -> int:
         """What the Responses API keeps, in bytes: the setting, or a share of the machine's RAM."""
@@ -89,8 +81,8 @@ class Settings:
 
 
 ENGINE_KEYS = {f.name: f.type for f in dataclasses.fields(EngineSettings)}
-MODEL_KEYS = {f.name for f in dataclasses.fields(EngineSettings) if f.metadata["per_model"]} | {"chat_template", "slo"}
-TOP_KEYS = {f.name for f in dataclasses.fields(Settings) if "help" in f.metadata}
+MODEL_KEYS = {f.name for f in dataclasses.fields(EngineSettings) if option_of(f).per_model} | {"chat_template", "slo"}
+TOP_KEYS = {f.name for f, _ in options_of(Settings)}
 
 
 def config_path() -> Path:

@@ -4,10 +4,11 @@ itself by (`slo:`)."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from .engine import ConfigError, about, parse_keep_alive
+from ..options import option
+from .engine import ConfigError, parse_keep_alive
 
 
 @dataclass(frozen=True)
@@ -68,39 +69,28 @@ class SloSettings:
     model under `models.<alias>.slo`), `magnitude serve --slo-...`, the extension's `slo_...` traitlets.
     An objective left unset is not watched."""
 
-    ttft_p95_ms: float | None = field(
-        default=None, metadata=about("p95 time to first token, in ms, over the window.", "float|null")
+    ttft_p95_ms: float | None = option(None, "p95 time to first token, in ms, over the window.", kind="float|null")
+    e2e_p95_ms: float | None = option(None, "p95 time from arrival to the last token, in ms.", kind="float|null")
+    round_p95_ms: float | None = option(
+        None,
+        "p95 end-to-end time of a conversation's later rounds (requests with an earlier answer).",
+        kind="float|null",
     )
-    e2e_p95_ms: float | None = field(
-        default=None, metadata=about("p95 time from arrival to the last token, in ms.", "float|null")
+    min_tokens_per_s: float | None = option(
+        None, "Output tokens/s a request decodes at, for 95% of requests.", kind="float|null"
     )
-    round_p95_ms: float | None = field(
-        default=None,
-        metadata=about(
-            "p95 end-to-end time of a conversation's later rounds (requests with an earlier answer).", "float|null"
-        ),
+    window: float = option(300.0, "The rolling window objectives are judged over: seconds or '5m'.", kind="duration")
+    shed: bool = option(
+        False,
+        "Keep the TTFT objective: an interactive request predicted to wait longer than it for its first "
+        "token gets 503 and Retry-After at once (batch requests queue on). Off by default.",
+        kind="bool",
     )
-    min_tokens_per_s: float | None = field(
-        default=None, metadata=about("Output tokens/s a request decodes at, for 95% of requests.", "float|null")
-    )
-    window: float = field(
-        default=300.0, metadata=about("The rolling window objectives are judged over: seconds or '5m'.", "duration")
-    )
-    shed: bool = field(
-        default=False,
-        metadata=about(
-            "Keep the TTFT objective: an interactive request predicted to wait longer than it for its first "
-            "token gets 503 and Retry-After at once (batch requests queue on). Off by default.",
-            "bool",
-        ),
-    )
-    fallback_model: str | None = field(
-        default=None,
-        metadata=about(
-            "With shed: a smaller model (an alias) that takes the requests the objective would shed, "
-            "while its own queue keeps the objective; the answer's model says which served it.",
-            "str|null",
-        ),
+    fallback_model: str | None = option(
+        None,
+        "With shed: a smaller model (an alias) that takes the requests the objective would shed, "
+        "while its own queue keeps the objective; the answer's model says which served it.",
+        kind="str|null",
     )
 
     def __post_init__(self) -> None:

@@ -83,9 +83,10 @@ class MagnitudeMagics(Magics):
 
             return batch_command(self.session, args.df, cell.strip(), args.batch_options(), args.output, args.compare)
         if args.batch_only():
-            from ..batch.options import batch_flags
+            from ..batch.options import BatchOptions
+            from ..options import flag_names
 
-            names = {name: flag.name for name, flag, _ in batch_flags()}
+            names = flag_names(BatchOptions)
             flags = ", ".join(names[name] for name in args.batch_only())
             raise MagnitudeError(f"{flags} score a DataFrame (with --df); for one prompt use -f json for JSON")
         from .prompt_cell import prompt_cell

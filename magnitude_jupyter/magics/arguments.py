@@ -2,23 +2,21 @@
 parser and `%magnitude help`, and parsing gives back an instance of it, never a raw Namespace.
 
 `%%magnitude` parses into `CellArgs`; `%magnitude NAME ...` into the `LineArgs` subclass that
-`LINE_COMMANDS` registers for NAME. Batch options (`--df`, `%magnitude batch`) come from
-`batch_options.BatchOptions` and calibration options from `calibrate.options.CalibrateOptions`, the
-same declarations the CLI uses.
+`LINE_COMMANDS` registers for NAME. Each field is an `options.option`, as every setting of the
+package is; batch options (`--df`, `%magnitude batch`) come from `batch.options.BatchOptions` and
+calibration options from `calibrate.options.CalibrateOptions`, the same declarations the CLI uses.
 """
 
 from __future__ import annotations
 
 import argparse
-import types
-import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, NoReturn
 
-from ..batch.options import add_batch_arguments, given_options
+from ..batch.options import BatchOptions, given_options
 from ..calibrate.options import CalibrateOptions
-from ..calibrate.options import add_arguments as add_calibrate_arguments
 from ..client.conversations import DEFAULT_CHAT
+from ..options import add_arguments, option
 
 FORMATS = ("text", "markdown", "json", "code")
 # Options a single prompt shares with a batch: declared in CellArgs for both, with the same types.
@@ -37,40 +35,6 @@ class Parser(argparse.ArgumentParser):
         raise MagnitudeError(f"{message} (usage: {self.format_usage().strip().removeprefix('usage: ')})")
 
 
-def arg(*flags: str, help: str = "", default: Any = None, **spelling: Any) -> Any:
-    """A dataclass field that is also a command-line argument (no flags: a positional one)."""
-    return field(default=default, metadata={"flags": flags, "help": help, **spelling})
-
-
-def _value_type(hint: Any) -> tuple[type, bool]:
-    """(the scalar type, is it a list) of a field's annotation: `int | None` → (int, False)."""
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        hint = next(h for h in typing.get_args(hint) if h is not type(None))
-    if typing.get_origin(hint) is list:
-        return typing.get_args(hint)[0], True
-    return hint, False
-
-
-def add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Each `arg` field of the dataclass as an argument, its type from its annotation."""
-    hints = typing.get_type_hints(cls)
-    for f in fields(cls):
-        if "flags" not in f.metadata:
-            continue
-        meta = dict(f.metadata)
-        flags, help_text = meta.pop("flags"), meta.pop("help")
-        kind, many = _value_type(hints[f.name])
-        if not flags:  # positional
-            nargs: dict[str, Any] = {"nargs": "?"} if f.default is not None else {}
-            parser.add_argument(f.name, default=f.default, help=help_text, **nargs)
-        elif kind is bool:
-            parser.add_argument(*flags, dest=f.name, action="store_true", help=help_text)
-        else:
-            extra: dict[str, Any] = {"nargs": "+"} if many else {}
-            extra.update(meta)
-            parser.add_argument(*flags, dest=f.name, type=kind, default=f.default, help=help_text, **extra)
-
-
 def values_of(cls: type, namespace: argparse.Namespace) -> dict[str, Any]:
     return {f.name: getattr(namespace, f.name) for f in fields(cls) if hasattr(namespace, f.name)}
 
@@ -80,30 +44,28 @@ class CellArgs:
     """`%%magnitude [options]`: one prompt, a conversation turn, a tool-using agent, a comparison,
     embeddings, or (with --df) a DataFrame batch."""
 
-    model: str | None = arg("--model", "-m", help="the model to ask (default: %%magnitude use's, else the server's)")
-    system: str | None = arg("--system", "-s", help="system message")
-    temperature: float | None = arg("--temperature", "-t", help="0 (default) is greedy")
-    max_tokens: int | None = arg("--max-tokens", help="most tokens in the answer")
-    top_p: float | None = arg("--top-p", help="nucleus sampling")
-    seed: int | None = arg("--seed", help="with a temperature: the same answer again")
-    stop: list[str] | None = arg("--stop", help="strings that end the answer")
-    format: str = arg(
-        "--format", "-f", default="text", choices=FORMATS, help="json parses the answer; code adds a cell"
+    model: str | None = option(
+        None, "the model to ask (default: %%magnitude use's, else the server's)", "--model", "-m"
     )
-    output: str | None = arg("-o", "--output", help="variable for the answer (always also _magnitude)")
-    no_stream: bool = arg("--no-stream", default=False, help="show the answer once it is complete")
-    no_reproducible: bool = arg(
-        "--no-reproducible", default=False, help="faster, but the answer may depend on what runs beside it"
-    )
-    ignore_eos: bool = arg("--ignore-eos", default=False, help="generate exactly --max-tokens (for measuring)")
-    chat: str | None = arg("--chat", nargs="?", const=DEFAULT_CHAT, help="continue a named conversation")
-    trim: bool = arg("--trim", default=False, help="with --chat: drop the oldest turns when the history overflows")
-    df: str | None = arg("--df", help="score this DataFrame, the cell being the row template")
-    embed: bool = arg("--embed", default=False, help="unit vectors: one per line of the cell, or with --df one per row")
-    compare: str | None = arg("--compare", help="models, comma-separated: the same prompt to each, side by side")
-    tools: str | None = arg("--tools", help="functions of the notebook, comma-separated, the model may call")
-    max_steps: int = arg("--max-steps", default=5, help="with --tools: rounds of tool calls before it stops")
-    tool_choice: str = arg("--tool-choice", default="auto", choices=("auto", "required"), help="with --tools")
+    system: str | None = option(None, "system message", "--system", "-s")
+    temperature: float | None = option(None, "0 (default) is greedy", "--temperature", "-t")
+    max_tokens: int | None = option(None, "most tokens in the answer")
+    top_p: float | None = option(None, "nucleus sampling")
+    seed: int | None = option(None, "with a temperature: the same answer again")
+    stop: list[str] | None = option(None, "strings that end the answer")
+    format: str = option("text", "json parses the answer; code adds a cell", "--format", "-f", choices=FORMATS)
+    output: str | None = option(None, "variable for the answer (always also _magnitude)", "-o", "--output")
+    no_stream: bool = option(False, "show the answer once it is complete")
+    no_reproducible: bool = option(False, "faster, but the answer may depend on what runs beside it")
+    ignore_eos: bool = option(False, "generate exactly --max-tokens (for measuring)")
+    chat: str | None = option(None, "continue a named conversation", nargs="?", const=DEFAULT_CHAT)
+    trim: bool = option(False, "with --chat: drop the oldest turns when the history overflows")
+    df: str | None = option(None, "score this DataFrame, the cell being the row template")
+    embed: bool = option(False, "unit vectors: one per line of the cell, or with --df one per row")
+    compare: str | None = option(None, "models, comma-separated: the same prompt to each, side by side")
+    tools: str | None = option(None, "functions of the notebook, comma-separated, the model may call")
+    max_steps: int = option(5, "with --tools: rounds of tool calls before it stops")
+    tool_choice: str = option("auto", "with --tools", choices=("auto", "required"))
     batch: dict[str, Any] = field(default_factory=dict)  # the batch-only options given (see batch_options)
 
     def validate(self) -> None:
@@ -125,8 +87,8 @@ class CellArgs:
 
 def cell_parser() -> Parser:
     parser = Parser(prog="%%magnitude", add_help=False)
-    add_fields(parser, CellArgs)
-    add_batch_arguments(parser, skip=SHARED_WITH_BATCH)
+    add_arguments(parser, CellArgs)
+    add_arguments(parser, BatchOptions, skip=SHARED_WITH_BATCH, unset_is_none=True)
     return parser
 
 
@@ -159,7 +121,7 @@ class Help(LineArgs):
 class Status(LineArgs):
     name = "status"
     summary = "the server in a few lines: model, slots, queue, KV cache, tokens/s, cache hits, objectives"
-    json: bool = arg("--json", default=False, help="the server's whole /status object instead")
+    json: bool = option(False, "the server's whole /status object instead")
 
 
 @dataclass(frozen=True)
@@ -172,15 +134,15 @@ class ListModels(LineArgs):
 class Use(LineArgs):
     name = "use"
     summary = "make MODEL the one cells ask for, loading it now"
-    model: str = arg(help="a model id, as %magnitude list shows it", default=None)
+    model: str = option(None, "a model id, as %magnitude list shows it", positional=True)
 
 
 @dataclass(frozen=True)
 class Connect(LineArgs):
     name = "connect"
     summary = "talk to another OpenAI-compatible server"
-    url: str = arg(help="the server's URL, ending before /v1", default=None)
-    token: str | None = arg("--token", help="its API key")
+    url: str = option(None, "the server's URL, ending before /v1", positional=True)
+    token: str | None = option(None, "its API key")
 
 
 @dataclass(frozen=True)
@@ -199,14 +161,14 @@ class Chats(LineArgs):
 class History(LineArgs):
     name = "history"
     summary = "one conversation as a DataFrame"
-    chat: str = arg(help="the conversation's name", default=DEFAULT_CHAT)
+    chat: str = option(DEFAULT_CHAT, "the conversation's name", positional=True)
 
 
 @dataclass(frozen=True)
 class Reset(LineArgs):
     name = "reset"
     summary = "forget a conversation"
-    chat: str = arg(help="the conversation's name", default=DEFAULT_CHAT)
+    chat: str = option(DEFAULT_CHAT, "the conversation's name", positional=True)
 
 
 @dataclass(frozen=True)
@@ -214,9 +176,9 @@ class Calibrate(LineArgs):
     name = "calibrate"
     summary = "measure this server: tokens/s, latency percentiles, the knee (a live widget)"
     options: CalibrateOptions = field(default_factory=CalibrateOptions)
-    start: bool = arg("--start", default=False, help="start the sweep at once")
-    compare: str | None = arg(
-        "--compare", help="a profile in the notebook (a variable's name), drawn greyed as the first run to compare with"
+    start: bool = option(False, "start the sweep at once")
+    compare: str | None = option(
+        None, "a profile in the notebook (a variable's name), drawn greyed as the first run to compare with"
     )
 
 
@@ -224,9 +186,9 @@ class Calibrate(LineArgs):
 class Batch(LineArgs):
     name = "batch"
     summary = "score a DataFrame with a template over its columns"
-    df: str = arg(help="the DataFrame's name in the notebook", default=None)
-    template: str = arg("--template", help="the prompt, {column} filled in from each row", required=True)
-    output: str | None = arg("-o", "--output", help="variable for the result")
+    df: str = option(None, "the DataFrame's name in the notebook", positional=True)
+    template: str = option(None, "the prompt, {column} filled in from each row", required=True)
+    output: str | None = option(None, "variable for the result", "-o", "--output")
     batch: dict[str, Any] = field(default_factory=dict)
 
 
@@ -241,11 +203,11 @@ def line_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
     for name, cls in LINE_COMMANDS.items():
         command = sub.add_parser(name, help=cls.summary, add_help=False)
-        add_fields(command, cls)
+        add_arguments(command, cls)
         if cls is Calibrate:
-            add_calibrate_arguments(command)
+            add_arguments(command, CalibrateOptions)
         if cls is Batch:
-            add_batch_arguments(command)
+            add_arguments(command, BatchOptions, unset_is_none=True)
     return parser
 
 

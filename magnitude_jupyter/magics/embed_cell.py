@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 
 from ..batch.embed import EMBEDDING_COLUMN, EmbeddingClient, embed_dataframe
-from ..batch.options import BatchError, batch_flags
+from ..batch.options import BatchError, BatchOptions
 from ..batch.score import summary_line
 from ..client.http import ClientError
+from ..options import flag_names
 from .arguments import CellArgs, MagnitudeError
 from .session import NotebookSession
 
@@ -35,7 +36,7 @@ class EmbedCell:
 
 def cell_options(options: dict[str, Any], extra: list[str]) -> dict[str, Any]:
     """The batch options given with --embed; any other option is refused by its flag."""
-    flags = {name: flag.name for name, flag, _ in batch_flags()}
+    flags = flag_names(BatchOptions)
     refused = sorted(flags[name] for name in set(options) - ALLOWED) + extra
     if refused:
         raise EmbedCellError(f"--embed takes -m, --df, --output-column, --checkpoint and -o; not {', '.join(refused)}")
