@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from magnitude_jupyter.api.errors import api_error_from
-from magnitude_jupyter.api.openai import ApiError, parse_generation, parse_json_body
+from magnitude_jupyter.api.errors import ApiError, api_error_from
+from magnitude_jupyter.api.generation import parse_json_body
+from magnitude_jupyter.api.openai import parse_generation
 from magnitude_jupyter.api.openai_shapes import ResponseShape, completion_response, stream_chunks
 from magnitude_jupyter.engine.chat import ChatFormatError, normalize_messages
 from magnitude_jupyter.engine.request import NUMBER_LIMITS, SamplingParams
@@ -83,8 +84,9 @@ def test_the_api_and_the_engine_share_one_set_of_limits():
     assert parse_generation({"messages": MESSAGES, "temperature": hi}, "chat").params.temperature == hi
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=hi + 0.1).validate()
-    with pytest.raises(ValueError, match="temperature"):
+    with pytest.raises(ApiError, match="temperature") as refused:
         parse_generation({"messages": MESSAGES, "temperature": hi + 0.1}, "chat")
+    assert refused.value.param == "temperature"
 
 
 def test_a_good_body_becomes_sampling_params():
@@ -181,3 +183,66 @@ def test_a_bad_max_output_tokens_is_named_as_the_responses_api_names_it(value):
     with pytest.raises(ApiError) as refused:
         parse_responses({"model": "m", "input": "Say hi", "max_output_tokens": value})
     assert refused.value.param == "max_output_tokens" and "'max_output_tokens' must be" in str(refused.value)
+
+
+def test_the_messages_and_responses_apis_build_the_engines_request_and_name_their_own_fields():
+    """Each API builds the engine's request from its own fields (api/generation.py): a problem is
+    reported by the name the client sent, never by the chat completions name it once went through."""
+    from magnitude_jupyter.api.anthropic import parse_messages
+    from magnitude_jupyter.api.responses import parse_responses
+    from magnitude_jupyter.engine.request import MAX_STOP_STRINGS
+
+    bad_schema = {"type": "object", "properties": {"a": {"type": "no-such-type"}}}
+    cases = [
+        (parse_responses, {"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+        (
+            parse_responses,
+            {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": bad_schema}]},
+            "tools[0].parameters",
+        ),
+        (
+            parse_responses,
+            {
+                "input": "x",
+                "tools": [{"type": "function", "name": "f"}],
+                "tool_choice": {"type": "function", "name": "g"},
+            },
+            "tool_choice",
+        ),
+        (
+            parse_messages,
+            {"max_tokens": 5, "messages": MESSAGES, "tools": [{"name": "f", "input_schema": bad_schema}]},
+            "tools[0].input_schema",
+        ),
+        (
+            parse_messages,
+            {"max_tokens": 5, "messages": MESSAGES, "stop_sequences": ["s"] * (MAX_STOP_STRINGS + 1)},
+            "stop_sequences",
+        ),
+        (parse_messages, {"max_tokens": 5, "messages": MESSAGES, "temperature": 9}, "temperature"),
+    ]
+    for parse, body, field in cases:
+        with pytest.raises(ApiError) as refused:
+            parse(body)
+        assert field in refused.value.message and (refused.value.param or "").startswith(field.split("[")[0]), body
+        assert "function.parameters" not in refused.value.message and "'stop'" not in refused.value.message
+
+    ok = parse_messages(
+        {
+            "max_tokens": 7,
+            "messages": MESSAGES,
+            "stop_sequences": ["END"],
+            "tools": [{"name": "add", "input_schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}],
+            "tool_choice": {"type": "tool", "name": "add", "disable_parallel_tool_use": True},
+            "thinking": {"type": "disabled"},
+        }
+    )
+    assert (ok.params.max_tokens, ok.params.stop, ok.params.temperature) == (7, ["END"], 1.0)
+    assert ok.tools is not None and (ok.tools.choice, ok.tools.function, ok.tools.parallel) == (
+        "function",
+        "add",
+        False,
+    )
+    assert ok.thinking.enabled is False
+    answer = parse_responses({"input": "x", "max_output_tokens": 3, "text": {"format": {"type": "json_object"}}})
+    assert answer.params.max_tokens == 3 and answer.params.grammar and answer.tools is None

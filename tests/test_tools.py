@@ -10,11 +10,12 @@ import jsonschema
 import openai
 import pytest
 
+from magnitude_jupyter.api.tools import openai_tools as parse_tools
 from magnitude_jupyter.api.tools import tool_request
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine, SamplingParams
 from magnitude_jupyter.engine.chat import render_chat
-from magnitude_jupyter.engine.tools import GENERIC, HERMES, ToolError, parse_answer, parse_tools
+from magnitude_jupyter.engine.tools import GENERIC, HERMES, ToolError, parse_answer
 
 ADD = {
     "type": "function",

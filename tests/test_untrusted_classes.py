@@ -253,7 +253,8 @@ def test_the_tool_schema_check_fetches_nothing_in_any_slot(tmp_path):
     socket, no URL and no file."""
     import sys
 
-    from magnitude_jupyter.engine.tools import ToolError, parse_tools
+    from magnitude_jupyter.api.tools import openai_tools as parse_tools
+    from magnitude_jupyter.engine.tools import ToolError
 
     secret = tmp_path / "secret.json"
     secret.write_text('{"type": "string"}')

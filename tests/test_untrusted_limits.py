@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from magnitude_jupyter.api.openai import ApiError
+from magnitude_jupyter.api.errors import ApiError
+from magnitude_jupyter.api.tools import openai_tools as parse_tools
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import schema_limits
 from magnitude_jupyter.engine.gbnf_limits import (
@@ -26,7 +27,7 @@ from magnitude_jupyter.engine.gbnf_limits import (
 )
 from magnitude_jupyter.engine.grammar import GrammarError, json_grammar
 from magnitude_jupyter.engine.schema_limits import SchemaLimitError, check_schema
-from magnitude_jupyter.engine.tools import ToolError, parse_tools
+from magnitude_jupyter.engine.tools import ToolError
 from magnitude_jupyter.models.gguf_reader import GGUFError, read_header
 from magnitude_jupyter.models.registry import ModelNotFoundError, list_models, resolve_model
 from magnitude_jupyter.server.handlers import parse_event_id

@@ -1,9 +1,9 @@
 """Anthropic's Messages API (what Claude Code and the `anthropic` SDK speak), in and out.
 
-A Messages body is translated into the chat request every API shares (`openai.parse_generation`
-checks it, so the limits, grammars and tool forms are the same), and the engine's answer and
-stream events are shaped as Anthropic's: content blocks, `stop_reason`, `usage` with
-`cache_read_input_tokens`, the `message_start` ... `message_stop` event sequence, and errors as
+A Messages body becomes the engine's request directly, with the checks every API shares
+(generation.py: sampling limits, grammars, tools), each problem named by Anthropic's field. The
+engine's answer and stream events are shaped as Anthropic's: content blocks, `stop_reason`, `usage`
+with `cache_read_input_tokens`, the `message_start` ... `message_stop` event sequence, and errors as
 `{"type": "error", "error": {"type", "message"}}`. Pure functions, no tornado.
 """
 
@@ -15,10 +15,23 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..engine.reasoning import Thinking
+from ..engine.schema_grammar import SchemaGrammar
 from ..engine.streams import StreamEvent
-from ..engine.tools import parse_answer
+from ..engine.tools import Tool, ToolRequest, ToolSpec, parse_answer
 from .errors import ApiError, refuse_unknown_fields
-from .openai import GenerationRequest, bad_param, parse_generation
+from .generation import (
+    GenerationRequest,
+    bad_param,
+    boolean_param,
+    hold_to,
+    json_output,
+    model_name,
+    sampling_params,
+    tool_choice,
+    tools_of,
+)
+from .openai import MAX_THINKING_BUDGET
 from .usage import TokenCounts
 
 FIELDS = {
@@ -165,10 +178,10 @@ def _messages(raw: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(raw: Any) -> list[dict[str, Any]]:
+def _tools(raw: Any) -> list[Tool]:
     if not isinstance(raw, list) or not raw:
         raise bad_param("tools", "'tools' must be a non-empty list of {name, description, input_schema}")
-    tools = []
+    specs = []
     for i, tool in enumerate(raw):
         if not isinstance(tool, dict):
             raise bad_param(f"tools[{i}]", f"tools[{i}] must be an object")
@@ -176,39 +189,50 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
             raise bad_param(
                 f"tools[{i}]", f"tools[{i}] is a server tool ({tool['type']!r}), which this server does not run"
             )
-        function = {
-            "name": tool.get("name"),
-            "description": tool.get("description") or "",
-            "parameters": tool.get("input_schema"),
-        }
-        tools.append({"type": "function", "function": function})
-    return tools
+        specs.append(
+            ToolSpec(tool.get("name"), tool.get("description"), tool.get("input_schema"), f"tools[{i}]", "input_schema")
+        )
+    return tools_of(specs)
 
 
-def _tool_choice(raw: Any) -> tuple[Any, bool | None]:
-    """(OpenAI's tool_choice, parallel_tool_calls) for Anthropic's {type: auto|any|tool|none}."""
+def _tool_choice(raw: Any) -> tuple[str, str | None, bool | None]:
+    """(the engine's choice, the function it names, parallel calls) of Anthropic's
+    {type: auto|any|tool|none, disable_parallel_tool_use}."""
     if raw is None:
-        return None, None
+        return "auto", None, None
     kind = raw.get("type") if isinstance(raw, dict) else None
     parallel = (
         None
         if not isinstance(raw, dict) or raw.get("disable_parallel_tool_use") is None
         else not raw["disable_parallel_tool_use"]
     )
-    if kind == "auto":
-        return "auto", parallel
+    if parallel is not None and not isinstance(raw["disable_parallel_tool_use"], bool):
+        raise bad_param("tool_choice", "tool_choice.disable_parallel_tool_use must be true or false")
+    if kind in ("auto", "none"):
+        return kind, None, parallel
     if kind == "any":
-        return "required", parallel
-    if kind == "none":
-        return "none", None
+        return "required", None, parallel
     if kind == "tool" and isinstance(raw.get("name"), str):
-        return {"type": "function", "function": {"name": raw["name"]}}, parallel
+        return "function", raw["name"], parallel
     raise bad_param("tool_choice", "tool_choice.type must be 'auto', 'any', 'tool' (with a name) or 'none'")
 
 
-def _output_format(config: Any) -> dict[str, Any] | None:
-    """`output_config.format` (a JSON schema the answer follows) as a response_format; `effort` is a
-    hint for reasoning models, ignored here."""
+def _tool_request(data: dict[str, Any]) -> ToolRequest | None:
+    """`tools` and `tool_choice` as the engine's ToolRequest; none when they ask for nothing (no
+    tools, as Claude Code's `--tools ""` sends, or `tool_choice: none`)."""
+    choice, function, parallel = _tool_choice(data.get("tool_choice"))
+    if data.get("tools") in (None, []):
+        if choice not in ("auto", "none"):
+            raise bad_param("tool_choice", "'tool_choice' needs 'tools'")
+        return None
+    if choice == "none":  # the model may not call them: as if none were given
+        return None
+    return tool_choice(_tools(data["tools"]), choice, function, bool(parallel), "tool_choice")
+
+
+def _output_format(config: Any) -> SchemaGrammar | None:
+    """`output_config.format` (a JSON schema the answer follows); `effort` is a hint for reasoning
+    models, ignored here."""
     if config is None:
         return None
     if not isinstance(config, dict):
@@ -221,7 +245,9 @@ def _output_format(config: Any) -> dict[str, Any] | None:
         return None
     if not isinstance(output_format, dict) or output_format.get("type") != "json_schema":
         raise bad_param("output_config.format", "output_config.format must be {type: 'json_schema', schema: {...}}")
-    return {"type": "json_schema", "json_schema": {"name": "output", "schema": output_format.get("schema")}}
+    if not isinstance(output_format.get("schema"), dict):
+        raise bad_param("output_config.format", "output_config.format.schema must be a JSON Schema object")
+    return json_output(output_format["schema"], "output_config.format")
 
 
 def _user_id(value: Any) -> str | None:
@@ -234,8 +260,11 @@ def _user_id(value: Any) -> str | None:
     return value if len(value) <= 256 else "sha256:" + hashlib.sha256(value.encode()).hexdigest()
 
 
+SAMPLING_NAMES = {"max_tokens": "max_tokens", "stop": "stop_sequences"}
+
+
 def parse_messages(data: dict[str, Any]) -> GenerationRequest:
-    """Validate a /v1/messages body into the request every API shares."""
+    """Validate a /v1/messages body into the engine's request."""
     refuse_unknown_fields(data, ACCEPTED, REFUSED)
     max_tokens = data.get("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -249,45 +278,48 @@ def parse_messages(data: dict[str, Any]) -> GenerationRequest:
     stops = data.get("stop_sequences")
     if stops is not None and (not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops)):
         raise bad_param("stop_sequences", "'stop_sequences' must be a list of non-empty strings")
-    body: dict[str, Any] = {
-        "model": data.get("model"),
-        "messages": messages,
+    temperature = data.get("temperature")
+    values = {
         "max_tokens": max_tokens,
-        "stream": data.get("stream"),
-        "stop": stops or None,
-        "temperature": data.get("temperature", DEFAULT_TEMPERATURE),
+        "stop": stops or [],
+        "temperature": DEFAULT_TEMPERATURE if temperature is None else temperature,
         "top_p": data.get("top_p"),
         "top_k": data.get("top_k"),
-        "user": _user_id((metadata or {}).get("user_id")),
         "ignore_eos": data.get("ignore_eos"),
     }
-    body["response_format"] = _output_format(data.get("output_config"))
-    if data.get("tools") == []:  # no tools (Claude Code's `--tools ""`): asks for nothing
-        data = {key: value for key, value in data.items() if key != "tools"}
-        if _tool_choice(data.get("tool_choice"))[0] in (None, "auto", "none"):
-            data.pop("tool_choice", None)
-    if data.get("tools") is not None:
-        body["tools"] = _tools(data["tools"])
-        body["tool_choice"], body["parallel_tool_calls"] = _tool_choice(data.get("tool_choice"))
-        if body["tool_choice"] == "none":
-            del body["tools"], body["tool_choice"], body["parallel_tool_calls"]
-    elif data.get("tool_choice") is not None and _tool_choice(data["tool_choice"])[0] != "none":
-        raise bad_param("tool_choice", "'tool_choice' needs 'tools'")
-    body["chat_template_kwargs"], body["thinking_token_budget"] = _thinking(data.get("thinking"))
-    return parse_generation(body, "chat")
+    params = sampling_params(values, SAMPLING_NAMES)
+    tools = _tool_request(data)
+    structured = _output_format(data.get("output_config"))
+    if tools is not None and structured is not None:
+        raise bad_param(
+            "output_config",
+            "give 'tools' or 'output_config.format', not both: a tool call is already held to its schema",
+        )
+    hold_to(params, structured)
+    return GenerationRequest(
+        model=model_name(data),
+        params=params,
+        messages=messages,
+        stream=boolean_param(data, "stream"),
+        tools=tools,
+        user=_user_id((metadata or {}).get("user_id")),
+        thinking=_thinking(data.get("thinking")),
+    )
 
 
-def _thinking(config: Any) -> tuple[dict[str, Any] | None, int | None]:
+def _thinking(config: Any) -> Thinking:
     """`thinking`: enabled (the model thinks as its template lets it, its reasoning closed after
     `budget_tokens`), adaptive (thinks as it likes) or disabled (the template is asked not to think)."""
     if config is None:
-        return None, None
+        return Thinking()
     if not isinstance(config, dict) or config.get("type") not in ("enabled", "disabled", "adaptive"):
         raise bad_param("thinking", '\'thinking\' must be {"type": "enabled" | "adaptive" | "disabled", ...}')
     budget = config.get("budget_tokens") if config["type"] == "enabled" else None
     if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
         raise bad_param("thinking.budget_tokens", "'thinking.budget_tokens' must be a positive integer")
-    return {"enable_thinking": config["type"] != "disabled"}, budget
+    if budget is not None and budget > MAX_THINKING_BUDGET:
+        raise bad_param("thinking.budget_tokens", f"'thinking.budget_tokens' is at most {MAX_THINKING_BUDGET}")
+    return Thinking(enabled=config["type"] != "disabled", budget_tokens=budget)
 
 
 def count_tokens_body(data: dict[str, Any]) -> GenerationRequest:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .errors import refuse_unknown_fields
-from .openai import bad_param
+from .generation import bad_param
 
 FIELDS = {"model", "input", "encoding_format", "user"}
 MAX_INPUTS = 2048  # as OpenAI's API allows

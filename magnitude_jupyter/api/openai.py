@@ -8,46 +8,30 @@ body naming the offending field.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import parse_keep_alive
-from ..engine import Priority, SamplingParams
-from ..engine.grammar import GrammarError, json_grammar
+from ..engine import Priority
 from ..engine.reasoning import Thinking
-from ..engine.schema_grammar import SchemaGrammar, grammar_for_schema
+from ..engine.schema_grammar import SchemaGrammar
 from ..engine.tools import ToolError, ToolRequest
-from .errors import ApiError, refuse_unknown_fields
+from .errors import refuse_unknown_fields
+from .generation import (
+    GenerationRequest,
+    bad_param,
+    boolean_param,
+    hold_to,
+    integer_param,
+    json_output,
+    model_name,
+    parse_json_body,
+    sampling_params,
+    short_string,
+)
 from .tools import tool_request
 
+__all__ = ["GenerationRequest", "parse_generation", "parse_json_body"]
 
-def bad_param(param: str, message: str) -> ApiError:
-    return ApiError(400, message, param=param, code="invalid_value")
-
-
-@dataclass
-class GenerationRequest:
-    model: str | None
-    params: SamplingParams
-    priority: Priority = Priority.INTERACTIVE
-    messages: list[Any] | None = None
-    prompt: str | None = None
-    stream: bool = False
-    include_usage: bool = False
-    keep_alive: float | None = None  # seconds the model stays loaded after this (Ollama's); None: as set
-    tools: ToolRequest | None = None
-    cache_salt: str | None = None
-    user: str | None = None
-    thinking: Thinking = field(default_factory=Thinking)
-    origin: str | None = None
-
-    @property
-    def logprobs(self) -> bool:
-        return self.params.logprobs
-
-
-MAX_JSON_DEPTH = 64
 
 # What each endpoint understands. A field outside these is refused by name, never ignored: a client
 # that asks for tools, several choices or an echo must learn that it did not get them.
@@ -125,55 +109,6 @@ NOT_SUPPORTED = {
 }
 
 
-def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
-    """Refuse JSON nested deeper than `limit` (walked without recursion, whatever the depth)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        if depth > limit:
-            raise ApiError(400, f"the request body is nested more than {limit} levels deep", code="invalid_json")
-        stack.extend((child, depth + 1) for child in children)
-
-
-def parse_json_body(body: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(body or b"")
-    except RecursionError:
-        raise ApiError(
-            400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep", code="invalid_json"
-        ) from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
-    check_depth(data)
-    return data
-
-
-def integer_param(data: dict[str, Any], name: str, lo: int | None = None) -> int | None:
-    """`data[name]` as an integer (at least `lo`), None when absent; a 400 naming the field otherwise."""
-    value = data.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_param(name, f"'{name}' must be an integer, got {json.dumps(value)}")
-    if lo is not None and value < lo:
-        raise bad_param(name, f"'{name}' must be at least {lo}, got {value}")
-    return value
-
-
-def _boolean(data: dict[str, Any], name: str, default: bool = False) -> bool:
-    value = data.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise bad_param(name, f"'{name}' must be true or false, got {json.dumps(value)}")
-    return value
-
-
 def _stop(data: dict[str, Any]) -> list[str]:
     stop = data.get("stop")
     if stop is None:
@@ -184,7 +119,7 @@ def _stop(data: dict[str, Any]) -> list[str]:
 def _logprobs(data: dict[str, Any], kind: str) -> tuple[bool, int]:
     """(report logprobs, how many alternatives): chat has a flag and `top_logprobs`, completions a count."""
     if kind == "chat":
-        wanted = _boolean(data, "logprobs")
+        wanted = boolean_param(data, "logprobs")
         top = integer_param(data, "top_logprobs", 0)
         if top is not None and not wanted:
             raise bad_param("top_logprobs", "'top_logprobs' needs 'logprobs': true")
@@ -211,16 +146,13 @@ def _grammar(data: dict[str, Any]) -> SchemaGrammar | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return SchemaGrammar(json_grammar())
+        return json_output(None, "response_format")
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise bad_param("response_format", "response_format.json_schema.schema must be a JSON Schema object")
-        try:
-            return grammar_for_schema(schema)
-        except GrammarError as exc:
-            raise bad_param("response_format", str(exc)) from None
+        return json_output(schema, "response_format")
     raise bad_param("response_format", "response_format.type must be 'text', 'json_object' or 'json_schema'")
 
 
@@ -290,18 +222,6 @@ def _tools(data: dict[str, Any]) -> ToolRequest | None:
         raise bad_param(exc.param, str(exc)) from None
 
 
-MAX_ID_CHARS = 256  # `user`, `cache_salt`
-
-
-def short_string(data: dict[str, Any], name: str) -> str | None:
-    value = data.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or len(value) > MAX_ID_CHARS:
-        raise bad_param(name, f"'{name}' must be a string of 1 to {MAX_ID_CHARS} characters")
-    return value
-
-
 def _thinking(data: dict[str, Any]) -> Thinking:
     """`reasoning_format` and `chat_template_kwargs.enable_thinking`: a thinking model's reasoning
     apart from its content or inline, and thinking on or off where the template reads the flag."""
@@ -342,9 +262,7 @@ def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
     data = _without_no_ops(data)
     refuse_unknown_fields(data, known, NOT_SUPPORTED, code="unsupported_parameter")
     _check_ignored(data)
-    model = data.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad_param("model", "'model' must be a string")
+    model = model_name(data)
 
     messages = prompt = None
     if kind == "chat":
@@ -366,12 +284,11 @@ def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
         max_tokens = integer_param(data, "max_tokens", 1)
 
     # Types and ranges are checked once, by SamplingParams.validate, which names the field.
-    params = SamplingParams(max_tokens=max_tokens, stop=_stop(data))
-    for name in SAMPLING_FIELDS:
-        if data.get(name) is not None:
-            setattr(params, name, data[name])
-    params.logprobs, params.top_logprobs = _logprobs(data, kind)
-    params.validate()
+    logprobs, top_logprobs = _logprobs(data, kind)
+    values = {name: data.get(name) for name in SAMPLING_FIELDS}
+    params = sampling_params(
+        {**values, "max_tokens": max_tokens, "stop": _stop(data), "logprobs": logprobs, "top_logprobs": top_logprobs}
+    )
 
     priority_raw = data.get("priority", "interactive")
     try:
@@ -381,19 +298,13 @@ def parse_generation(data: dict[str, Any], kind: str) -> GenerationRequest:
     if priority is None:
         raise bad_param("priority", "'priority' must be 'interactive' or 'batch'")
 
-    stream = _boolean(data, "stream")
+    stream = boolean_param(data, "stream")
     options = data.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad_param("stream_options", "'stream_options' must be an object")
-    include_usage = _boolean(options or {}, "include_usage")
+    include_usage = boolean_param(options or {}, "include_usage")
 
-    structured = _grammar(data)
-    if structured is not None:  # what the grammar could not hold is checked once the answer is whole
-        params.grammar, params.unheld, params.answer_schema = (
-            structured.grammar,
-            structured.unheld,
-            structured.checked_after,
-        )
+    hold_to(params, _grammar(data))  # what the grammar could not hold is checked once the answer is whole
     tools = _tools(data) if kind == "chat" else None
     keep_alive = None
     if data.get("keep_alive") is not None:

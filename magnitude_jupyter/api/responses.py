@@ -1,6 +1,7 @@
 """OpenAI's Responses API (what Codex CLI and the OpenAI Agents SDK speak by default), in and out.
 
-A Responses body becomes the chat request every API shares (`openai.parse_generation` checks it):
+A Responses body becomes the engine's request directly, with the checks every API shares
+(generation.py), each problem named by the Responses field:
 `instructions` and `developer` items are system messages, `function_call` / `function_call_output`
 items are the assistant's tool calls and the tool results, and `previous_response_id` puts a stored
 response's conversation first. The answer is shaped as a `response` object with `output` items and
@@ -16,10 +17,25 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..engine.reasoning import Thinking
+from ..engine.schema_grammar import SchemaGrammar
 from ..engine.streams import StreamEvent
-from ..engine.tools import parse_answer
+from ..engine.tools import Tool, ToolRequest, ToolSpec, parse_answer
 from .errors import ApiError, refuse_unknown_fields
-from .openai import GenerationRequest, bad_param, check_metadata, integer_param, parse_generation
+from .generation import (
+    GenerationRequest,
+    bad_param,
+    boolean_param,
+    hold_to,
+    integer_param,
+    json_output,
+    model_name,
+    sampling_params,
+    short_string,
+    tool_choice,
+    tools_of,
+)
+from .openai import check_metadata
 from .usage import TokenCounts
 
 FIELDS = {
@@ -113,87 +129,115 @@ def input_messages(raw: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(raw: Any) -> list[dict[str, Any]]:
+def _tools(raw: Any) -> list[Tool]:
     """The function tools. Hosted tools (web search, file search, …) and namespaces are not offered
     to the model: this server runs none of them, and clients such as Codex CLI send them on every
     turn (docs/http-api.md lists them as ignored)."""
     if not isinstance(raw, list):
         raise bad_param("tools", "'tools' must be a list")
-    tools = []
+    specs = []
     for i, tool in enumerate(raw):
         if not isinstance(tool, dict):
             raise bad_param(f"tools[{i}]", f"tools[{i}] must be an object")
-        if tool.get("type") != "function":
-            continue
-        function = {"name": tool.get("name"), "description": tool.get("description") or ""}
-        function["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
-        tools.append({"type": "function", "function": function})
-    return tools
+        if tool.get("type") == "function":
+            specs.append(
+                ToolSpec(
+                    tool.get("name"),
+                    tool.get("description"),
+                    tool.get("parameters"),
+                    f"tools[{i}]",
+                    strict=tool.get("strict"),
+                )
+            )
+    return tools_of(specs) if specs else []
 
 
-def _tool_choice(raw: Any) -> Any:
-    if raw is None or raw in ("auto", "required", "none"):
-        return raw
+def _tool_choice(raw: Any) -> tuple[str, str | None]:
+    """(the engine's choice, the function it names)."""
+    if raw is None:
+        return "auto", None
+    if raw in ("auto", "required", "none"):
+        return raw, None
     if isinstance(raw, dict) and raw.get("type") == "function" and isinstance(raw.get("name"), str):
-        return {"type": "function", "function": {"name": raw["name"]}}
+        return "function", raw["name"]
     raise bad_param("tool_choice", "tool_choice must be 'auto', 'required', 'none' or {type: 'function', name}")
 
 
-def _format(text: Any) -> dict[str, Any] | None:
+def _tool_request(data: dict[str, Any]) -> ToolRequest | None:
+    choice, function = _tool_choice(data.get("tool_choice"))
+    parallel = data.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise bad_param("parallel_tool_calls", "'parallel_tool_calls' must be true or false")
+    tools = _tools(data["tools"]) if data.get("tools") is not None else []
+    if not tools or choice == "none":  # no function the model may call: as if none were given
+        return None
+    return tool_choice(tools, choice, function, bool(parallel), "tool_choice")
+
+
+def _format(text: Any) -> SchemaGrammar | None:
     if text is None:
         return None
-    form = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(text, dict):
+        raise bad_param("text", "'text' must be an object, as {format: {type: 'text' | 'json_object' | 'json_schema'}}")
+    form = text.get("format")
     if form is None:
         return None
     kind = form.get("type") if isinstance(form, dict) else None
     if kind == "text":
         return None
     if kind == "json_object":
-        return {"type": "json_object"}
+        return json_output(None, "text.format")
     if kind == "json_schema":
-        return {
-            "type": "json_schema",
-            "json_schema": {"name": form.get("name", "output"), "schema": form.get("schema")},
-        }
+        if not isinstance(form.get("schema"), dict):
+            raise bad_param("text.format", "text.format.schema must be a JSON Schema object")
+        return json_output(form["schema"], "text.format")
     raise bad_param("text.format", "text.format.type must be text, json_object or json_schema")
 
 
+def _thinking(reasoning: Any) -> Thinking:
+    """`reasoning.effort: none` asks a thinking model's template not to think; other efforts change nothing."""
+    if isinstance(reasoning, dict) and reasoning.get("effort") == "none":
+        return Thinking(enabled=False)
+    return Thinking()
+
+
+SAMPLING_NAMES = {"max_tokens": "max_output_tokens"}
+
+
 def parse_responses(data: dict[str, Any], previous: list[dict[str, Any]] | None = None) -> GenerationRequest:
-    """Validate a /v1/responses body (after `previous`, a stored conversation) into the shared request."""
+    """Validate a /v1/responses body (after `previous`, a stored conversation) into the engine's request."""
     refuse_unknown_fields(data, ACCEPTED, REFUSED)
     check_metadata(data.get("metadata"))
     if data.get("store") is not None and not isinstance(data["store"], bool):
         raise bad_param("store", "'store' must be true or false")
-    if data.get("text") is not None and not isinstance(data["text"], dict):
-        raise bad_param("text", "'text' must be an object, as {format: {type: 'text' | 'json_object' | 'json_schema'}}")
     messages = [*(previous or []), *input_messages(data.get("input"))]
     if data.get("instructions") is not None:
         if not isinstance(data["instructions"], str):
             raise bad_param("instructions", "'instructions' must be a string")
         messages.insert(0, {"role": "system", "content": data["instructions"]})
-    body: dict[str, Any] = {
-        "model": data.get("model"),
-        "messages": messages,
-        # checked under its own name here: the shared request would name it max_tokens
+    values = {
         "max_tokens": integer_param(data, "max_output_tokens", 1),
-        "stream": data.get("stream"),
         "temperature": data.get("temperature"),
         "top_p": data.get("top_p"),
-        "user": data.get("user"),
-        "response_format": _format(data.get("text")),
         "ignore_eos": data.get("ignore_eos"),
     }
-    reasoning = data.get("reasoning")
-    if isinstance(reasoning, dict) and reasoning.get("effort") == "none":
-        body["chat_template_kwargs"] = {"enable_thinking": False}  # a thinking model's template is asked not to
-    tools = _tools(data["tools"]) if data.get("tools") else []
-    if tools:
-        body["tools"] = tools
-        body["tool_choice"] = _tool_choice(data.get("tool_choice"))
-        body["parallel_tool_calls"] = data.get("parallel_tool_calls")
-        if body["tool_choice"] == "none":
-            del body["tools"], body["tool_choice"], body["parallel_tool_calls"]
-    return parse_generation(body, "chat")
+    params = sampling_params(values, SAMPLING_NAMES)
+    tools = _tool_request(data)
+    structured = _format(data.get("text"))
+    if tools is not None and structured is not None:
+        raise bad_param(
+            "text.format", "give 'tools' or 'text.format', not both: a tool call is already held to its schema"
+        )
+    hold_to(params, structured)
+    return GenerationRequest(
+        model=model_name(data),
+        params=params,
+        messages=messages,
+        stream=boolean_param(data, "stream"),
+        tools=tools,
+        user=short_string(data, "user"),
+        thinking=_thinking(data.get("reasoning")),
+    )
 
 
 # -- responses ------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ in-process client Dask workers use, and anything else. Every field the wire form
 from __future__ import annotations
 
 from ..engine import Engine, Request
-from .openai import GenerationRequest
+from .generation import GenerationRequest
 
 
 def submit(

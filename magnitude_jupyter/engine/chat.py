@@ -94,7 +94,7 @@ def _tool_ready(messages: Any, template: str | None, tools: ToolRequest | None) 
     normalize_messages(messages)  # shape errors first, named as before
     try:
         if template_form(template).native:
-            return native_messages(messages), [tool.openai() for tool in tools.tools] if tools else None
+            return native_messages(messages), [tool.for_template() for tool in tools.tools] if tools else None
         return generic_messages(messages, tools.tools if tools else None, _content_text), None
     except ToolError as exc:
         raise ChatFormatError(str(exc), exc.param) from None

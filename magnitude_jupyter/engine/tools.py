@@ -1,5 +1,6 @@
-"""Tool calling: OpenAI `tools` in, a prompt that describes them, a grammar that holds the answer to
-a call or a plain reply, and a parser that reads calls back out of the answer, whole or in pieces.
+"""Tool calling: the tools a request gives (each API reads its own shape into `ToolSpec`s), a prompt
+that describes them, a grammar that holds the answer to a call or a plain reply, and a parser that
+reads calls back out of the answer, whole or in pieces.
 
 The form of a call is chosen by the model's chat template:
 
@@ -56,7 +57,8 @@ class Tool:
     parameters: dict[str, Any]
     unheld: tuple[str, ...] = ()  # what of `parameters` the grammar leaves to the check after (answer_check.py)
 
-    def openai(self) -> dict[str, Any]:
+    def for_template(self) -> dict[str, Any]:
+        """The tool as chat templates read it (Hugging Face's convention, the `tools` they render)."""
         return {
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
@@ -111,59 +113,74 @@ def without_patterns(schema: Any) -> Any:
     return copy
 
 
-def parse_tools(raw: Any) -> list[Tool]:
-    """OpenAI's `tools` list, checked: names, descriptions, and parameter schemas that are valid JSON
-    Schema and can become a grammar. Raises ToolError naming the tool."""
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool as a client sent it, in any API's shape: its parts, and where they stand in the
+    request (`at`: "tools[2].function"; `schema_field`: "parameters" or "input_schema"), so that a
+    problem is reported by the names the client used."""
+
+    name: Any
+    description: Any
+    parameters: Any
+    at: str
+    schema_field: str = "parameters"
+    strict: Any = None
+
+
+def check_tools(specs: list[ToolSpec]) -> list[Tool]:
+    """The tools, checked: names, descriptions, and parameter schemas that are valid JSON Schema and
+    can become a grammar. Raises ToolError naming the field at fault."""
+    if not specs:
+        raise ToolError("'tools' must be a non-empty list")
+    if len(specs) > MAX_TOOLS:
+        raise ToolError(f"'tools' lists {len(specs)} functions; the limit is {MAX_TOOLS}")
+    tools: list[Tool] = []
+    for index, spec in enumerate(specs):
+        tool = _checked(spec, index)
+        if any(other.name == tool.name for other in tools):
+            raise ToolError(f"{spec.at}: two tools are named {tool.name!r}")
+        tools.append(tool)
+    return tools
+
+
+def _checked(spec: ToolSpec, index: int) -> Tool:
     # fastjsonschema, not jsonschema: importing jsonschema costs seconds and tens of MiB in a Jupyter
     # environment, for a check of the schema's own shape (docs/decisions.md).
     import fastjsonschema
 
-    if not isinstance(raw, list) or not raw:
-        raise ToolError("'tools' must be a non-empty list of {type: 'function', function: {...}} objects")
-    if len(raw) > MAX_TOOLS:
-        raise ToolError(f"'tools' lists {len(raw)} functions; the limit is {MAX_TOOLS}")
-    tools: list[Tool] = []
-    for i, entry in enumerate(raw):
-        where = f"tools[{i}]"
-        function = entry.get("function") if isinstance(entry, dict) else None
-        if not isinstance(entry, dict) or entry.get("type") != "function" or not isinstance(function, dict):
-            raise ToolError(f"{where} must be {{type: 'function', function: {{name, description, parameters}}}}")
-        name = function.get("name")
-        if not isinstance(name, str) or not NAME_RE.match(name):
-            raise ToolError(f"{where}.function.name must be 1-64 letters, digits, '_' or '-', got {name!r}")
-        if any(tool.name == name for tool in tools):
-            raise ToolError(f"{where}: two tools are named {name!r}")
-        description = function.get("description") or ""
-        if not isinstance(description, str):
-            raise ToolError(f"{where}.function.description must be a string")
-        parameters = function.get("parameters")
-        if parameters is None:
-            parameters = {"type": "object", "properties": {}}
-        if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
-            raise ToolError(f"{where}.function.parameters of {name!r} must be a JSON Schema of type 'object'")
-        try:  # the caps, and no reference outside the schema, before fastjsonschema resolves anything
-            check_schema(parameters, f"{where}.function.parameters")
-        except GrammarError as exc:
-            raise ToolError(str(exc)) from None
-        try:  # patterns are the grammar converter's to read: fastjsonschema rewrites `$` inside a class
-            fastjsonschema.compile(without_patterns(parameters), handlers=NO_REMOTE_REFS)
-        except Exception as exc:  # a definition error, or whatever its walk of a malformed schema hits
-            problem = f"{where}.function.parameters of {name!r} is not a valid JSON Schema: {exc}"
-            raise ToolError(problem) from None
-        if function.get("strict") not in (None, True, False):
-            raise ToolError(f"{where}.function.strict must be true or false")
-        tools.append(Tool(name, description, parameters, _unheld(parameters, i, name)))
-    return tools
+    name, at = spec.name, spec.at
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ToolError(f"{at}.name must be 1-64 letters, digits, '_' or '-', got {name!r}")
+    description = spec.description or ""
+    if not isinstance(description, str):
+        raise ToolError(f"{at}.description must be a string")
+    schema_at = f"{at}.{spec.schema_field}"
+    parameters = spec.parameters
+    if parameters is None:
+        parameters = {"type": "object", "properties": {}}
+    if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
+        raise ToolError(f"{schema_at} of {name!r} must be a JSON Schema of type 'object'")
+    try:  # the caps, and no reference outside the schema, before fastjsonschema resolves anything
+        check_schema(parameters, schema_at)
+    except GrammarError as exc:
+        raise ToolError(str(exc)) from None
+    try:  # patterns are the grammar converter's to read: fastjsonschema rewrites `$` inside a class
+        fastjsonschema.compile(without_patterns(parameters), handlers=NO_REMOTE_REFS)
+    except Exception as exc:  # a definition error, or whatever its walk of a malformed schema hits
+        raise ToolError(f"{schema_at} of {name!r} is not a valid JSON Schema: {exc}") from None
+    if spec.strict not in (None, True, False):
+        raise ToolError(f"{at}.strict must be true or false")
+    return Tool(name, description, parameters, _unheld(parameters, index, f"{schema_at} of {name!r}"))
 
 
-def _unheld(parameters: dict[str, Any], index: int, name: str) -> tuple[str, ...]:
+def _unheld(parameters: dict[str, Any], index: int, where: str) -> tuple[str, ...]:
     """What of a tool's parameters no grammar holds (checked after generation); ToolError when they
     cannot become a grammar at all."""
     converter = BoundedSchemaConverter()
     try:
         schema_rules(converter, parameters, f"tool-{index}-arguments", f"tool-{index}")
     except GrammarError as exc:
-        raise ToolError(f"tools[{index}].function.parameters of {name!r}: {exc}") from None
+        raise ToolError(f"{where}: {exc}") from None
     inside = f"tool-{index}-arguments"  # the converter names rules after where they stand
     return tuple(
         w.replace(f"in {inside}-", "in ").replace(f"in {inside}", "in the parameters") for w in converter.unheld

@@ -24,7 +24,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from tornado.web import HTTPError, RequestHandler, stream_request_body
 
 from ..api.errors import ApiError, api_error_from
-from ..api.openai import GenerationRequest, parse_generation, parse_json_body, short_string
+from ..api.generation import GenerationRequest, parse_json_body, short_string
+from ..api.openai import parse_generation
 from ..api.openai_shapes import ResponseShape, completion_response, stream_renderer
 from ..api.status import model_json, pool_json, props_json, status_json
 from ..api.submit import submit

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..api.anthropic import MessageEvents, MessageShape, count_tokens_body, error_body, message_object, parse_messages
 from ..api.errors import ApiError
-from ..api.openai import GenerationRequest, parse_json_body
+from ..api.generation import GenerationRequest, parse_json_body
 from ..engine import Engine, Request
 from .handlers import ApiMixin, GenerationHandler
 from .sse import send_sse, step_hub, wait_final

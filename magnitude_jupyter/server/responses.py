@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.errors import ApiError
-from ..api.openai import GenerationRequest, parse_json_body
+from ..api.generation import GenerationRequest, parse_json_body
 from ..api.responses import (
     ResponseEvents,
     ResponseMeta,
