@@ -42,8 +42,9 @@ def cells(parallel: int) -> int:
 
 
 # llama-server's gpt-oss parser ends a random-weight model's answers ("does not match the expected
-# peg-native format") under --jinja: it renders the format from the file's template without it.
-PEER_FLAGS = {"gpt-oss": ("--no-jinja",)}
+# peg-native format"), so its answers are left unparsed; the prompt is still the file's template, as
+# ours is (--no-jinja would render its built-in format instead: half the tokens of a first prompt).
+PEER_FLAGS = {"gpt-oss": ("--jinja", "--skip-chat-parsing")}
 GIB = 1 << 30
 SESSION_CONTEXT = 8192
 # Wider than the tests' models, so a step does some arithmetic; still a few MB.
@@ -155,7 +156,7 @@ def main() -> None:
         f"{args.sessions} sessions x {args.rounds} rounds, {args.max_tokens} tokens per answer, greedy, best of "
         f"{args.repeats} alternating runs, "
         f"{args.threads} threads, CELLS cells (llama-server: -np PARALLEL --kv-unified "
-        f"-c CELLS --jinja, gpt-oss --no-jinja), CELLS 8,192 or 2,048 a slot above 4; "
+        f"-c CELLS --jinja, gpt-oss also --skip-chat-parsing), CELLS 8,192 or 2,048 a slot above 4; "
         f"tiny models: {SHAPE.layers} layers x {SHAPE.embedding}, random F32 weights"
     )
     print(

@@ -6,13 +6,15 @@ windowed cells begin now."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine
 from magnitude_jupyter.engine.kv_ops import KVOp
 from magnitude_jupyter.engine.plan import DecodeItem
 from magnitude_jupyter.engine.prefix_cache import Match, PrefixCache
-from magnitude_jupyter.engine.ram_tier import RamTier
+from magnitude_jupyter.engine.ram_tier import RamTier, common_prefix_len
 from magnitude_jupyter.engine.request import SamplingParams
 from magnitude_jupyter.engine.runner_api import apply_kv_ops
 
@@ -310,3 +312,31 @@ def test_a_windowed_models_kv_cache_is_the_size_llama_server_gives_it(tmp_path, 
         assert again.counts.cached >= first.counts.prompt
     finally:
         engine.shutdown()
+
+
+def test_of_saved_entries_that_share_as_much_of_a_prompt_the_longest_comes_back():
+    """A conversation's earlier turns are saved entries too; the prompt of its next turn spells the
+    last answers otherwise (the tokenizer's tokens, not the model's), so several entries share the
+    same tokens with it. The latest turn, the longest, holds what the respelling walks on."""
+    ram = RamTier(1000)
+    first_turn = (1, 2, 3, 40, 41)  # the model's spelling of its answer starts at 40
+    second_turn = (1, 2, 3, 40, 41, 42, 7, 8, 9, 50, 51)
+    ram.put(first_turn, b"a" * 10)
+    ram.put(second_turn, b"b" * 10)
+    ram.put((1, 2, 9), b"c" * 10)
+    prompt = [1, 2, 3, 44, 45, 7, 8, 9, 52, 53]  # the answer's text tokenized otherwise: 44, 45
+    found = ram.best(prompt, 99)
+    assert (found.tokens, found.length) == (second_turn, 3)
+    assert (found.longest_tokens, found.longest) == (second_turn, 3)
+    assert ram.best(prompt, 99, lambda n, floor: False)[:2] == ((), 0)
+
+
+@given(
+    st.lists(st.integers(0, 3), max_size=40),
+    st.lists(st.integers(0, 3), max_size=40),
+    st.one_of(st.none(), st.integers(0, 50)),
+)
+def test_the_shared_prefix_is_what_a_token_by_token_walk_finds(a, b, limit):
+    n = min(len(a), len(b)) if limit is None else min(len(a), len(b), limit)
+    walked = next((i for i in range(n) if a[i] != b[i]), n)
+    assert common_prefix_len(a, b, limit) == common_prefix_len(tuple(a), b, limit) == walked

@@ -33,7 +33,11 @@ log = logging.getLogger("magnitude.runner")
 PROBE_CELLS = 1024  # cells each decode attends over: a conversation's worth of context
 PROBE_ROWS = 16  # sequences decoded together, one row each: a busy server's step
 PROBE_STEPS = 2  # timed steps per kind and round
-PROBE_ROUNDS = 2  # rounds, the kinds alternating; each kind's fastest step counts
+PROBE_ROUNDS = 2  # rounds at least, the kinds alternating; each kind's fastest step counts
+# Rounds go on while the timed rounds have taken less than this, up to PROBE_MAX_ROUNDS: a small
+# model's steps last milliseconds, and two of each are OS noise (docs/decisions.md, "Attention kernel").
+PROBE_TIMED_SECONDS = 2.0
+PROBE_MAX_ROUNDS = 8
 PROBE_CHUNK = 32  # tokens of a prompt chunk (the prompt shape): small, so that a large model's probe stays short
 # Prompt tokens computed per output token in the reference workload the kinds are compared on: a
 # conversation or an agent resends its history, and what the cache does not hold is computed again
@@ -176,7 +180,8 @@ def measure(
     Every phase counts against `budget_s`: past it, ProbeNotTrusted. `on_step(done, total)` follows
     its decodes. The result says how busy the rest of the machine was (`trusted`)."""
     deadline = time.perf_counter() + budget_s
-    total = 2 * 2 + 3 * 2 * PROBE_ROUNDS * (PROBE_STEPS + 1)  # fills, then the timed rounds
+    per_round = 3 * 2 * (PROBE_STEPS + 1)
+    total = 2 * 2 + per_round * PROBE_ROUNDS  # fills, then the timed rounds (more if they are quick)
     done = 0
 
     def step_done() -> None:
@@ -188,7 +193,7 @@ def measure(
             raise ProbeNotTrusted(f"the probe ran out of its {budget_s:g} s")
 
     busy_before, own_before, wall_before = *_busy_seconds(), time.perf_counter()
-    n_ctx = 2 * (cells + rows * PROBE_ROUNDS * (PROBE_STEPS + 1)) + 256 + PROBE_CHUNK
+    n_ctx = 2 * (cells + rows * PROBE_MAX_ROUNDS * (PROBE_STEPS + 1)) + 256 + PROBE_CHUNK
     chunk_seq = 2 * rows  # the prompt shape's sequence, cleared after each chunk
     contexts = {flash: make_context(n_ctx, 2 * rows + 1, n_batch, flash) for flash in (True, False)}
     batch = llama_cpp.llama_batch_init(max(n_batch, rows, PROBE_CHUNK), 0, 1)
@@ -210,7 +215,13 @@ def measure(
         timed: dict[tuple[str, bool], list[float]] = {
             (shape, flash): [] for shape in (*shapes, "prompt") for flash in contexts
         }
-        for round_ in range(PROBE_ROUNDS):  # the kinds alternate: drift on a busy machine hits both
+        timed_from = time.perf_counter()
+        for round_ in range(PROBE_MAX_ROUNDS):  # the kinds alternate: drift on a busy machine hits both
+            if round_ >= PROBE_ROUNDS:  # one more round only if it fits well inside both limits
+                spent = time.perf_counter() - timed_from
+                if spent > PROBE_TIMED_SECONDS or time.perf_counter() + 2 * spent / round_ > deadline:
+                    break
+                total += per_round
             for shape, (first, start) in shapes.items():
                 for flash, ctx in contexts.items():
                     for step in range(PROBE_STEPS + 1):  # the first step of each round warms up

@@ -99,22 +99,43 @@ class RamTier:
     def best(self, prompt: Sequence[int], limit: int, usable: Callable[[int, int], bool] | None = None) -> RamMatch:
         """The saved entry that shares the longest prefix with `prompt` (at most `limit` tokens; with
         `usable`, only where it says the prefix's length and the entry's window floor can be used),
-        and the longest prefix any entry shares, usable or not: one scan for both."""
+        and the longest prefix any entry shares, usable or not: one scan for both. Of entries that
+        share as much, the longest: a conversation's latest turn holds its earlier ones, and the
+        tokens after the shared prefix may still be the prompt's own, spelled otherwise
+        (`PrefixCache.respelled` walks them once the entry is back)."""
         tokens: tuple[int, ...] = ()
         longest_tokens: tuple[int, ...] = ()
         length = longest = 0
         for saved in self.entries:
+            # An entry changes nothing unless it shares at least `length` tokens (longest >= length):
+            # one token's test skips nearly all of them once a long match is found.
+            if length and (len(saved) < length or saved[length - 1] != prompt[length - 1]):
+                continue
             n = common_prefix_len(saved, prompt, limit)
-            if n > longest:
+            if n > longest or (n and n == longest and len(saved) > len(longest_tokens)):
                 longest, longest_tokens = n, saved
-            if n > length and (usable is None or usable(n, self.floors[saved])):
+            if (n > length or (n and n == length and len(saved) > len(tokens))) and (
+                usable is None or usable(n, self.floors[saved])
+            ):
                 tokens, length = saved, n
         return RamMatch(tokens, length, longest, longest_tokens)
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:
+    """How many tokens `a` and `b` share from the start (at most `limit`). Slices compare in C: a
+    bisection over them, not a loop in Python, since every prompt of a conversation workload shares
+    its long system prompt with every saved entry (docs/decisions.md, "RAM tier")."""
     n = min(len(a), len(b)) if limit is None else min(len(a), len(b), limit)
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    if n == 0 or a[0] != b[0]:
+        return 0
+    a_part, b_part = (a[:n], b[:n])
+    if tuple(a_part) == tuple(b_part):
+        return n
+    lo, hi = 1, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if tuple(a_part[lo:mid]) == tuple(b_part[lo:mid]):
+            lo = mid
+        else:
+            hi = mid
+    return lo
