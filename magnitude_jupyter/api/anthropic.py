@@ -289,13 +289,7 @@ def parse_messages(data: dict[str, Any]) -> GenerationRequest:
     }
     params = sampling_params(values, SAMPLING_NAMES)
     tools = _tool_request(data)
-    structured = _output_format(data.get("output_config"))
-    if tools is not None and structured is not None:
-        raise bad_param(
-            "output_config",
-            "give 'tools' or 'output_config.format', not both: a tool call is already held to its schema",
-        )
-    hold_to(params, structured)
+    hold_to(params, _output_format(data.get("output_config")), tools, "output_config.format")
     return GenerationRequest(
         model=model_name(data),
         params=params,

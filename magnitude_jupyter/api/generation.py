@@ -146,8 +146,13 @@ def json_output(schema: Any, param: str) -> SchemaGrammar:
         raise bad_param(param, str(exc)) from None
 
 
-def hold_to(params: SamplingParams, structured: SchemaGrammar | None) -> None:
-    """The answer held to `structured`'s grammar, and checked against its schema where it could not be."""
+def hold_to(
+    params: SamplingParams, structured: SchemaGrammar | None, tools: ToolRequest | None = None, param: str = ""
+) -> None:
+    """The answer held to `structured`'s grammar, and checked against its schema where it could not be;
+    with `tools` too, a 400 naming `param` (the API's format field): a call is held to its schema."""
+    if structured is not None and tools is not None:
+        raise bad_param(param, f"give 'tools' or '{param}', not both: a tool call is already held to its schema")
     if structured is not None:
         params.grammar, params.unheld, params.answer_schema = (
             structured.grammar,

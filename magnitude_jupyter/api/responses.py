@@ -223,12 +223,7 @@ def parse_responses(data: dict[str, Any], previous: list[dict[str, Any]] | None 
     }
     params = sampling_params(values, SAMPLING_NAMES)
     tools = _tool_request(data)
-    structured = _format(data.get("text"))
-    if tools is not None and structured is not None:
-        raise bad_param(
-            "text.format", "give 'tools' or 'text.format', not both: a tool call is already held to its schema"
-        )
-    hold_to(params, structured)
+    hold_to(params, _format(data.get("text")), tools, "text.format")
     return GenerationRequest(
         model=model_name(data),
         params=params,
