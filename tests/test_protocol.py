@@ -246,3 +246,28 @@ def test_the_messages_and_responses_apis_build_the_engines_request_and_name_thei
     assert ok.thinking.enabled is False
     answer = parse_responses({"input": "x", "max_output_tokens": 3, "text": {"format": {"type": "json_object"}}})
     assert answer.params.max_tokens == 3 and answer.params.grammar and answer.tools is None
+
+
+def test_tools_the_model_may_not_call_are_shaped_but_their_schemas_not_compiled():
+    """`tool_choice: none` asks for no call: the tools change nothing, so a schema the grammar
+    converter would refuse is not a 400 (their shape still is)."""
+    from magnitude_jupyter.api.anthropic import parse_messages
+    from magnitude_jupyter.api.responses import parse_responses
+
+    refused = {"type": "object", "properties": {"a": {"type": "no-such-type"}}}
+    messages = parse_messages(
+        {
+            "max_tokens": 5,
+            "messages": MESSAGES,
+            "tools": [{"name": "f", "input_schema": refused}],
+            "tool_choice": {"type": "none"},
+        }
+    )
+    responses = parse_responses(
+        {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": refused}], "tool_choice": "none"}
+    )
+    assert messages.tools is None and responses.tools is None
+    with pytest.raises(ApiError, match=r"tools\[0\]"):
+        parse_messages({"max_tokens": 5, "messages": MESSAGES, "tools": ["x"], "tool_choice": {"type": "none"}})
+    with pytest.raises(ApiError, match=r"tools\[0\]"):
+        parse_responses({"input": "x", "tools": ["x"], "tool_choice": "none"})

@@ -18,7 +18,7 @@ from typing import Any
 from ..engine.reasoning import Thinking
 from ..engine.schema_grammar import SchemaGrammar
 from ..engine.streams import StreamEvent
-from ..engine.tools import Tool, ToolRequest, ToolSpec, parse_answer
+from ..engine.tools import ToolRequest, ToolSpec, parse_answer
 from .errors import ApiError, refuse_unknown_fields
 from .generation import (
     GenerationRequest,
@@ -178,7 +178,8 @@ def _messages(raw: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(raw: Any) -> list[Tool]:
+def _tool_specs(raw: Any) -> list[ToolSpec]:
+    """The tools' shape checked; their schemas are checked once the model may call them (`tools_of`)."""
     if not isinstance(raw, list) or not raw:
         raise bad_param("tools", "'tools' must be a non-empty list of {name, description, input_schema}")
     specs = []
@@ -192,7 +193,7 @@ def _tools(raw: Any) -> list[Tool]:
         specs.append(
             ToolSpec(tool.get("name"), tool.get("description"), tool.get("input_schema"), f"tools[{i}]", "input_schema")
         )
-    return tools_of(specs)
+    return specs
 
 
 def _tool_choice(raw: Any) -> tuple[str, str | None, bool | None]:
@@ -225,9 +226,10 @@ def _tool_request(data: dict[str, Any]) -> ToolRequest | None:
         if choice not in ("auto", "none"):
             raise bad_param("tool_choice", "'tool_choice' needs 'tools'")
         return None
+    specs = _tool_specs(data["tools"])
     if choice == "none":  # the model may not call them: as if none were given
         return None
-    return tool_choice(_tools(data["tools"]), choice, function, bool(parallel), "tool_choice")
+    return tool_choice(tools_of(specs), choice, function, bool(parallel), "tool_choice")
 
 
 def _output_format(config: Any) -> SchemaGrammar | None:
@@ -260,7 +262,7 @@ def _user_id(value: Any) -> str | None:
     return value if len(value) <= 256 else "sha256:" + hashlib.sha256(value.encode()).hexdigest()
 
 
-SAMPLING_NAMES = {"max_tokens": "max_tokens", "stop": "stop_sequences"}
+SAMPLING_NAMES = {"stop": "stop_sequences"}
 
 
 def parse_messages(data: dict[str, Any]) -> GenerationRequest:

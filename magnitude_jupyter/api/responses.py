@@ -20,7 +20,7 @@ from typing import Any
 from ..engine.reasoning import Thinking
 from ..engine.schema_grammar import SchemaGrammar
 from ..engine.streams import StreamEvent
-from ..engine.tools import Tool, ToolRequest, ToolSpec, parse_answer
+from ..engine.tools import ToolRequest, ToolSpec, parse_answer
 from .errors import ApiError, refuse_unknown_fields
 from .generation import (
     GenerationRequest,
@@ -129,10 +129,10 @@ def input_messages(raw: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(raw: Any) -> list[Tool]:
-    """The function tools. Hosted tools (web search, file search, …) and namespaces are not offered
-    to the model: this server runs none of them, and clients such as Codex CLI send them on every
-    turn (docs/http-api.md lists them as ignored)."""
+def _tool_specs(raw: Any) -> list[ToolSpec]:
+    """The function tools, their shape checked (their schemas: `tools_of`). Hosted tools (web search,
+    file search, …) and namespaces are not offered to the model: this server runs none of them, and
+    clients such as Codex CLI send them on every turn (docs/http-api.md lists them as ignored)."""
     if not isinstance(raw, list):
         raise bad_param("tools", "'tools' must be a list")
     specs = []
@@ -149,7 +149,7 @@ def _tools(raw: Any) -> list[Tool]:
                     strict=tool.get("strict"),
                 )
             )
-    return tools_of(specs) if specs else []
+    return specs
 
 
 def _tool_choice(raw: Any) -> tuple[str, str | None]:
@@ -164,14 +164,16 @@ def _tool_choice(raw: Any) -> tuple[str, str | None]:
 
 
 def _tool_request(data: dict[str, Any]) -> ToolRequest | None:
+    specs = _tool_specs(data["tools"]) if data.get("tools") is not None else []
+    if not specs:  # no function the model may call (hosted tools only): its settings apply to nothing
+        return None
     choice, function = _tool_choice(data.get("tool_choice"))
+    if choice == "none":  # the model may not call them: as if none were given
+        return None
     parallel = data.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise bad_param("parallel_tool_calls", "'parallel_tool_calls' must be true or false")
-    tools = _tools(data["tools"]) if data.get("tools") is not None else []
-    if not tools or choice == "none":  # no function the model may call: as if none were given
-        return None
-    return tool_choice(tools, choice, function, bool(parallel), "tool_choice")
+    return tool_choice(tools_of(specs), choice, function, bool(parallel), "tool_choice")
 
 
 def _format(text: Any) -> SchemaGrammar | None:

@@ -124,7 +124,8 @@ class RamTier:
 def common_prefix_len(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:
     """How many tokens `a` and `b` share from the start (at most `limit`). Slices compare in C: a
     bisection over them, not a loop in Python, since every prompt of a conversation workload shares
-    its long system prompt with every saved entry (docs/decisions.md, "RAM tier")."""
+    its long system prompt with every saved entry (docs/decisions.md, "Of saved entries that share
+    as much of a prompt, the longest comes back")."""
     n = min(len(a), len(b)) if limit is None else min(len(a), len(b), limit)
     if n == 0 or a[0] != b[0]:
         return 0
