@@ -30,8 +30,12 @@ class OutputLengths:
         self._by_priority: dict[Priority, deque[int]] = {p: deque(maxlen=WINDOW) for p in Priority}
         self._by_client: dict[str, deque[int]] = {}
         self._clients_seen: deque[str] = deque()  # oldest first: bounds how many clients are kept
+        # The uncapped guess per (priority, client), until the next record: admission asks for it once
+        # per waiting request per step, a percentile each time otherwise.
+        self._guesses: dict[tuple[Priority, str | None], int] = {}
 
     def record(self, priority: Priority, client: str | None, tokens: int) -> None:
+        self._guesses.clear()
         self._by_priority[priority].append(tokens)
         if client is None:
             return
@@ -45,10 +49,18 @@ class OutputLengths:
 
     def estimate(self, priority: Priority, client: str | None, max_tokens: int) -> int:
         """Tokens to charge a request for up front (at least 1, at most `max_tokens`)."""
+        key = (priority, client)
+        guess = self._guesses.get(key)
+        if guess is None:
+            if len(self._guesses) >= WINDOW:  # many clients between two records: bounded all the same
+                self._guesses.clear()
+            guess = self._guesses[key] = self._guess(priority, client)
+        return max(1, min(max_tokens, guess))
+
+    def _guess(self, priority: Priority, client: str | None) -> int:
         lengths = self._by_client.get(client) if client is not None else None
         if lengths is None or len(lengths) < MIN_SAMPLES:
             lengths = self._by_priority[priority]
         if len(lengths) < MIN_SAMPLES:
             lengths = deque(n for q in self._by_priority.values() for n in q)
-        guess = self.prior if len(lengths) < MIN_SAMPLES else int(np.percentile(lengths, self.percentile)) + 1
-        return max(1, min(max_tokens, guess))
+        return self.prior if len(lengths) < MIN_SAMPLES else int(np.percentile(lengths, self.percentile)) + 1

@@ -223,6 +223,7 @@ class LlamaRunner:
         self._embedder: Embedder | None = None
         self._embedder_lock = threading.Lock()
         self._piece_buf = ctypes.create_string_buffer(256)
+        self._pieces: dict[int, bytes] = {}
         self._lanes: dict[int, Lane] = {}
         self._last_ctx = self.ctx  # where the last decode's logits are
         self._closed = False
@@ -323,6 +324,14 @@ class LlamaRunner:
         return list(buf[:n])
 
     def token_to_piece(self, token: int) -> bytes:
+        """A token's bytes, kept once read: the prefix cache spells hundreds per admission (its
+        respelling), and the vocabulary bounds what is kept."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self._read_piece(token)
+        return piece
+
+    def _read_piece(self, token: int) -> bytes:
         buf = self._piece_buf
         n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
         if n < 0:
