@@ -146,14 +146,16 @@ class LlamaServer:
         threads: int,
         extra_args: tuple[str, ...] = (),
         model: str | Path | None = None,
+        log: Any = subprocess.DEVNULL,
     ) -> None:
+        """`log`: where its output goes."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         path = str(model or bundled_model_path())
         cmd = [binary, "-m", path, "--host", "127.0.0.1", "--port", str(self.port)]
         cmd += ["-np", str(parallel), "--kv-unified", "-c", str(ctx_size), "-t", str(threads), "--api-key", TOKEN]
         cmd += peer_repack_args() + list(extra_args)
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -207,13 +209,16 @@ class MagnitudeServer(LocalServer):
         threads: int | None = None,
         ctx_size: int = 8192,
         model: str | Path | None = None,
+        log: Any = subprocess.DEVNULL,
+        verbose: bool = False,
     ) -> None:
-        args = ["--parallel", str(parallel), "--ctx-size", str(ctx_size)]
+        """`log`: where its output goes; `verbose`: llama.cpp's log in it too."""
+        args = ["--parallel", str(parallel), "--ctx-size", str(ctx_size)] + (["--verbose"] if verbose else [])
         if threads is not None:
             args += ["--threads", str(threads)]
         if model is not None:
             args += ["--model", str(model)]
-        super().__init__(args, token=TOKEN, config=config)
+        super().__init__(args, token=TOKEN, config=config, log=log)
         self.client = Client(self.url, TOKEN)
 
     def close(self) -> None:

@@ -14,13 +14,18 @@ what came through window checkpoints).
 A windowed family (Gemma 3, gpt-oss) is written at each of `--windows` (realistic: 512 and 1,024), and
 every model runs at each of `--parallel`.
 
+The raw ceiling comes first: `llama-batched-bench` on each file, PARALLEL sequences of a 128-token
+prompt and 64 answer tokens, flash attention on and off (the better is shown), the rate llama.cpp
+reaches with nothing but those sequences in its cells; `--ceiling-only` prints just that table.
+
     python benchmarks/model_matrix.py [--sessions 16] [--rounds 6] [--max-tokens 64] [--repeats 3]
-        [--families a,b] [--windows 512,1024] [--parallel 4,16] [--no-bundled]
+        [--families a,b] [--windows 512,1024] [--parallel 4,16] [--no-bundled] [--ceiling-only]
 """
 
 from __future__ import annotations
 
 import itertools
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -75,6 +80,37 @@ def models(folder: Path, kinds: list[str], windows: list[int], bundled: bool) ->
     return out
 
 
+def ceiling(binary: str, path: Path, parallel: int, threads: int) -> tuple[float, float, str]:
+    """llama-batched-bench's (decode tok/s, prompt and decode tok/s, flash attention) on `path` with
+    `parallel` sequences, the better of flash attention on and off by decode rate."""
+    bench = Path(binary).with_name("llama-batched-bench")
+    best = (0.0, 0.0, "-")
+    for fa in ("on", "off"):
+        cmd = [str(bench), "-m", str(path), "-c", str(cells(parallel)), "-b", "2048", "-ub", "512"]
+        cmd += ["-npp", "128", "-ntg", "64", "-npl", str(parallel), "-t", str(threads), "-kvu", "-fa", fa]
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600).stdout
+        # | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
+        last = [line for line in out.splitlines() if line.startswith("|") and line[1:].strip()[:1].isdigit()][-1]
+        row = [c.strip() for c in last.strip("|").split("|")]
+        decode, overall = float(row[7]), float(row[9])
+        if decode > best[0]:
+            best = (decode, overall, fa)
+    return best
+
+
+def ceiling_table(chosen: dict[str, tuple[Path, str]], levels: list[int], args) -> str:
+    rows = []
+    for (name, (path, _)), parallel in itertools.product(chosen.items(), levels):
+        decode, overall, fa = ceiling(args.binary, path, parallel, args.threads)
+        rows.append([name, parallel, f"{decode:.1f}", f"{overall:.1f}", fa])
+    head = f"llama-batched-bench -npp 128 -ntg 64 -npl PARALLEL -c CELLS -b 2048 -ub 512 -kvu -t {args.threads}"
+    return (
+        head
+        + "\n"
+        + table(["model", "parallel", "decode tok/s (S_TG)", "prompt + decode tok/s (S)", "flash attention"], rows)
+    )
+
+
 def best_runs(path: Path, parallel: int, args, peer_flags: tuple[str, ...]) -> tuple[Run, Run, dict, dict]:
     """Both servers on one file, alternating, `args.repeats` times: the best run of each (by output
     tok/s), our status at the start and after our best run."""
@@ -107,15 +143,18 @@ def main() -> None:
         parser.add_argument("--windows", default="512,1024", help="sliding windows of the windowed families")
         parser.add_argument("--parallel", default="4,16", help="request slots, each a row")
         parser.add_argument("--no-bundled", action="store_true", help="only the tiny models")
+        parser.add_argument("--ceiling-only", action="store_true", help="only llama-batched-bench's table")
 
     args = session_arguments(__doc__, rounds=6, max_tokens=64, repeats=3, more=more, sessions=16)
     windows = [int(w) for w in args.windows.split(",")]
     levels = [int(p) for p in args.parallel.split(",")]
     rows = []
     with tempfile.TemporaryDirectory(prefix="magnitude-matrix-") as tmp:
-        for (name, (path, kind)), parallel in itertools.product(
-            models(Path(tmp), args.families.split(","), windows, not args.no_bundled).items(), levels
-        ):
+        chosen = models(Path(tmp), args.families.split(","), windows, not args.no_bundled)
+        print(ceiling_table(chosen, levels, args), flush=True)
+        if args.ceiling_only:
+            return
+        for (name, (path, kind)), parallel in itertools.product(chosen.items(), levels):
             info = read_model_info(path)
             session = kv_layout(info, SESSION_CONTEXT).session_bytes(SESSION_CONTEXT)
             peer_flags = PEER_FLAGS.get(kind, ("--jinja",))

@@ -1,0 +1,138 @@
+"""The KV cells each llama.cpp batch scans, ours against llama-server, on the conversation workload.
+
+llama.cpp's attention visits every cell of its unified cache up to the highest one in use (`n_kv`,
+padded to 256), masked or not, for every row of every batch: at 16 sessions that range, not the
+model's weights, sets the cost of a row (model_matrix.py's raw ceiling against its servers). With
+`LLAMA_KV_CACHE_DEBUG=1` both servers log, per batch and per cache (the global layers', and a
+windowed model's windowed layers'), the range (`n`) and the cells in use; this runs S sessions x R
+rounds (conversations.py's workload) on one file against `magnitude serve --verbose` and
+`llama-server -v`, one after the other, and prints the mean and 90th percentile of each, and each
+server's llama_decode calls where it says them.
+
+    python benchmarks/cells_scanned.py [--model FILE] [--family gemma3 --window 1024] [--parallel 16]
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import tempfile
+from pathlib import Path
+
+from _common import LlamaServer, MagnitudeServer, session_arguments, table
+from conversations import run_workload
+from model_matrix import PEER_FLAGS, SHAPE, cells
+
+from magnitude_jupyter.models.chat_formats import family_named
+from magnitude_jupyter.models.registry import bundled_model_path
+from magnitude_jupyter.models.tiny_models import ARCHITECTURES, write_tiny_model
+
+SLOT = re.compile(rb"find_slot: stream\[0\], n = +(\d+), used = +(\d+), head = +\d+, size = +(\d+), n_swa = +(\d+)")
+PEER_DECODES = re.compile(rb"decode: n_batch \(effective\)")
+
+
+def scanned(log: bytes) -> dict[tuple[int, int], tuple[list[int], list[int]]]:
+    """Per cache (size, window) of the served context: the range scanned and the cells in use, at each
+    slot search (llama.cpp searches once or more per batch). The attention probe's contexts, smaller,
+    are left out."""
+    out: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+    for m in SLOT.finditer(log):
+        n, used, size, window = (int(g) for g in m.groups())
+        ranges, in_use = out.setdefault((size, window), ([], []))
+        ranges.append(n)
+        in_use.append(used)
+    largest = {bool(window): max(size for size, w in out if bool(w) == bool(window)) for _, window in out}
+    return {key: v for key, v in out.items() if key[0] == largest[bool(key[1])]}
+
+
+def main() -> None:
+    def more(parser) -> None:
+        parser.add_argument("--model", default=None, help="a GGUF file, or bundled (default: a tiny --family)")
+        parser.add_argument("--family", default="gemma3", help="tiny model family (models/tiny_models.py)")
+        parser.add_argument("--window", type=int, default=1024, help="its sliding window, if it has one")
+        parser.add_argument("--parallel", type=int, default=16)
+
+    args = session_arguments(__doc__, rounds=6, max_tokens=64, more=more, sessions=16)
+    os.environ["LLAMA_KV_CACHE_DEBUG"] = "1"  # both servers inherit it
+    rows = []
+    what = args.family
+    with tempfile.TemporaryDirectory(prefix="magnitude-cells-") as tmp:
+        kind = args.family
+        if args.model == "bundled":
+            bundled = bundled_model_path()
+            assert bundled is not None
+            path, kind = bundled, "bundled"
+            what = "the bundled model"
+        elif args.model:
+            path = Path(args.model)
+            what = path.name
+        else:
+            family = family_named(ARCHITECTURES[kind].family)
+            assert family is not None
+            window = args.window if ARCHITECTURES[kind].sliding_window else None
+            what += f", window {window}" if window else ""
+            path = write_tiny_model(
+                Path(tmp) / "model.gguf", kind, template=family.template, shape=SHAPE, sliding_window=window
+            )
+        for name in ("magnitude serve", "llama-server"):
+            log_path = Path(tmp) / f"{name}.log"
+            with open(log_path, "wb") as log:
+                if name == "magnitude serve":
+                    server = MagnitudeServer(
+                        parallel=args.parallel,
+                        ctx_size=cells(args.parallel),
+                        threads=args.threads,
+                        model=path,
+                        log=log,
+                        verbose=True,
+                    )
+                    url, close, status = server.url, server.close, server.client.status
+                else:
+                    flags = (*PEER_FLAGS.get(kind, ("--jinja",)), "-v")
+                    peer = LlamaServer(
+                        args.binary, args.parallel, cells(args.parallel), args.threads, flags, model=path, log=log
+                    )
+                    url, close, status = peer.url, peer.close, None
+                try:
+                    run = run_workload(name, url, args.sessions, args.rounds, args.max_tokens)
+                    ours = status() if status is not None else None
+                finally:
+                    close()
+            text = log_path.read_bytes()
+            decodes = ours["steps"]["decode_calls"] if ours is not None else len(PEER_DECODES.findall(text))
+            for (size, window), (ranges, in_use) in sorted(scanned(text).items()):
+                rows.append(
+                    [
+                        name,
+                        f"{run.tokens_per_s:.1f}",
+                        "windowed" if window else "global",
+                        f"{size:,}",
+                        f"{len(ranges):,}",
+                        f"{statistics.mean(ranges):,.0f}",
+                        f"{sorted(ranges)[len(ranges) * 9 // 10]:,}",
+                        f"{statistics.mean(in_use):,.0f}",
+                        f"{decodes:,}",
+                    ]
+                )
+    print(
+        f"{args.sessions} sessions x {args.rounds} rounds, {args.max_tokens} tokens per answer, "
+        f"{what}, parallel {args.parallel}, "
+        f"{cells(args.parallel):,} cells, {args.threads} threads (logging on: slower than without)"
+    )
+    headers = [
+        "server",
+        "tok/s",
+        "cache",
+        "cells",
+        "slot searches",
+        "range scanned, mean",
+        "p90",
+        "cells in use, mean",
+        "llama_decode calls",
+    ]
+    print(table(headers, rows))
+
+
+if __name__ == "__main__":
+    main()
