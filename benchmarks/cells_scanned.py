@@ -42,8 +42,10 @@ def scanned(log: bytes) -> dict[tuple[int, int], tuple[list[int], list[int]]]:
         ranges, in_use = out.setdefault((size, window), ([], []))
         ranges.append(n)
         in_use.append(used)
-    largest = {bool(window): max(size for size, w in out if bool(w) == bool(window)) for _, window in out}
-    return {key: v for key, v in out.items() if key[0] == largest[bool(key[1])]}
+    largest: dict[bool, int] = {}  # per kind of cache (windowed or not), the served context's size
+    for size, window in out:
+        largest[bool(window)] = max(size, largest.get(bool(window), 0))
+    return {(size, window): v for (size, window), v in out.items() if size == largest[bool(window)]}
 
 
 def main() -> None:
