@@ -7,7 +7,7 @@ model's weights, sets the cost of a row (model_matrix.py's raw ceiling against i
 windowed model's windowed layers'), the range (`n`) and the cells in use; this runs S sessions x R
 rounds (conversations.py's workload) on one file against `magnitude serve --verbose` and
 `llama-server -v`, one after the other, and prints the mean and 90th percentile of each, and each
-server's llama_decode calls where it says them.
+server's llama_decode calls, and for ours the run's seconds inside them, in whole steps and in all.
 
     python benchmarks/cells_scanned.py [--model FILE] [--family gemma3 --window 1024] [--parallel 16]
 """
@@ -103,6 +103,10 @@ def main() -> None:
                     close()
             text = log_path.read_bytes()
             decodes = ours["steps"]["decode_calls"] if ours is not None else len(PEER_DECODES.findall(text))
+            # Ours: the run's seconds inside llama_decode, in whole steps, and in all (the rest is Python
+            # between steps, and waiting for requests).
+            steps = ours["steps"] if ours is not None else None
+            split = f"{steps['decode_seconds']:.1f} / {steps['step_seconds']:.1f} / {run.seconds:.1f}" if steps else "-"
             for (size, window), (ranges, in_use) in sorted(scanned(text).items()):
                 rows.append(
                     [
@@ -115,6 +119,7 @@ def main() -> None:
                         f"{sorted(ranges)[len(ranges) * 9 // 10]:,}",
                         f"{statistics.mean(in_use):,.0f}",
                         f"{decodes:,}",
+                        split,
                     ]
                 )
     print(
@@ -132,6 +137,7 @@ def main() -> None:
         "p90",
         "cells in use, mean",
         "llama_decode calls",
+        "s in llama_decode / in steps / run",
     ]
     print(table(headers, rows))
 
