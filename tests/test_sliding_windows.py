@@ -110,6 +110,31 @@ def test_a_saved_entry_comes_back_holding_only_the_window_at_its_end():
     assert_cache_exact(runner, cache)
 
 
+def test_a_saved_entry_that_comes_back_under_a_shared_prefix_keeps_the_trees_whole_window_below_it():
+    """Restored below the system prompt the tree holds, an entry's windowed cells are the tree's (whole)
+    there and the saved ones above: the next turn goes on from its end, not from scratch."""
+    runner, starts = FakeRunner(step_seconds=0), {}
+    cache = windowed_cache(starts, ram_bytes=1 << 20)
+    system = list(range(1, 21))
+    first, second = [*system, 30, 31, 32, 33], [*system, 40, 41, 42, 43]
+    finish(runner, cache, first)
+    finish(runner, cache, second, cache.continuable(cache.match(second, 20), second))
+    ops: list[KVOp] = []
+    assert cache.evict_one([(first, len(first))], ops)  # the second entry goes to the RAM tier
+    apply(runner, cache, ops)
+    assert reusable(cache, [*second, 9]) == 20
+    assert cache.ram is not None
+    tokens, n = cache.ram.best([*second, 9], 99)[:2]
+    assert n == len(second)
+    floor = cache.ram.floors[tokens]  # its window's start: above the shared prompt's end, inside it
+    assert floor <= 20
+    data = cache.ram.pop(tokens)
+    assert data is not None and cache.restore(tokens, data, ops, window_floor=floor)
+    apply_kv_ops(runner, ops, cache.ram)
+    assert reusable(cache, [*second, 9]) == len(second)
+    assert_cache_exact(runner, cache)
+
+
 def test_without_a_window_every_match_is_reused():
     runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 20))
     turn = list(range(100, 140))
@@ -202,11 +227,11 @@ def test_window_checkpoints_and_saved_entries_share_the_ram_tier_least_recently_
     assert list(ram.entries) == [(7,)] and set(ram.windows) == {(1, 2), (1, 2, 3, 4, 5)} and ram.bytes == 80
 
 
-def windowed_engine(runner: FakeRunner) -> Engine:
-    """An engine whose fake llama.cpp keeps each sequence's windowed cells for its last WINDOW positions
-    only, as a busy sliding-window cache does."""
-    runner.sliding_window = WINDOW
-    runner.sequence_start = lambda seq: max(0, max(runner.seqs.get(seq) or {0: 0}) - WINDOW + 1)  # type: ignore[method-assign]
+def windowed_engine(runner: FakeRunner, window: int = WINDOW) -> Engine:
+    """An engine whose fake llama.cpp keeps each sequence's windowed cells for its last `window`
+    positions only, as a busy sliding-window cache does."""
+    runner.sliding_window = window
+    runner.sequence_start = lambda seq: max(0, max(runner.seqs.get(seq) or {0: 0}) - window + 1)  # type: ignore[method-assign]
     return Engine(settings=Settings(), runner_factory=lambda es: runner, parallel=2, ctx_size=512, n_batch=16).start()
 
 
@@ -271,6 +296,50 @@ def test_entries_holding_every_id_never_keep_requests_from_running_side_by_side(
             request.stream.wait_final(30)
         assert all(r.finish_reason is not None and r.finish_reason.value == "length" for r in requests)
         assert max(len(call) for call in runner.calls) == 2  # they decoded together
+        assert set(runner.seqs) <= {0, 1}
+    finally:
+        engine.shutdown()
+
+
+def test_a_conversations_next_turn_takes_its_entrys_sequence_with_another_id_free():
+    """A copy would keep the entry's id held beside the request's, for the same cells; a windowed
+    model's ids are its request slots."""
+    runner = FakeRunner(n_ctx=512, step_seconds=0)
+    engine = windowed_engine(runner)  # parallel 2
+    try:
+        talk = list(range(100, 140))
+        first = engine.generate(prompt_tokens=talk, params=SamplingParams(max_tokens=5))
+        copies = len(runner.copies)
+        turn = engine.generate(prompt_tokens=[*talk, *first.token_ids, 7, 8], params=SamplingParams(max_tokens=3))
+        assert turn.counts.cached == len(talk) + 4
+        assert len(runner.copies) == copies  # handed its sequence, not a copy of it
+        assert engine.stats().scheduler.prefix_cache_entries == 1
+    finally:
+        engine.shutdown()
+
+
+def test_entries_that_running_requests_share_never_keep_a_request_slot_empty():
+    """Two conversations over one system prompt hold both ids as entries; a new request takes one,
+    and the entry left holds the system prompt it shares. The next new request still runs beside it:
+    the running one takes the shared cells on as its own charge and the entry gives its id up."""
+    runner = FakeRunner(n_ctx=512, step_seconds=0.01)
+    engine = windowed_engine(runner, window=64)  # parallel 2; the window holds the system prompt
+    try:
+        system = list(range(1, 21))
+        for base in (100, 200):
+            engine.generate(prompt_tokens=[*system, *range(base, base + 10)], params=SamplingParams(max_tokens=3))
+        assert engine.stats().scheduler.prefix_cache_entries == 2
+        runner.calls.clear()
+        requests = [
+            engine.submit(prompt_tokens=[*system, *range(base, base + 10)], params=SamplingParams(max_tokens=20))
+            for base in (300, 400)
+        ]
+        for request in requests:
+            assert request.stream is not None
+            request.stream.wait_final(30)
+        assert all(r.finish_reason is not None and r.finish_reason.value == "length" for r in requests)
+        assert max(len(call) for call in runner.calls) == 2  # they decoded together
+        assert all(r.cached_tokens == len(system) for r in requests)  # each copied the system prompt
         assert set(runner.seqs) <= {0, 1}
     finally:
         engine.shutdown()

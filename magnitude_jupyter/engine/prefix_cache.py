@@ -88,6 +88,13 @@ class Match:
     window: SavedState | None = None  # a window checkpoint to load over its windowed cells after the copy
 
 
+def _joined_floor(taken: int, upper: int, below: int) -> int:
+    """The window floor of cells joined at `taken`: below it a sequence whole from `below`, from it on
+    one whole from `upper`. Whole from `below` when both parts are (or nowhere below `taken`, if `upper`
+    is above it)."""
+    return min(below, taken) if upper <= taken else upper
+
+
 def _spells(spell: Callable[[int], bytes], token: int, text: bytes | bytearray, at: int) -> bool:
     piece = spell(token)
     return bool(piece) and text.startswith(piece, at)
@@ -158,6 +165,15 @@ class PrefixCache:
         seq_id = path[-1].any_leaf().seq_id if path else None
         return Match(matched, path, seq_id)
 
+    def leaf_span(self, seq_id: int) -> tuple[int, int] | None:
+        """The own span of the leaf on `seq_id`, as positions [start, end) of its path: below `start`
+        the tree holds its cells without it (None: no leaf has that sequence)."""
+        leaf = next((leaf for leaf in self.leaves() if leaf.seq_id == seq_id), None)
+        if leaf is None:
+            return None
+        end = len(self._path_tokens(leaf))
+        return end - len(leaf.tokens), end
+
     def window_start(self, length: int) -> int:
         """The first position whose windowed cells a request going on from `length` needs."""
         return max(0, length - self.window + 1)
@@ -208,8 +224,7 @@ class PrefixCache:
         if not self.window or self.sequence_start is None:
             return 0
         start = self.sequence_start(src_seq)
-        # Whole below `taken` from `below` (or nowhere there, if the entry's whole part starts above it)
-        return min(below, taken) if start <= taken else start
+        return _joined_floor(taken, start, below)
 
     def respelled(
         self, tokens: Sequence[int], match: Match, spell: Callable[[int], bytes], window: int = RESPELL_WINDOW
@@ -365,7 +380,8 @@ class PrefixCache:
         ops.append(RestoreSequence(seq_id, data, shared=match.length, shared_from=holder))
         new = list(tokens[match.length :])
         # The saved cells are whole from its floor (_saved_floor); below the match the tree's replace them.
-        floor = max(window_floor, match.length) if self.window else 0
+        below = self._floor_now(parent.any_leaf()) if match.length else 0
+        floor = _joined_floor(match.length, window_floor, below) if self.window else 0
         if parent.is_leaf:
             # The saved entry continues a leaf the tree has: one sequence holds the whole path now.
             assert parent.seq_id is not None

@@ -158,10 +158,9 @@ class Scheduler(PromptStarts):
                 if self._rides_on(head) is not None:
                     riding.append(queue.popleft())
                     continue
-                if not self.free_seq_ids:
-                    self._free_a_sequence(head, out)
                 source, shared, from_cache, window = self._prefix_source(head, out)
-                need = self.charge(head, shared if from_cache else 0)
+                counted = self._counted_share(source, shared, from_cache)
+                need = self.charge(head, counted)
                 room = need + self._headroom()
                 if not self._make_room(room, out, (head.cache_context_tokens, shared if from_cache else 0)):
                     # Strict FIFO: a large request at the head is not overtaken forever by small ones,
@@ -169,9 +168,11 @@ class Scheduler(PromptStarts):
                     queue.extendleft(reversed(riding))
                     return
                 handed = None  # the tokens the cache still holds of a sequence handed over by the cache
-                if not self.free_seq_ids:
+                if not self.free_seq_ids or self._takes_over(source, shared, from_cache):
                     handed = self._hand_over(source, shared, from_cache, out)
                     if handed is None and not self.free_seq_ids:
+                        if self._free_a_sequence(head, out) or self._charge_shared():
+                            continue  # planned again, with a sequence id free or an entry to free
                         queue.extendleft(reversed(riding))
                         return  # every sequence id is running, or held by an entry that running requests share
                     if handed is not None:
@@ -196,7 +197,7 @@ class Scheduler(PromptStarts):
                     if handed is None:
                         out.kv_ops.append(CopyCells(source, seq_id, 0, shared))
                     head.num_computed_tokens = head.copied_tokens = shared
-                    head.cache_shared = (shared if handed is None else handed) if from_cache else 0
+                    head.cache_shared = counted if handed is None else handed
                     if not resumed:
                         head.cached_tokens = shared
                     if window is not None:
@@ -213,15 +214,55 @@ class Scheduler(PromptStarts):
             if queue:
                 return
 
-    def _free_a_sequence(self, head: Request, out: SchedulerOutput) -> None:
-        """With shared sequence ids all taken: evict the least recently used entry that neither running
-        requests nor `head`'s prompt share (saved to the RAM tier), freeing its id."""
+    def _counted_share(self, source: int | None, shared: int, from_cache: bool) -> int:
+        """Of the `shared` tokens a request copies from the cache entry on `source`, those the cache
+        keeps counting (the request is charged for the rest). With shared sequence ids, only what the
+        tree holds without that entry: a request that shares part of an entry's own tokens does not
+        pin the entry, so it can still be handed over or evicted for its id, the limit on running
+        requests (docs/decisions.md, "A windowed model's cache entries share the request slots'
+        sequence ids")."""
+        if not from_cache:
+            return 0
+        if self.cache is None or not self.shared_sequences or source is None:
+            return shared
+        span = self.cache.leaf_span(source)
+        return shared if span is None else min(shared, span[0])
+
+    def _charge_shared(self) -> bool:
+        """With shared sequence ids all taken by running requests and entries they share: each takes the
+        cells it shares with the cache on as its own charge (budget allowing), so no entry is pinned
+        and one can go for the next request. A request slot is worth more than the cells counted
+        twice until that entry goes."""
         if self.cache is None or not self.shared_sequences:
-            return
+            return False
+        sharing = [r for r in self.running if r.cache_shared]
+        if not sharing or not self.budget.fits(sum(r.cache_shared for r in sharing)):
+            return False
+        for request in sharing:
+            self.budget.reserved[request.request_id] += request.cache_shared
+            request.cache_shared = 0
+        return True
+
+    def _takes_over(self, source: int | None, shared: int, from_cache: bool) -> bool:
+        """Whether a request that goes on from the very end of the entry on `source` (the next turn of
+        its conversation) takes that entry's sequence rather than copying it, with shared sequence ids:
+        a copy would keep a second id for cells the request holds too."""
+        if self.cache is None or not self.shared_sequences or not from_cache or source is None:
+            return False
+        span = self.cache.leaf_span(source)
+        return span is not None and shared >= span[1]
+
+    def _free_a_sequence(self, head: Request, out: SchedulerOutput) -> bool:
+        """With shared sequence ids all taken: evict the least recently used entry that neither running
+        requests nor `head`'s prompt share (saved to the RAM tier), freeing its id; False if none can go."""
+        if self.cache is None or not self.shared_sequences:
+            return False
         tokens = head.cache_context_tokens
         mine = self.cache.match(tokens, len(tokens)).length
         if self.cache.evict_one([*self._pins(), (tokens, mine)], out.kv_ops):
             self._sync_cache_budget()
+            return True
+        return False
 
     def _hand_over(self, source: int | None, shared: int, from_cache: bool, out: SchedulerOutput) -> int | None:
         """With shared sequence ids all taken: the entry the request copies from hands it its sequence
