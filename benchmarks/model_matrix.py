@@ -88,12 +88,17 @@ def ceiling(binary: str, path: Path, parallel: int, threads: int) -> tuple[float
     for fa in ("on", "off"):
         cmd = [str(bench), "-m", str(path), "-c", str(cells(parallel)), "-b", "2048", "-ub", "512"]
         cmd += ["-npp", "128", "-ntg", "64", "-npl", str(parallel), "-t", str(threads), "-kvu", "-fa", fa]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
-        # | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |, on stdout or stderr by
-        # build: each stream read apart, since one pipe for both can split a line.
-        lines = (done.stdout + "\n" + done.stderr).splitlines()
-        last = [line for line in lines if line.startswith("|") and line[1:].strip()[:1].isdigit()][-1]
-        row = [c.strip() for c in last.strip("|").split("|")]
+        for _ in range(2):  # a run that printed no table row is run once more, then reported
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
+            # | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |, on stdout or stderr
+            # by build: each stream read apart, since one pipe for both can split a line.
+            lines = (done.stdout + "\n" + done.stderr).splitlines()
+            rows = [line for line in lines if line.startswith("|") and line[1:].strip()[:1].isdigit()]
+            if rows:
+                break
+        else:
+            raise RuntimeError(f"llama-batched-bench printed no table row: {' '.join(cmd)}\n{done.stdout[-2000:]}")
+        row = [c.strip() for c in rows[-1].strip("|").split("|")]
         decode, overall = float(row[7]), float(row[9])
         if decode > best[0]:
             best = (decode, overall, fa)

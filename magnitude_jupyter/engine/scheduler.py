@@ -171,8 +171,8 @@ class Scheduler(PromptStarts):
                 if not self.free_seq_ids or self._takes_over(source, shared, from_cache):
                     handed = self._hand_over(source, shared, from_cache, out)
                     if handed is None and not self.free_seq_ids:
-                        if self._free_a_sequence(head, out) or self._charge_shared():
-                            continue  # planned again, with a sequence id free or an entry to free
+                        if self._free_a_sequence(head, out):
+                            continue  # planned again, with a sequence id free
                         queue.extendleft(reversed(riding))
                         return  # every sequence id is running, or held by an entry that running requests share
                     if handed is not None:
@@ -227,21 +227,6 @@ class Scheduler(PromptStarts):
             return shared
         span = self.cache.leaf_span(source)
         return shared if span is None else min(shared, span[0])
-
-    def _charge_shared(self) -> bool:
-        """With shared sequence ids all taken by running requests and entries they share: each takes the
-        cells it shares with the cache on as its own charge (budget allowing), so no entry is pinned
-        and one can go for the next request. A request slot is worth more than the cells counted
-        twice until that entry goes."""
-        if self.cache is None or not self.shared_sequences:
-            return False
-        sharing = [r for r in self.running if r.cache_shared]
-        if not sharing or not self.budget.fits(sum(r.cache_shared for r in sharing)):
-            return False
-        for request in sharing:
-            self.budget.reserved[request.request_id] += request.cache_shared
-            request.cache_shared = 0
-        return True
 
     def _takes_over(self, source: int | None, shared: int, from_cache: bool) -> bool:
         """Whether a request that goes on from the very end of the entry on `source` (the next turn of
