@@ -153,14 +153,14 @@ class Scheduler(PromptStarts):
         for priority in Priority:  # interactive first
             queue = self.waiting[priority]
             riding: list[Request] = []  # waiting for a running request to compute the prompt they share
+            replanned: Request | None = None  # the head planned again once an entry gave its id up
             while queue and len(self.running) < self.max_running:
                 head = queue[0]
                 if self._rides_on(head) is not None:
                     riding.append(queue.popleft())
                     continue
                 source, shared, from_cache, window = self._prefix_source(head, out)
-                counted = self._counted_share(source, shared, from_cache)
-                need = self.charge(head, counted)
+                need = self.charge(head, shared if from_cache else 0)
                 room = need + self._headroom()
                 if not self._make_room(room, out, (head.cache_context_tokens, shared if from_cache else 0)):
                     # Strict FIFO: a large request at the head is not overtaken forever by small ones,
@@ -171,12 +171,20 @@ class Scheduler(PromptStarts):
                 if not self.free_seq_ids or self._takes_over(source, shared, from_cache):
                     handed = self._hand_over(source, shared, from_cache, out)
                     if handed is None and not self.free_seq_ids:
-                        if self._free_a_sequence(head, out):
-                            continue  # planned again, with a sequence id free
+                        # Planned again, with a sequence id free; once: the plan may bring an entry back
+                        # from the RAM tier into that id.
+                        if replanned is not head and self._free_a_sequence(head, out):
+                            replanned = head
+                            continue
                         queue.extendleft(reversed(riding))
                         return  # every sequence id is running, or held by an entry that running requests share
                     if handed is not None:
                         need = self.charge(head, handed)
+                counted = shared if from_cache else 0  # of the shared cells, those the cache counts
+                if handed is None and from_cache:
+                    fewer = self._counted_share(source, shared, from_cache)
+                    if fewer < shared and self.budget.fits(self.charge(head, fewer)):
+                        counted, need = fewer, self.charge(head, fewer)
                 queue.popleft()
                 self.budget.reserve(head.request_id, need)
                 seq_id = source if handed is not None and source is not None else self.free_seq_ids.pop(0)
