@@ -168,11 +168,14 @@ class PrefixCache:
     def leaf_span(self, seq_id: int) -> tuple[int, int] | None:
         """The own span of the leaf on `seq_id`, as positions [start, end) of its path: below `start`
         the tree holds its cells without it (None: no leaf has that sequence)."""
-        leaf = next((leaf for leaf in self.leaves() if leaf.seq_id == seq_id), None)
+        leaf = self._leaf_on(seq_id)
         if leaf is None:
             return None
         end = len(self._path_tokens(leaf))
         return end - len(leaf.tokens), end
+
+    def _leaf_on(self, seq_id: int) -> Node | None:
+        return next((leaf for leaf in self.leaves() if leaf.seq_id == seq_id), None)
 
     def window_start(self, length: int) -> int:
         """The first position whose windowed cells a request going on from `length` needs."""
@@ -351,7 +354,7 @@ class PrefixCache:
         tree, saved to the RAM tier first, and the sequence is cut back to `length`. Returns how many
         of those tokens the tree still holds (the request shares them), or None when no unpinned
         leaf has that sequence."""
-        leaf = next((leaf for leaf in self.leaves() if leaf.seq_id == seq_id), None)
+        leaf = self._leaf_on(seq_id)
         if leaf is None or id(leaf) in self.pinned_nodes(pinned):
             return None
         below = len(self._path_tokens(leaf)) - len(leaf.tokens)  # where the leaf's own span starts

@@ -167,8 +167,11 @@ class Scheduler(PromptStarts):
                     # and batch rows do not jump ahead of a waiting interactive request.
                     queue.extendleft(reversed(riding))
                     return
+                span = self._entry_span(source) if from_cache else None
                 handed = None  # the tokens the cache still holds of a sequence handed over by the cache
-                if not self.free_seq_ids or self._takes_over(source, shared, from_cache):
+                # A next turn that goes on from its entry's very end takes that entry's sequence: a copy
+                # would keep a second id for cells the request holds too.
+                if not self.free_seq_ids or (span is not None and shared >= span[1]):
                     handed = self._hand_over(source, shared, from_cache, out)
                     if handed is None and not self.free_seq_ids:
                         # Planned again, with a sequence id free; once: the plan may bring an entry back
@@ -181,10 +184,13 @@ class Scheduler(PromptStarts):
                     if handed is not None:
                         need = self.charge(head, handed)
                 counted = shared if from_cache else 0  # of the shared cells, those the cache counts
-                if handed is None and from_cache:
-                    fewer = self._counted_share(source, shared, from_cache)
-                    if fewer < shared and self.budget.fits(self.charge(head, fewer)):
-                        counted, need = fewer, self.charge(head, fewer)
+                if handed is None and span is not None and span[0] < shared:
+                    # A copy into the entry's own tokens is charged beyond what the tree holds without
+                    # it, budget allowing, so it does not pin the entry (docs/decisions.md, "A windowed
+                    # model's cache entries share the request slots' sequence ids").
+                    charged = self.charge(head, span[0])
+                    if self.budget.fits(charged):
+                        counted, need = span[0], charged
                 queue.popleft()
                 self.budget.reserve(head.request_id, need)
                 seq_id = source if handed is not None and source is not None else self.free_seq_ids.pop(0)
@@ -222,28 +228,12 @@ class Scheduler(PromptStarts):
             if queue:
                 return
 
-    def _counted_share(self, source: int | None, shared: int, from_cache: bool) -> int:
-        """Of the `shared` tokens a request copies from the cache entry on `source`, those the cache
-        keeps counting (the request is charged for the rest). With shared sequence ids, only what the
-        tree holds without that entry: a request that shares part of an entry's own tokens does not
-        pin the entry, so it can still be handed over or evicted for its id, the limit on running
-        requests (docs/decisions.md, "A windowed model's cache entries share the request slots'
-        sequence ids")."""
-        if not from_cache:
-            return 0
+    def _entry_span(self, source: int | None) -> tuple[int, int] | None:
+        """With shared sequence ids, the own span of the cache entry on `source` (PrefixCache.leaf_span);
+        None otherwise, or when `source` is no entry."""
         if self.cache is None or not self.shared_sequences or source is None:
-            return shared
-        span = self.cache.leaf_span(source)
-        return shared if span is None else min(shared, span[0])
-
-    def _takes_over(self, source: int | None, shared: int, from_cache: bool) -> bool:
-        """Whether a request that goes on from the very end of the entry on `source` (the next turn of
-        its conversation) takes that entry's sequence rather than copying it, with shared sequence ids:
-        a copy would keep a second id for cells the request holds too."""
-        if self.cache is None or not self.shared_sequences or not from_cache or source is None:
-            return False
-        span = self.cache.leaf_span(source)
-        return span is not None and shared >= span[1]
+            return None
+        return self.cache.leaf_span(source)
 
     def _free_a_sequence(self, head: Request, out: SchedulerOutput) -> bool:
         """With shared sequence ids all taken: evict the least recently used entry that neither running
@@ -258,9 +248,9 @@ class Scheduler(PromptStarts):
         return False
 
     def _hand_over(self, source: int | None, shared: int, from_cache: bool, out: SchedulerOutput) -> int | None:
-        """With shared sequence ids all taken: the entry the request copies from hands it its sequence
-        (how many tokens the tree still holds of it), or, when the request copies nothing, any entry
-        nobody runs on gives its id up; None when neither can."""
+        """With shared sequence ids all taken, or for a next turn: the entry the request copies from
+        hands it its sequence (how many tokens the tree still holds of it), or, when the request copies
+        nothing, any entry nobody runs on gives its id up; None when neither can."""
         if self.cache is None or not self.shared_sequences:
             return None
         if source is not None and from_cache and shared:
