@@ -90,14 +90,16 @@ def test_keep_alive_zero_unloads_once_idle_and_unload_waits_for_idle(models_dir)
     pool = ModelPool(small_settings(models_dir)).start()
     try:
         answer(pool, SECOND, keep_alive=0.0)
-        wait_for(lambda: SECOND not in resident(pool), timeout=10, what="keep_alive 0 to unload the model")
+        wait_for(lambda: SECOND not in resident(pool), what="keep_alive 0 to unload the model")
         assert "smollm2-135m" in resident(pool), "the default model stays"
         with pool.use(SECOND) as (engine, _):
             busy = engine.submit("Count:", params=SamplingParams(max_tokens=300, temperature=0, ignore_eos=True))
         assert pool.unload(SECOND) is False, "a busy model unloads when idle, not now"
         assert SECOND in resident(pool)
         engine.cancel(busy.request_id)
-        wait_for(lambda: SECOND not in resident(pool), timeout=10, what="the deferred unload")
+        wait_for(lambda: SECOND not in resident(pool), what="the deferred unload")
+        # The default model loads in the background from `start`: on a busy machine it may load still.
+        wait_for(lambda: not any(r.busy for r in pool.residents()), what="the default model's load")
         assert pool.unload("smollm2-135m") is True and resident(pool) == []
     finally:
         pool.shutdown()

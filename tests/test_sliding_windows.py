@@ -5,6 +5,9 @@ windowed cells begin now."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -294,6 +297,41 @@ def test_a_conversations_next_turn_takes_its_entrys_sequence_with_another_id_fre
         assert engine.stats().scheduler.prefix_cache_entries == 1
     finally:
         engine.shutdown()
+
+
+def test_a_next_turn_takes_the_entry_running_requests_share_its_system_prompt_with():
+    """The last entry under a shared system prompt holds that prompt's cells for the requests that
+    copied it: its own conversation's next turn still takes its sequence (keeping those cells) and
+    runs beside them, rather than waiting for them to end."""
+    runner = FakeRunner(n_ctx=512, step_seconds=0.01)
+    engine = windowed_engine(runner, window=128)  # parallel 2: two ids; every prompt inside a window
+    try:
+        system = list(range(100, 164))
+        talks = [[*system, *range(base, base + 10)] for base in (200, 300)]
+        firsts = [engine.generate(prompt_tokens=t, params=SamplingParams(max_tokens=5)) for t in talks]
+        long = engine.submit(prompt_tokens=[*system, 400, 401], params=SamplingParams(max_tokens=400))
+        assert long.stream is not None and scheduler_sees(engine, lambda: bool(long.output_tokens))
+        # It took one entry's id; the other entry now holds the system prompt it shares.
+        assert engine.scheduler is not None and engine.scheduler.cache is not None
+        (kept,) = [i for i, t in enumerate(talks) if engine.scheduler.cache.match(t, len(t)).length == len(t)]
+        talk, first = talks[kept], firsts[kept]
+        turn = engine.generate(prompt_tokens=[*talk, *first.token_ids, 7, 8], params=SamplingParams(max_tokens=3))
+        assert long.finish_reason is None  # it ran beside the long request, not after it
+        assert turn.counts.cached == len(talk) + 4
+        long.stream.wait_final(60)
+        assert long.finish_reason is not None and long.finish_reason.value == "length"
+    finally:
+        engine.shutdown()
+
+
+def scheduler_sees(engine: Engine, ready: Callable[[], bool], timeout: float = 60) -> bool:
+    """Whether `ready` holds before `timeout` (polled: the engine loop runs in its own thread)."""
+    end = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def test_entries_holding_every_id_never_keep_requests_from_running_side_by_side():

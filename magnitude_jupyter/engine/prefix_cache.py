@@ -350,15 +350,22 @@ class PrefixCache:
 
     def hand_over(self, seq_id: int, length: int, pinned: Pins, ops: list[KVOp]) -> int | None:
         """A request about to go on from the first `length` tokens of the leaf whose sequence is `seq_id`
-        takes that sequence (ids shared with the request slots, and none free): the leaf leaves the
-        tree, saved to the RAM tier first, and the sequence is cut back to `length`. Returns how many
-        of those tokens the tree still holds (the request shares them), or None when no unpinned
-        leaf has that sequence."""
+        takes that sequence (ids shared with the request slots): the leaf leaves the tree, saved to the
+        RAM tier first when the request keeps only part of it, and the sequence is cut back to
+        `length`. Returns how many of those tokens the tree still holds (the request shares them), or
+        None when no leaf has that sequence, or running requests share a leaf the request keeps only
+        part of."""
         leaf = self._leaf_on(seq_id)
-        if leaf is None or id(leaf) in self.pinned_nodes(pinned):
+        if leaf is None:
             return None
-        below = len(self._path_tokens(leaf)) - len(leaf.tokens)  # where the leaf's own span starts
-        self._drop(leaf, ops, clear=False)
+        end = len(self._path_tokens(leaf))
+        below = end - len(leaf.tokens)  # where the leaf's own span starts
+        whole = length >= end
+        # Running requests may share the cells of a leaf its taker goes on from whole: the taker's
+        # sequence keeps them all, and its charge counts them (the last entry under a system prompt).
+        if not whole and id(leaf) in self.pinned_nodes(pinned):
+            return None
+        self._drop(leaf, ops, save=not whole, clear=False)  # a taker of it all keeps it all
         ops.append(TrimSequence(seq_id, length))
         return min(below, length)
 

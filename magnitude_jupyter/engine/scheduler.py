@@ -171,18 +171,22 @@ class Scheduler(PromptStarts):
                 handed = None  # the tokens the cache still holds of a sequence handed over by the cache
                 # A next turn that goes on from its entry's very end takes that entry's sequence: a copy
                 # would keep a second id for cells the request holds too.
-                if not self.free_seq_ids or (span is not None and shared >= span[1]):
+                whole = span is not None and shared >= span[1]
+                if whole:
                     handed = self._hand_over(source, shared, from_cache, out)
+                if handed is None and not self.free_seq_ids:
+                    # Planned again, with the least recently used entry's id free; once: the plan may
+                    # bring the head's own entry back from the RAM tier into that id.
+                    if replanned is not head and self._free_a_sequence(head, out):
+                        replanned = head
+                        continue
+                    if not whole:  # else the entry it copies from gives it its sequence
+                        handed = self._hand_over(source, shared, from_cache, out)
                     if handed is None and not self.free_seq_ids:
-                        # Planned again, with a sequence id free; once: the plan may bring an entry back
-                        # from the RAM tier into that id.
-                        if replanned is not head and self._free_a_sequence(head, out):
-                            replanned = head
-                            continue
                         queue.extendleft(reversed(riding))
                         return  # every sequence id is running, or held by an entry that running requests share
-                    if handed is not None:
-                        need = self.charge(head, handed)
+                if handed is not None:
+                    need = self.charge(head, handed)
                 counted = shared if from_cache else 0  # of the shared cells, those the cache counts
                 if handed is None and span is not None and span[0] < shared:
                     # A copy into the entry's own tokens is charged beyond what the tree holds without
@@ -210,7 +214,9 @@ class Scheduler(PromptStarts):
                 if source is not None and shared:
                     if handed is None:
                         out.kv_ops.append(CopyCells(source, seq_id, 0, shared))
-                    head.num_computed_tokens = head.copied_tokens = shared
+                    head.num_computed_tokens = shared
+                    # Cells of a handed-over sequence beyond what the tree still holds are the request's own.
+                    head.copied_tokens = shared if handed is None else handed
                     head.cache_shared = counted if handed is None else handed
                     if not resumed:
                         head.cached_tokens = shared
