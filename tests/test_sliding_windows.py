@@ -324,6 +324,44 @@ def test_a_next_turn_takes_the_entry_running_requests_share_its_system_prompt_wi
         engine.shutdown()
 
 
+def test_an_entry_running_requests_share_gives_its_id_to_a_turn_whose_own_entry_the_ram_tier_holds():
+    """Every id held, by running requests and the entry holding the system prompt they copied: the next
+    turn of a conversation moved to the RAM tier brings its entry back into that entry's id and runs
+    beside them; the system prompt's cells stay counted, once, until the last of them ends."""
+    runner = FakeRunner(n_ctx=1024, step_seconds=0.01)
+    runner.sliding_window = 128  # every prompt inside a window
+    runner.sequence_start = lambda seq: max(0, max(runner.seqs.get(seq) or {0: 0}) - 128 + 1)  # type: ignore[method-assign]
+    engine = Engine(settings=Settings(), runner_factory=lambda es: runner, parallel=3, ctx_size=1024, n_batch=16)
+    engine.start()
+    try:
+        system = list(range(100, 164))
+        talks = [[*system, *range(base, base + 10)] for base in (200, 300, 500)]
+        firsts = [engine.generate(prompt_tokens=t, params=SamplingParams(max_tokens=5)) for t in talks]
+        scheduler = engine.scheduler
+        assert scheduler is not None and scheduler.cache is not None
+        # Copies the system prompt; the oldest entry (the first conversation's) gives it its id.
+        long = engine.submit(prompt_tokens=[*system, 400, 401], params=SamplingParams(max_tokens=300))
+        assert long.stream is not None and scheduler_sees(engine, lambda: bool(long.output_tokens))
+        (moved,) = [i for i, t in enumerate(talks) if scheduler.cache.match(t, 99).length == len(system)]
+        # Another conversation goes on in its entry's sequence: the last entry holds the system prompt.
+        other = next(i for i in range(3) if i != moved)
+        going = engine.submit(
+            prompt_tokens=[*talks[other], *firsts[other].token_ids, 7, 8], params=SamplingParams(max_tokens=200)
+        )
+        assert going.stream is not None and scheduler_sees(engine, lambda: bool(going.output_tokens))
+        turn = engine.generate(
+            prompt_tokens=[*talks[moved], *firsts[moved].token_ids, 7, 8], params=SamplingParams(max_tokens=3)
+        )
+        assert long.finish_reason is None and going.finish_reason is None  # it ran beside them
+        assert turn.counts.cached == len(talks[moved]) + 4 and runner.restored >= 1
+        assert scheduler.budget.held == len(system)  # their copies of it, counted once
+        going.stream.wait_final(60)
+        long.stream.wait_final(60)
+        assert scheduler_sees(engine, lambda: scheduler.budget.held == 0)
+    finally:
+        engine.shutdown()
+
+
 def scheduler_sees(engine: Engine, ready: Callable[[], bool], timeout: float = 60) -> bool:
     """Whether `ready` holds before `timeout` (polled: the engine loop runs in its own thread)."""
     end = time.monotonic() + timeout

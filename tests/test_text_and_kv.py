@@ -77,3 +77,13 @@ def test_kv_budget_reserves_and_releases():
     with pytest.raises(ValueError):
         budget.reserve("b", 41)
     assert budget.release("a") == 60 and budget.free == 100
+
+
+def test_cells_held_for_requests_stay_counted_until_the_last_of_them_ends():
+    budget = KVBudget(100)
+    budget.reserve("a", 10)
+    budget.reserve("b", 10)
+    budget.hold(30, ["a", "b"])
+    assert budget.free == 50 and budget.held == 30
+    assert budget.release("a") == 10 and budget.free == 60 and budget.held == 30  # b holds them still
+    assert budget.release("b") == 10 and budget.free == 100 and budget.held == 0

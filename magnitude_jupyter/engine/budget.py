@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 
@@ -15,6 +16,9 @@ class KVBudget:
 
     total: int
     reserved: dict[str, int] = field(default_factory=dict)
+    # A hold's key: the requests whose sequences still hold its cells (`hold`).
+    holders: dict[str, set[str]] = field(default_factory=dict)
+    _holds: itertools.count = field(default_factory=itertools.count)
 
     @property
     def used(self) -> int:
@@ -34,5 +38,24 @@ class KVBudget:
             raise ValueError(f"{cells} KV cells requested, {self.free} free")
         self.reserved[request_id] = cells
 
+    @property
+    def held(self) -> int:
+        """Cells kept counted for the requests that hold them (`hold`)."""
+        return sum(self.reserved[key] for key in self.holders)
+
+    def hold(self, cells: int, holders: list[str]) -> None:
+        """Keep `cells` counted while any of the requests `holders` runs: cells of a cache entry that
+        left the prefix cache while they still share them (llama.cpp frees a cell when no sequence
+        holds it). They were counted already, as the cache's: no room is asked for."""
+        key = f"held-{next(self._holds)}"
+        self.reserved[key] = cells
+        self.holders[key] = set(holders)
+
     def release(self, request_id: str) -> int:
+        """Give back a request's cells, and every hold it was the last holder of."""
+        for key, holders in list(self.holders.items()):
+            holders.discard(request_id)
+            if not holders:
+                del self.holders[key]
+                self.reserved.pop(key, None)
         return self.reserved.pop(request_id, 0)

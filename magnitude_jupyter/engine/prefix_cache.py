@@ -348,26 +348,39 @@ class PrefixCache:
         self.cells += len(new)
         return adopt
 
-    def hand_over(self, seq_id: int, length: int, pinned: Pins, ops: list[KVOp]) -> int | None:
+    def hand_over(self, seq_id: int, length: int, ops: list[KVOp]) -> int:
         """A request about to go on from the first `length` tokens of the leaf whose sequence is `seq_id`
         takes that sequence (ids shared with the request slots): the leaf leaves the tree, saved to the
         RAM tier first when the request keeps only part of it, and the sequence is cut back to
-        `length`. Returns how many of those tokens the tree still holds (the request shares them), or
-        None when no leaf has that sequence, or running requests share a leaf the request keeps only
-        part of."""
+        `length`. Returns how many of those tokens the tree still holds (the request shares them).
+        Cells beyond `length` that running requests share stay theirs (`shared_beyond`)."""
         leaf = self._leaf_on(seq_id)
-        if leaf is None:
-            return None
+        assert leaf is not None
         end = len(self._path_tokens(leaf))
         below = end - len(leaf.tokens)  # where the leaf's own span starts
-        whole = length >= end
-        # Running requests may share the cells of a leaf its taker goes on from whole: the taker's
-        # sequence keeps them all, and its charge counts them (the last entry under a system prompt).
-        if not whole and id(leaf) in self.pinned_nodes(pinned):
-            return None
-        self._drop(leaf, ops, save=not whole, clear=False)  # a taker of it all keeps it all
+        self._drop(leaf, ops, save=length < end, clear=False)  # a taker of it all keeps it all
         ops.append(TrimSequence(seq_id, length))
         return min(below, length)
+
+    def shared_beyond(self, seq_id: int, keep: int, pinned: Pins) -> list[int]:
+        """Per pin, how many of the cells of the leaf on `seq_id` past position `keep` (and past where the
+        tree holds its path without it) the pin shares: what stays in use when the leaf leaves."""
+        leaf = self._leaf_on(seq_id)
+        assert leaf is not None
+        path = self._path_tokens(leaf)
+        start = max(keep, len(path) - len(leaf.tokens))
+        return [max(0, common_prefix_len(tokens, path, shared) - start) for tokens, shared in pinned]
+
+    def least_recent_leaf(self) -> int | None:
+        """The sequence of the least recently used entry (None: no entry)."""
+        leaves = list(self.leaves())
+        return min(leaves, key=lambda leaf: leaf.last_used).seq_id if leaves else None
+
+    def drop_entry(self, seq_id: int, ops: list[KVOp]) -> None:
+        """Move the entry on `seq_id` to the RAM tier, freeing its sequence id, whoever shares it."""
+        leaf = self._leaf_on(seq_id)
+        assert leaf is not None
+        self._drop(leaf, ops)
 
     @staticmethod
     def _end(path: list[Node]) -> int:

@@ -30,7 +30,7 @@ from .kv_ops import CopyCells, ForgetSuspended, KVOp, LoadWindow, SuspendSequenc
 from .output_lengths import OutputLengths
 from .plan import ScheduledChunk, SchedulerOutput, SchedulerStats
 from .prefix_cache import SPILL_AFTER_ROWS, Pins, PrefixCache, SavedState
-from .prompt_start import PromptStarts
+from .prompt_start import RAM_RESTORE_GAIN, PromptStarts
 from .request import FinishReason, Priority, Request, RequestStatus
 from .speculate import AnswerMemory, Guess, NgramIndex
 
@@ -173,18 +173,22 @@ class Scheduler(PromptStarts):
                 # would keep a second id for cells the request holds too.
                 whole = span is not None and shared >= span[1]
                 if whole:
-                    handed = self._hand_over(source, shared, from_cache, out)
-                if handed is None and not self.free_seq_ids:
-                    # Planned again, with the least recently used entry's id free; once: the plan may
-                    # bring the head's own entry back from the RAM tier into that id.
-                    if replanned is not head and self._free_a_sequence(head, out):
+                    handed = self._hand_over(source, shared, out)
+                elif not self.free_seq_ids:
+                    # Planned again once an id is free; once: the plan may bring the head's own entry
+                    # back from the RAM tier into it. The least recently used entry nobody shares goes
+                    # first, then one running requests share, if the RAM tier holds more of the head.
+                    if replanned is not head and (
+                        self._free_a_sequence(head, out)
+                        or ((span is None or self._ram_holds_more(head, shared)) and self._free_a_shared_sequence(out))
+                    ):
                         replanned = head
                         continue
-                    if not whole:  # else the entry it copies from gives it its sequence
-                        handed = self._hand_over(source, shared, from_cache, out)
+                    if span is not None:  # the entry it copies from gives it its sequence
+                        handed = self._hand_over(source, shared, out)
                     if handed is None and not self.free_seq_ids:
                         queue.extendleft(reversed(riding))
-                        return  # every sequence id is running, or held by an entry that running requests share
+                        return  # every sequence id is running
                 if handed is not None:
                     need = self.charge(head, handed)
                 counted = shared if from_cache else 0  # of the shared cells, those the cache counts
@@ -253,19 +257,47 @@ class Scheduler(PromptStarts):
             return True
         return False
 
-    def _hand_over(self, source: int | None, shared: int, from_cache: bool, out: SchedulerOutput) -> int | None:
-        """With shared sequence ids all taken, or for a next turn: the entry the request copies from
-        hands it its sequence (how many tokens the tree still holds of it), or, when the request copies
-        nothing, any entry nobody runs on gives its id up; None when neither can."""
+    def _hand_over(self, source: int | None, shared: int, out: SchedulerOutput) -> int:
+        """The entry on `source` hands the request its sequence, cut back to the `shared` tokens the
+        request goes on from; how many of them the tree still holds (PrefixCache.hand_over)."""
+        assert self.cache is not None and source is not None
+        self._hold_shared(source, shared)
+        handed = self.cache.hand_over(source, shared, out.kv_ops)
+        self._sync_cache_budget()
+        return handed
+
+    def _free_a_shared_sequence(self, out: SchedulerOutput) -> bool:
+        """With every sequence id held by entries running requests share: the least recently used goes
+        to the RAM tier, freeing its id; False if there is no entry."""
         if self.cache is None or not self.shared_sequences:
-            return None
-        if source is not None and from_cache and shared:
-            handed = self.cache.hand_over(source, shared, self._pins(), out.kv_ops)
-            self._sync_cache_budget()
-            return handed
-        if source is None and self.cache.evict_one(self._pins(), out.kv_ops):
-            self._sync_cache_budget()
-        return None
+            return False
+        seq_id = self.cache.least_recent_leaf()
+        if seq_id is None:
+            return False
+        self._hold_shared(seq_id, 0)
+        self.cache.drop_entry(seq_id, out.kv_ops)
+        self._sync_cache_budget()
+        return True
+
+    def _hold_shared(self, seq_id: int, keep: int) -> None:
+        """Before the entry on `seq_id` leaves the tree (all of it past `keep`): the cells running
+        requests share of that part stay counted until the last of them ends (KVBudget.hold), once,
+        not once per request (docs/decisions.md, "A windowed model's cache entries share the request
+        slots' sequence ids")."""
+        assert self.cache is not None
+        sharing = [r for r in self.running if r.cache_shared]
+        beyond = self.cache.shared_beyond(seq_id, keep, [(_shared_tokens(r), r.cache_shared) for r in sharing])
+        if any(beyond):
+            self.budget.hold(max(beyond), [r.request_id for r, n in zip(sharing, beyond, strict=True) if n])
+
+    def _ram_holds_more(self, request: Request, shared: int) -> bool:
+        """Whether the RAM tier holds a saved entry that goes on further along `request`'s prompt than
+        the `shared` tokens the tree gives it (a conversation's own entry, moved out)."""
+        assert self.cache is not None
+        if self.cache.ram is None:
+            return False
+        tokens = request.cache_context_tokens
+        return self.cache.ram.best(tokens, len(tokens) - 1).length >= shared + RAM_RESTORE_GAIN
 
     def _headroom(self) -> int:
         """Free cells a new admission leaves under `estimate`: a growth step for each running request
@@ -334,9 +366,9 @@ class Scheduler(PromptStarts):
 
     def kv_cells_held(self) -> int:
         """KV cells holding tokens, a prefix shared through `llama_memory_seq_cp` counted once: each
-        running request's own cells, and the cache's."""
+        running request's own cells, the cache's, and those requests share of entries gone from it."""
         own = sum(r.num_computed_tokens - r.copied_tokens for r in self.running)
-        return own + (self.cache.cells if self.cache is not None else 0)
+        return own + self.budget.held + (self.cache.cells if self.cache is not None else 0)
 
     def make_stats(self) -> SchedulerStats:
         cache = self.cache
