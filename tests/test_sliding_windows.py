@@ -5,6 +5,8 @@ windowed cells begin now."""
 
 from __future__ import annotations
 
+import random
+import threading
 import time
 from collections.abc import Callable
 
@@ -360,6 +362,51 @@ def test_an_entry_running_requests_share_gives_its_id_to_a_turn_whose_own_entry_
         assert scheduler_sees(engine, lambda: scheduler.budget.held == 0)
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_windowed_conversations_never_hold_more_cells_than_the_budget_counts(seed):
+    """Conversations sharing a system prompt on a windowed model, more of them than ids, turns of
+    random lengths: after every step llama.cpp's cells in use are within what the budget counts
+    (hand-overs, evictions and holds included), and at the end no hold is left and the cache is exact."""
+    rng = random.Random(seed)
+    runner = FakeRunner(n_ctx=1024, step_seconds=0.001)
+    runner.sliding_window = 128
+    runner.sequence_start = lambda seq: max(0, max(runner.seqs.get(seq) or {0: 0}) - 128 + 1)  # type: ignore[method-assign]
+    engine = Engine(settings=Settings(), runner_factory=lambda es: runner, parallel=3, ctx_size=1024, n_batch=16)
+    engine.start()
+    scheduler = engine.scheduler
+    assert scheduler is not None and scheduler.cache is not None
+    steps: list[tuple[int, int]] = []  # (cells in use, cells the budget counts) after each step
+    decode = runner.decode
+
+    def counted_decode(items: list[DecodeItem]) -> list[int | None]:
+        rows = decode(items)
+        steps.append((runner.live_cells(), scheduler.budget.used))
+        return rows
+
+    runner.decode = counted_decode  # type: ignore[method-assign]
+    system = list(range(100, 164))
+    plans = [(1000 + 100 * i, [rng.randint(2, 12) for _ in range(3)]) for i in range(6)]
+
+    def converse(base: int, answers: list[int]) -> None:
+        tokens = [*system, *range(base, base + 10)]
+        for turn, max_tokens in enumerate(answers):
+            result = engine.generate(prompt_tokens=tokens, params=SamplingParams(max_tokens=max_tokens))
+            tokens = [*tokens, *result.token_ids, 7, 20 + turn]
+
+    try:
+        talks = [threading.Thread(target=converse, args=plan) for plan in plans]
+        for talk in talks:
+            talk.start()
+        for talk in talks:
+            talk.join(120)
+        assert not any(talk.is_alive() for talk in talks)
+        assert steps and all(live <= counted for live, counted in steps), [s for s in steps if s[0] > s[1]][:3]
+        assert scheduler_sees(engine, lambda: not scheduler.running and scheduler.budget.held == 0)
+    finally:
+        engine.shutdown()
+    assert_cache_exact(runner, scheduler.cache)  # the engine stopped: nothing moves entries now
 
 
 def scheduler_sees(engine: Engine, ready: Callable[[], bool], timeout: float = 60) -> bool:
