@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -23,6 +21,7 @@ from magnitude_jupyter.engine.ram_tier import RamTier, common_prefix_len
 from magnitude_jupyter.engine.request import SamplingParams
 from magnitude_jupyter.engine.runner_api import apply_kv_ops
 
+from .conftest import wait_for
 from .fakes import FakeRunner, assert_cache_exact
 from .test_prefix_cache import REQUEST_SEQ, apply
 
@@ -232,12 +231,14 @@ def test_window_checkpoints_and_saved_entries_share_the_ram_tier_least_recently_
     assert list(ram.entries) == [(7,)] and set(ram.windows) == {(1, 2), (1, 2, 3, 4, 5)} and ram.bytes == 80
 
 
-def windowed_engine(runner: FakeRunner, window: int = WINDOW) -> Engine:
+def windowed_engine(runner: FakeRunner, window: int = WINDOW, parallel: int = 2, ctx_size: int = 512) -> Engine:
     """An engine whose fake llama.cpp keeps each sequence's windowed cells for its last `window`
     positions only, as a busy sliding-window cache does."""
     runner.sliding_window = window
     runner.sequence_start = lambda seq: max(0, max(runner.seqs.get(seq) or {0: 0}) - window + 1)  # type: ignore[method-assign]
-    return Engine(settings=Settings(), runner_factory=lambda es: runner, parallel=2, ctx_size=512, n_batch=16).start()
+    return Engine(
+        settings=Settings(), runner_factory=lambda es: runner, parallel=parallel, ctx_size=ctx_size, n_batch=16
+    ).start()
 
 
 def test_a_turn_that_parts_from_the_last_answer_goes_on_from_the_window_checkpoint_its_prompt_left():
@@ -312,7 +313,7 @@ def test_a_next_turn_takes_the_entry_running_requests_share_its_system_prompt_wi
         talks = [[*system, *range(base, base + 10)] for base in (200, 300)]
         firsts = [engine.generate(prompt_tokens=t, params=SamplingParams(max_tokens=5)) for t in talks]
         long = engine.submit(prompt_tokens=[*system, 400, 401], params=SamplingParams(max_tokens=400))
-        assert long.stream is not None and scheduler_sees(engine, lambda: bool(long.output_tokens))
+        assert long.stream is not None and wait_for(lambda: long.output_tokens, what="the long request to start")
         # It took one entry's id; the other entry now holds the system prompt it shares.
         assert engine.scheduler is not None and engine.scheduler.cache is not None
         (kept,) = [i for i, t in enumerate(talks) if engine.scheduler.cache.match(t, len(t)).length == len(t)]
@@ -331,10 +332,7 @@ def test_an_entry_running_requests_share_gives_its_id_to_a_turn_whose_own_entry_
     turn of a conversation moved to the RAM tier brings its entry back into that entry's id and runs
     beside them; the system prompt's cells stay counted, once, until the last of them ends."""
     runner = FakeRunner(n_ctx=1024, step_seconds=0.01)
-    runner.sliding_window = 128  # every prompt inside a window
-    runner.sequence_start = lambda seq: max(0, max(runner.seqs.get(seq) or {0: 0}) - 128 + 1)  # type: ignore[method-assign]
-    engine = Engine(settings=Settings(), runner_factory=lambda es: runner, parallel=3, ctx_size=1024, n_batch=16)
-    engine.start()
+    engine = windowed_engine(runner, window=128, parallel=3, ctx_size=1024)  # every prompt inside a window
     try:
         system = list(range(100, 164))
         talks = [[*system, *range(base, base + 10)] for base in (200, 300, 500)]
@@ -343,14 +341,14 @@ def test_an_entry_running_requests_share_gives_its_id_to_a_turn_whose_own_entry_
         assert scheduler is not None and scheduler.cache is not None
         # Copies the system prompt; the oldest entry (the first conversation's) gives it its id.
         long = engine.submit(prompt_tokens=[*system, 400, 401], params=SamplingParams(max_tokens=300))
-        assert long.stream is not None and scheduler_sees(engine, lambda: bool(long.output_tokens))
+        assert long.stream is not None and wait_for(lambda: long.output_tokens, what="the long request to start")
         (moved,) = [i for i, t in enumerate(talks) if scheduler.cache.match(t, 99).length == len(system)]
         # Another conversation goes on in its entry's sequence: the last entry holds the system prompt.
         other = next(i for i in range(3) if i != moved)
         going = engine.submit(
             prompt_tokens=[*talks[other], *firsts[other].token_ids, 7, 8], params=SamplingParams(max_tokens=200)
         )
-        assert going.stream is not None and scheduler_sees(engine, lambda: bool(going.output_tokens))
+        assert going.stream is not None and wait_for(lambda: going.output_tokens, what="the next turn to start")
         turn = engine.generate(
             prompt_tokens=[*talks[moved], *firsts[moved].token_ids, 7, 8], params=SamplingParams(max_tokens=3)
         )
@@ -359,7 +357,7 @@ def test_an_entry_running_requests_share_gives_its_id_to_a_turn_whose_own_entry_
         assert scheduler.budget.held == len(system)  # their copies of it, counted once
         going.stream.wait_final(60)
         long.stream.wait_final(60)
-        assert scheduler_sees(engine, lambda: scheduler.budget.held == 0)
+        wait_for(lambda: scheduler.budget.held == 0, what="the hold to go")
     finally:
         engine.shutdown()
 
@@ -371,10 +369,7 @@ def test_windowed_conversations_never_hold_more_cells_than_the_budget_counts(see
     (hand-overs, evictions and holds included), and at the end no hold is left and the cache is exact."""
     rng = random.Random(seed)
     runner = FakeRunner(n_ctx=1024, step_seconds=0.001)
-    runner.sliding_window = 128
-    runner.sequence_start = lambda seq: max(0, max(runner.seqs.get(seq) or {0: 0}) - 128 + 1)  # type: ignore[method-assign]
-    engine = Engine(settings=Settings(), runner_factory=lambda es: runner, parallel=3, ctx_size=1024, n_batch=16)
-    engine.start()
+    engine = windowed_engine(runner, window=128, parallel=3, ctx_size=1024)  # every prompt inside a window
     scheduler = engine.scheduler
     assert scheduler is not None and scheduler.cache is not None
     steps: list[tuple[int, int]] = []  # (cells in use, cells the budget counts) after each step
@@ -403,20 +398,10 @@ def test_windowed_conversations_never_hold_more_cells_than_the_budget_counts(see
             talk.join(120)
         assert not any(talk.is_alive() for talk in talks)
         assert steps and all(live <= counted for live, counted in steps), [s for s in steps if s[0] > s[1]][:3]
-        assert scheduler_sees(engine, lambda: not scheduler.running and scheduler.budget.held == 0)
+        wait_for(lambda: not scheduler.running and scheduler.budget.held == 0, what="every hold to go")
     finally:
         engine.shutdown()
     assert_cache_exact(runner, scheduler.cache)  # the engine stopped: nothing moves entries now
-
-
-def scheduler_sees(engine: Engine, ready: Callable[[], bool], timeout: float = 60) -> bool:
-    """Whether `ready` holds before `timeout` (polled: the engine loop runs in its own thread)."""
-    end = time.monotonic() + timeout
-    while not ready():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def test_entries_holding_every_id_never_keep_requests_from_running_side_by_side():

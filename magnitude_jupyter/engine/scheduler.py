@@ -184,11 +184,10 @@ class Scheduler(PromptStarts):
                     ):
                         replanned = head
                         continue
-                    if span is not None:  # the entry it copies from gives it its sequence
-                        handed = self._hand_over(source, shared, out)
-                    if handed is None and not self.free_seq_ids:
+                    if span is None:
                         queue.extendleft(reversed(riding))
                         return  # every sequence id is running
+                    handed = self._hand_over(source, shared, out)  # the entry it copies from gives it its own
                 if handed is not None:
                     need = self.charge(head, handed)
                 counted = shared if from_cache else 0  # of the shared cells, those the cache counts
