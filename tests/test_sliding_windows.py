@@ -306,7 +306,7 @@ def test_a_next_turn_takes_the_entry_running_requests_share_its_system_prompt_wi
     """The last entry under a shared system prompt holds that prompt's cells for the requests that
     copied it: its own conversation's next turn still takes its sequence (keeping those cells) and
     runs beside them, rather than waiting for them to end."""
-    runner = FakeRunner(n_ctx=512, step_seconds=0.01)
+    runner = FakeRunner(n_ctx=512, step_seconds=0.02)  # the long request lasts seconds: a margin
     engine = windowed_engine(runner, window=128)  # parallel 2: two ids; every prompt inside a window
     try:
         system = list(range(100, 164))
@@ -331,7 +331,7 @@ def test_an_entry_running_requests_share_gives_its_id_to_a_turn_whose_own_entry_
     """Every id held, by running requests and the entry holding the system prompt they copied: the next
     turn of a conversation moved to the RAM tier brings its entry back into that entry's id and runs
     beside them; the system prompt's cells stay counted, once, until the last of them ends."""
-    runner = FakeRunner(n_ctx=1024, step_seconds=0.01)
+    runner = FakeRunner(n_ctx=1024, step_seconds=0.02)  # the long requests last seconds: a margin
     engine = windowed_engine(runner, window=128, parallel=3, ctx_size=1024)  # every prompt inside a window
     try:
         system = list(range(100, 164))
