@@ -35,6 +35,7 @@ class FakeRunner:
         self.sliding_window: int | None = None
         self.recurrent = False
         self.no_room_once = False  # the next decode finds no cells (tests of the engine's retry)
+        self.room_for: int | None = None  # a decode of more tokens finds no cells (None: any fits)
         self.dead_ends: dict[int, bool] = {}  # token -> complete: sampling it finds a grammar dead end
         self.repack: bool | None = None
         self.flash_attention: bool | None = None
@@ -160,6 +161,8 @@ class FakeRunner:
         if self.no_room_once:  # llama.cpp's 1: no cells for the batch, nothing computed
             self.no_room_once = False
             raise NoRoomForBatch("no KV cells for the batch")
+        if self.room_for is not None and sum(len(item.tokens) for item in items) > self.room_for:
+            raise NoRoomForBatch(f"no KV cells for a batch of more than {self.room_for} tokens")
         self.calls.append(list(items))
         time.sleep(self.step_seconds)
         rows: list[int | None] = []

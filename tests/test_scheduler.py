@@ -21,6 +21,7 @@ from magnitude_jupyter.engine.prefix_cache import SPILL_AFTER_ROWS
 from magnitude_jupyter.engine.request import Request, RequestStatus
 from magnitude_jupyter.engine.scheduler import BRING_BACK_AFTER_IDLE_SECONDS, REPRODUCIBLE_CHUNK, Scheduler
 
+from .conftest import wait_for
 from .fakes import assert_cache_exact, fake_engine, make_request
 
 
@@ -156,6 +157,22 @@ def test_a_step_llama_cpp_finds_no_cells_for_runs_again_once_idle_entries_are_gi
         assert (first.text, again.text) == ("4 5 6 7 ", "10 11 12 13 ")  # nothing lost, nothing failed
         assert engine.fake.no_room_once is False
         assert engine.stats().scheduler.prefix_cache_entries == 1  # the idle entry went; the new one stays
+
+
+def test_a_step_llama_cpp_finds_too_few_cells_for_computes_fewer_prompt_rows_and_loses_nothing():
+    """As a sliding-window cache whose old cells two sequences share runs short: the step's prompt
+    rows are halved until the batch fits, and the prompt goes on at the next steps."""
+    with fake_engine() as engine:
+        running = engine.submit("1", params=SamplingParams(max_tokens=40, temperature=0))
+        assert running.stream is not None and wait_for(lambda: running.output_tokens, what="a request to decode")
+        engine.fake.room_for = 4
+        calls = len(engine.fake.calls)
+        late = engine.generate(" ".join(str(t) for t in range(40, 60)), params=SamplingParams(max_tokens=3))
+        final = running.stream.wait_final(60)
+        assert late.text == "60 61 62 " and late.finish_reason == "length"
+        assert final is not None and final.finish_reason == "length" and running.output_text.split()[-1] == "41"
+        assert max(sum(len(item.tokens) for item in call) for call in engine.fake.calls[calls:]) <= 4
+        assert engine.stats().scheduler.running == 0
 
 
 def test_engine_stop_string_and_cancel_frees_kv():

@@ -18,7 +18,7 @@ from magnitude_jupyter.engine.kv_ops import KVOp
 from magnitude_jupyter.engine.plan import DecodeItem
 from magnitude_jupyter.engine.prefix_cache import Match, PrefixCache
 from magnitude_jupyter.engine.ram_tier import RamTier, common_prefix_len
-from magnitude_jupyter.engine.request import SamplingParams
+from magnitude_jupyter.engine.request import Request, SamplingParams
 from magnitude_jupyter.engine.runner_api import apply_kv_ops
 
 from .conftest import wait_for
@@ -358,6 +358,29 @@ def test_an_entry_running_requests_share_gives_its_id_to_a_turn_whose_own_entry_
         going.stream.wait_final(60)
         long.stream.wait_final(60)
         wait_for(lambda: scheduler.budget.held == 0, what="the hold to go")
+    finally:
+        engine.shutdown()
+
+
+def test_the_ram_tier_counts_as_holding_more_only_where_a_restore_would_bring_it_back():
+    """With no id free, an entry running requests share is evicted for a waiting turn only if the RAM
+    tier holds more of the turn's prompt: as the restore itself decides, a saved entry whose kept
+    window lies above where the prompt parts from it holds nothing for it."""
+    engine = windowed_engine(FakeRunner(n_ctx=512, step_seconds=0))
+    try:
+        scheduler = engine.scheduler
+        assert scheduler is not None and scheduler.cache is not None and scheduler.cache.ram is not None
+        saved = list(range(100, 140))
+        scheduler.cache.ram.put(tuple(saved), b"state", window_floor=len(saved) - WINDOW + 1)
+
+        def turn(prompt: list[int]) -> Request:
+            return Request(request_id="turn", prompt_tokens=prompt, params=SamplingParams(), max_tokens=4)
+
+        parted = [*saved[:20], 600, 601]
+        assert scheduler.cache.ram.best(parted, 99).length == 20  # it shares 20 tokens, below the window
+        assert not scheduler._ram_gives_more(turn(parted), 4)
+        assert scheduler._ram_gives_more(turn([*saved, 7, 8]), 4)  # a turn going on from its end
+        assert not scheduler._ram_gives_more(turn([*saved, 7, 8]), len(saved) - 1)  # no more than the tree
     finally:
         engine.shutdown()
 

@@ -6,11 +6,12 @@ cache decides what is reusable (prefix_cache.py), this decides which source a re
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .plan import PrefixSource, SchedulerOutput
 from .prefix_cache import Match, common_prefix_len
+from .ram_tier import RamMatch
 from .request import Request
 
 if TYPE_CHECKING:
@@ -146,22 +147,33 @@ class PromptStarts:
         limit = len(tokens) - 1
         return self.cache.match(request.cache_tokens, limit), limit
 
+    def _ram_choice(self, prompt: Sequence[int], have: int, limit: int) -> tuple[RamMatch, int]:
+        """The saved entry a restore would bring back for `prompt` when the tree gives `have` of its
+        tokens, and the tokens a sliding window keeps from being reused (0 unless windowed)."""
+        assert self.cache is not None and self.cache.ram is not None
+        cache, ram = self.cache, self.cache.ram
+        if not cache.window:
+            return ram.best(prompt, limit), 0
+        # Where the tree's cells replace the saved ones below `have`, the window must lie above them.
+        found = ram.best(prompt, limit, lambda n, floor: cache.window_start(n) >= max(floor, have))
+        usable = max(have, found.length)
+        checkpoint = ram.window_for(prompt, usable, found.longest) if found.longest > usable else None
+        if checkpoint is None:
+            return found, max(0, found.longest - usable)
+        # The entry that goes furthest comes back, and the checkpoint inside it is loaded over it.
+        return found._replace(tokens=found.longest_tokens, length=checkpoint.length), 0
+
+    def _ram_gives_more(self, request: Request, have: int) -> bool:
+        """Whether a restore would cover more of `request`'s prompt than the `have` tokens the tree gives."""
+        if self.cache is None or self.cache.ram is None:
+            return False
+        prompt = request.cache_context_tokens
+        return self._ram_choice(prompt, have, len(prompt) - 1)[0].length >= have + RAM_RESTORE_GAIN
+
     def _restore_from_ram(self, request: Request, have: int, limit: int, out: SchedulerOutput) -> Match | None:
         """Bring back a saved entry that covers more of the prompt than the tree does; the new match."""
         assert self.cache is not None and self.cache.ram is not None
-        cache, ram, prompt = self.cache, self.cache.ram, request.cache_context_tokens
-        if cache.window:
-            # Where the tree's cells replace the saved ones below `have`, the window must lie above them.
-            found = ram.best(prompt, limit, lambda n, floor: cache.window_start(n) >= max(floor, have))
-            usable = max(have, found.length)
-            self._window_missed = max(0, found.longest - usable)
-            checkpoint = ram.window_for(prompt, usable, found.longest) if found.longest > usable else None
-            if checkpoint is not None:
-                # The entry that goes furthest comes back, and the checkpoint inside it is loaded over it.
-                found = found._replace(tokens=found.longest_tokens, length=checkpoint.length)
-                self._window_missed = 0  # counted once it is matched in the tree
-        else:
-            found = ram.best(prompt, limit)
+        found, self._window_missed = self._ram_choice(request.cache_context_tokens, have, limit)
         tokens, n = found.tokens, found.length
         if n < have + RAM_RESTORE_GAIN:
             return None

@@ -34,8 +34,8 @@ from .tools import ToolRequest
 
 class NoRoomForBatch(RuntimeError):
     """llama.cpp found no cells for a step's batch (`llama_decode` 1): nothing was computed, and the
-    step can run again once cells are freed (a sliding-window cache can run short where sequences
-    share old cells; docs/decisions.md, "Sliding-window layers")."""
+    step can run again once cells are freed, or with fewer rows (a sliding-window cache can run short
+    where sequences share old cells; docs/decisions.md, "Sliding-window layers")."""
 
 
 class Runner(Protocol):

@@ -30,7 +30,7 @@ from .kv_ops import CopyCells, ForgetSuspended, KVOp, LoadWindow, SuspendSequenc
 from .output_lengths import OutputLengths
 from .plan import ScheduledChunk, SchedulerOutput, SchedulerStats
 from .prefix_cache import SPILL_AFTER_ROWS, Pins, PrefixCache, SavedState
-from .prompt_start import RAM_RESTORE_GAIN, PromptStarts
+from .prompt_start import PromptStarts
 from .request import FinishReason, Priority, Request, RequestStatus
 from .speculate import AnswerMemory, Guess, NgramIndex
 
@@ -180,7 +180,7 @@ class Scheduler(PromptStarts):
                     # first, then one running requests share, if the RAM tier holds more of the head.
                     if replanned is not head and (
                         self._free_a_sequence(head, out)
-                        or ((span is None or self._ram_holds_more(head, shared)) and self._free_a_shared_sequence(out))
+                        or ((span is None or self._ram_gives_more(head, shared)) and self._free_a_shared_sequence(out))
                     ):
                         replanned = head
                         continue
@@ -288,15 +288,6 @@ class Scheduler(PromptStarts):
         beyond = self.cache.shared_beyond(seq_id, keep, [(_shared_tokens(r), r.cache_shared) for r in sharing])
         if any(beyond):
             self.budget.hold(max(beyond), [r.request_id for r, n in zip(sharing, beyond, strict=True) if n])
-
-    def _ram_holds_more(self, request: Request, shared: int) -> bool:
-        """Whether the RAM tier holds a saved entry that goes on further along `request`'s prompt than
-        the `shared` tokens the tree gives it (a conversation's own entry, moved out)."""
-        assert self.cache is not None
-        if self.cache.ram is None:
-            return False
-        tokens = request.cache_context_tokens
-        return self.cache.ram.best(tokens, len(tokens) - 1).length >= shared + RAM_RESTORE_GAIN
 
     def _headroom(self) -> int:
         """Free cells a new admission leaves under `estimate`: a growth step for each running request

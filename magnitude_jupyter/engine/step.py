@@ -3,6 +3,8 @@ or cut). Engine thread only; what the picks mean for each request is the engine'
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections.abc import Callable
 
@@ -10,6 +12,8 @@ from .draft_policy import DraftPolicy
 from .metrics import EngineMetrics
 from .plan import DecodeItem, ScheduledChunk, SchedulerOutput
 from .runner_api import GrammarDeadEnd, NoRoomForBatch, Runner, Sampled
+
+log = logging.getLogger(__name__)
 
 
 def execute_plan(
@@ -25,30 +29,24 @@ def execute_plan(
     for a decode step, and with a draft, one more for each draft token the picks confirm.
     `solo_threads`: the thread count to restore after a reproducible one-token step run on one
     thread (None: such steps run on the usual threads, see `decode_solo`). When llama.cpp finds no
-    cells for the batched call, `make_room` frees what the cache can spare and the call runs once
-    more (nothing was computed the first time); it returns False when nothing was freed."""
+    cells for the batched call, see `decode_batched`: the step may then compute fewer prompt rows
+    (its chunks are cut in place, or left out of `out.batched`)."""
     sampled: list[list[Sampled]] = []
     groups = ([out.batched] if out.batched else []) + [[chunk] for chunk in out.solo]
     for group in groups:
-        items = [chunk.item() for chunk in group]
-        n_rows = sum(len(item.tokens) for item in items)
-        prompt_rows = sum(len(chunk.tokens) for chunk in group if not chunk.request.prompt_done)
         started = time.perf_counter()
         if group is out.batched:
-            try:
-                rows = runner.decode(items)
-            except NoRoomForBatch:
-                if not make_room():
-                    raise
-                rows = runner.decode(items)
+            rows = decode_batched(runner, group, make_room)
             seconds = time.perf_counter() - started
             # Only steps of decode rows teach the policy what a draft row costs: prompt rows are
             # cheaper per token (they fill the step in one matrix product) and would hide the price.
             if drafts is not None and out.decodes_only:
-                drafts.cost.observe(n_rows, seconds)
+                drafts.cost.observe(sum(len(chunk.tokens) for chunk in group), seconds)
         else:
-            rows = decode_solo(runner, items, solo_threads)
+            rows = decode_solo(runner, [chunk.item() for chunk in group], solo_threads)
             seconds = time.perf_counter() - started
+        n_rows = sum(len(chunk.tokens) for chunk in group)
+        prompt_rows = sum(len(chunk.tokens) for chunk in group if not chunk.request.prompt_done)
         if n_rows:
             metrics.record_decode(n_rows, prompt_rows, seconds)
         for chunk, row in zip(group, rows, strict=True):
@@ -64,6 +62,45 @@ def execute_plan(
                     runner.drop_cells(chunk.seq_id, end - len(chunk.draft) + len(picks) - 1, end)
             sampled.append(picks)
     return sampled
+
+
+def decode_batched(runner: Runner, group: list[ScheduledChunk], make_room: Callable[[], bool]) -> list[int | None]:
+    """The batched call. When llama.cpp finds no cells for it (nothing computed), `make_room` frees
+    what the cache can spare (False: nothing) and the call runs again; while it still finds none, the
+    step's prompt rows are halved, the later chunks cut first, as llama-server halves its batch: a
+    sliding-window cache can hold cells two sequences share past both their windows (docs/decisions.md,
+    "Sliding-window layers"). A request whose prompt chunk is cut goes on from there at the next
+    step; one cut to nothing leaves the step. NoRoomForBatch when not even the decode rows fit."""
+    with contextlib.suppress(NoRoomForBatch):
+        return runner.decode([chunk.item() for chunk in group])
+    if make_room():
+        with contextlib.suppress(NoRoomForBatch):
+            return runner.decode([chunk.item() for chunk in group])
+    while prompt_rows := sum(len(chunk.tokens) for chunk in group if not chunk.request.prompt_done):
+        log.info("llama.cpp found no KV cells for %d prompt rows: the step computes half", prompt_rows)
+        keep_prompt_rows(group, prompt_rows // 2)
+        with contextlib.suppress(NoRoomForBatch):
+            return runner.decode([chunk.item() for chunk in group])
+    raise NoRoomForBatch("llama.cpp found no KV cells for the step's decode rows")
+
+
+def keep_prompt_rows(group: list[ScheduledChunk], keep: int) -> None:
+    """Cut the prompt chunks of a step to `keep` rows in all, the earlier chunks kept first: a cut
+    chunk no longer ends its prompt (nothing is sampled after it), and one cut to nothing leaves."""
+    kept: list[ScheduledChunk] = []
+    for chunk in group:
+        if chunk.request.prompt_done:
+            kept.append(chunk)
+            continue
+        n = min(len(chunk.tokens), keep)
+        keep -= n
+        if n == len(chunk.tokens):
+            kept.append(chunk)
+        elif n:
+            chunk.tokens = chunk.tokens[:n]
+            chunk.sample = False
+            kept.append(chunk)
+    group[:] = kept
 
 
 def sample(runner: Runner, chunk: ScheduledChunk, row: int) -> Sampled:
