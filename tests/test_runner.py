@@ -16,6 +16,7 @@ import pytest
 from magnitude_jupyter.engine.plan import DecodeItem
 from magnitude_jupyter.engine.request import SamplingParams
 from magnitude_jupyter.engine.runner import LlamaRunner, repack_weights
+from magnitude_jupyter.engine.runner_api import NoRoomForBatch
 from magnitude_jupyter.engine.threads import threads_free_now
 
 pytestmark = pytest.mark.model
@@ -143,6 +144,33 @@ def test_copied_prefix_continues_like_the_original(runner):
     assert runner.sequence_length(1) == len(prompt)  # the shared cells stay while seq 1 holds them
     runner.end_sequence(1)
     assert runner.sequence_length(1) == 0
+
+
+def test_a_batch_llama_cpp_finds_no_cells_for_leaves_them_as_they_were_and_a_smaller_one_runs(model_path):
+    """What the engine does with a step short of cells (engine/step.py, `decode_batched`) rests on
+    this: llama_decode's 1 computes nothing and changes no cell, so the step can run again with
+    fewer prompt rows, and gives what those rows give computed afresh."""
+    runner = LlamaRunner(model_path, n_ctx=1024, n_seq_max=2, n_batch=512, n_threads=threads_free_now(2))
+    try:
+        words = runner.tokenize("The tide came in over the flat grey sand while the gulls argued. " * 80)
+        fill, probe = words[:960], words[960:1060]
+        assert len(probe) == 100
+        runner.decode([DecodeItem(0, fill[:480], 0, False)])
+        runner.decode([DecodeItem(0, fill[480:], 480, False)])  # 64 of the 1,024 cells left
+        with pytest.raises(NoRoomForBatch):
+            runner.decode([DecodeItem(1, probe, 0, True)])
+        assert (runner.sequence_length(0), runner.sequence_length(1)) == (960, 0)
+        (row,) = runner.decode([DecodeItem(1, probe[:50], 0, True)])
+        after_refusal = runner.logits(row)
+        runner.end_sequence(1)
+        runner.end_sequence(0)
+        (row,) = runner.decode([DecodeItem(1, probe[:50], 0, True)])
+        afresh = runner.logits(row)
+        assert int(np.argmax(after_refusal)) == int(np.argmax(afresh))
+        assert float(np.mean(np.abs(after_refusal - afresh))) < 0.05
+        runner.end_sequence(1)
+    finally:
+        runner.close()
 
 
 def test_a_saved_sequence_restores_bit_for_bit(model_path):
