@@ -7,7 +7,8 @@ model: the KV bytes per cell the plan counts (a sliding-window model's windowed 
 sequence) against the buffer llama.cpp reports, the sessions of 8,192 tokens that fit in 1 GiB, and
 S sessions x R rounds of conversation (conversations.py's workload: each round resends the history)
 against `magnitude serve` and `llama-server --jinja`, alternating, best of `--repeats` runs each (a
-run of a tiny model lasts seconds: one alone is noise): output tok/s and the share of prompt tokens
+run of a tiny model lasts seconds: one alone is noise), with the ratio of the runs' medians and
+every run's range beside it: output tok/s and the share of prompt tokens
 each server took from its cache (ours also counts what a sliding window kept from being reused, and
 what came through window checkpoints).
 
@@ -25,6 +26,7 @@ reaches with nothing but those sequences in its cells; `--ceiling-only` prints j
 from __future__ import annotations
 
 import itertools
+import statistics
 import subprocess
 import tempfile
 from pathlib import Path
@@ -118,17 +120,22 @@ def ceiling_table(chosen: dict[str, tuple[Path, str]], levels: list[int], args) 
     )
 
 
-def best_runs(path: Path, parallel: int, args, peer_flags: tuple[str, ...]) -> tuple[Run, Run, dict, dict]:
+def best_runs(
+    path: Path, parallel: int, args, peer_flags: tuple[str, ...]
+) -> tuple[Run, Run, dict, dict, list[float], list[float]]:
     """Both servers on one file, alternating, `args.repeats` times: the best run of each (by output
-    tok/s), our status at the start and after our best run."""
+    tok/s), our status at the start and after our best run, and every run's tok/s (ours, the peer's)."""
     ours_best = peer_best = None
     first: dict = {}
     after: dict = {}
+    ours_rates: list[float] = []
+    peer_rates: list[float] = []
     for _ in range(args.repeats):
         ours = MagnitudeServer(parallel=parallel, ctx_size=cells(parallel), threads=args.threads, model=path)
         try:
             first = first or ours.client.status()
             run = run_workload("magnitude serve", ours.url, args.sessions, args.rounds, args.max_tokens)
+            ours_rates.append(run.tokens_per_s)
             if ours_best is None or run.tokens_per_s > ours_best.tokens_per_s:
                 ours_best, after = run, ours.client.status()
         finally:
@@ -136,12 +143,17 @@ def best_runs(path: Path, parallel: int, args, peer_flags: tuple[str, ...]) -> t
         peer = LlamaServer(args.binary, parallel, cells(parallel), args.threads, peer_flags, model=path)
         try:
             run = run_workload("llama-server", peer.url, args.sessions, args.rounds, args.max_tokens)
+            peer_rates.append(run.tokens_per_s)
             if peer_best is None or run.tokens_per_s > peer_best.tokens_per_s:
                 peer_best = run
         finally:
             peer.close()
     assert ours_best is not None and peer_best is not None
-    return ours_best, peer_best, first, after
+    return ours_best, peer_best, first, after, ours_rates, peer_rates
+
+
+def spread(rates: list[float]) -> str:
+    return f"{min(rates):.0f}–{max(rates):.0f}"
 
 
 def main() -> None:
@@ -165,7 +177,7 @@ def main() -> None:
             info = read_model_info(path)
             session = kv_layout(info, SESSION_CONTEXT).session_bytes(SESSION_CONTEXT)
             peer_flags = PEER_FLAGS.get(kind, ("--jinja",))
-            run_ours, run_peer, status, after = best_runs(path, parallel, args, peer_flags)
+            run_ours, run_peer, status, after, ours_rates, peer_rates = best_runs(path, parallel, args, peer_flags)
             reported = status.get("kv_buffer_bytes_reported")
             planned, bpt = status["kv_bytes_planned"], status["kv_bytes_per_token"]
             window = status.get("kv_window")
@@ -186,6 +198,10 @@ def main() -> None:
                     f"{run_ours.tokens_per_s:.1f}",
                     f"{run_peer.tokens_per_s:.1f}",
                     f"{run_ours.tokens_per_s / run_peer.tokens_per_s:.2f}×" if run_peer.tokens_per_s else "-",
+                    f"{statistics.median(ours_rates) / statistics.median(peer_rates):.2f}×"
+                    if statistics.median(peer_rates)
+                    else "-",
+                    f"{spread(ours_rates)} / {spread(peer_rates)}",
                     f"{run_ours.cached_tokens / max(1, run_ours.prompt_tokens):.0%}"
                     + (
                         f" ({checkpointed / max(1, run_ours.prompt_tokens):.0%} checkpoints, "
@@ -218,6 +234,8 @@ def main() -> None:
                 "ours tok/s",
                 "llama-server tok/s",
                 "ratio",
+                "ratio of medians",
+                "every run: ours / llama-server tok/s",
                 "ours cached",
                 "llama-server cached",
                 "errors (ours / llama-server)",
