@@ -36,19 +36,19 @@ def execute_plan(
     for group in groups:
         started = time.perf_counter()
         if group is out.batched:
+            decodes_only = out.decodes_only  # as planned: a step short of cells may leave its prompts out
             rows = decode_batched(runner, group, make_room)
             seconds = time.perf_counter() - started
             # Only steps of decode rows teach the policy what a draft row costs: prompt rows are
             # cheaper per token (they fill the step in one matrix product) and would hide the price.
-            if drafts is not None and out.decodes_only:
+            if drafts is not None and decodes_only:
                 drafts.cost.observe(sum(len(chunk.tokens) for chunk in group), seconds)
         else:
             rows = decode_solo(runner, [chunk.item() for chunk in group], solo_threads)
             seconds = time.perf_counter() - started
         n_rows = sum(len(chunk.tokens) for chunk in group)
-        prompt_rows = sum(len(chunk.tokens) for chunk in group if not chunk.request.prompt_done)
         if n_rows:
-            metrics.record_decode(n_rows, prompt_rows, seconds)
+            metrics.record_decode(n_rows, prompt_rows(group), seconds)
         for chunk, row in zip(group, rows, strict=True):
             picks: list[Sampled] = []
             if row is not None:
@@ -76,12 +76,17 @@ def decode_batched(runner: Runner, group: list[ScheduledChunk], make_room: Calla
     if make_room():
         with contextlib.suppress(NoRoomForBatch):
             return runner.decode([chunk.item() for chunk in group])
-    while prompt_rows := sum(len(chunk.tokens) for chunk in group if not chunk.request.prompt_done):
-        log.info("llama.cpp found no KV cells for %d prompt rows: the step computes half", prompt_rows)
-        keep_prompt_rows(group, prompt_rows // 2)
+    while rows := prompt_rows(group):
+        log.info("llama.cpp found no KV cells for %d prompt rows: the step computes half", rows)
+        keep_prompt_rows(group, rows // 2)
         with contextlib.suppress(NoRoomForBatch):
             return runner.decode([chunk.item() for chunk in group])
     raise NoRoomForBatch("llama.cpp found no KV cells for the step's decode rows")
+
+
+def prompt_rows(group: list[ScheduledChunk]) -> int:
+    """The rows of a step's chunks that compute prompts (not yet in the cache before the step)."""
+    return sum(len(chunk.tokens) for chunk in group if not chunk.request.prompt_done)
 
 
 def keep_prompt_rows(group: list[ScheduledChunk], keep: int) -> None:
