@@ -131,14 +131,15 @@ def test_random_workloads_keep_the_tree_exact():
 
 
 def test_an_idle_entry_moves_to_the_ram_tier_and_a_shared_or_used_one_stays():
-    runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 20), ram_bytes=1 << 20)
+    cache = PrefixCache(range(10, 20), ram_bytes=1 << 20, spill_after_rows=64)
+    runner = FakeRunner(step_seconds=0)
     system = list(range(1, 21))
     idle, busy, running = system + list(range(100, 140)), system + list(range(200, 240)), [*system, 7, 8, 9]
     for tokens in (idle, busy, running):
         finish(runner, cache, tokens)
     pins = [(running, len(running))]  # a request runs on the third entry's cells
     ops: list[KVOp] = []
-    assert cache.spill_idle(SPILL_AFTER_ROWS - 10, ops, pins) == 0  # not idle for long enough yet
+    assert cache.spill_idle(54, ops, pins) == 0  # not idle for long enough yet
     cache.touch(cache.match(busy, 999))  # the second one is used again meanwhile
     assert cache.spill_idle(20, ops, pins) == 1
     apply(runner, cache, ops)
@@ -151,6 +152,27 @@ def test_an_idle_entry_moves_to_the_ram_tier_and_a_shared_or_used_one_stays():
     apply(runner, cache, ops)
     assert cache.match(idle, 999).length == len(idle)
     assert_cache_exact(runner, cache)
+
+
+def test_an_idle_entry_the_ram_tier_could_not_hold_stays_in_its_cells():
+    """Moved out, it would be lost: the RAM tier drops a state over its capacity. What a token takes
+    is known from the model (`saved_bytes_per_token`) or from the states saved so far."""
+    runner = FakeRunner(step_seconds=0)
+    cache = PrefixCache(range(10, 20), ram_bytes=1000, saved_bytes_per_token=20.0)  # holds 50 tokens
+    small, big = list(range(1, 41)), list(range(100, 160))
+    for tokens in (small, big):
+        finish(runner, cache, tokens)
+    ops: list[KVOp] = []
+    assert cache.spill_idle(SPILL_AFTER_ROWS + 1, ops) == 1
+    apply(runner, cache, ops)
+    assert cache.match(big, 999).length == len(big) and cache.entries == 1  # still in cells
+    assert list(cache.ram.entries) == [tuple(small)]
+    assert_cache_exact(runner, cache)
+
+    unknown = PrefixCache(range(10, 20), ram_bytes=1000)  # nothing known until a state is saved
+    assert unknown.ram is not None and unknown.ram.holds(10**6)
+    unknown.ram.put(tuple(small), b"x" * 800)  # 20 bytes a token
+    assert unknown.ram.holds(50) and not unknown.ram.holds(51)
 
 
 def test_the_tail_past_what_a_running_request_shares_moves_and_the_shared_part_stays():

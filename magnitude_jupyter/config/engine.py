@@ -89,7 +89,10 @@ class EngineSettings:
         kind="int",
     )
     prefix_cache_spill_rows: int = option(
-        64, "An entry unused while this many rows decode moves to the RAM tier; 0: only under pressure.", kind="int"
+        1,
+        "An entry unused while this many rows decode moves to the RAM tier (if it holds it), and comes "
+        "back into cells in one piece; 0: only under pressure.",
+        kind="int",
     )
     prefix_cache_scope: str = option(
         "shared",

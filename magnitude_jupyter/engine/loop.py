@@ -15,9 +15,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..config import EngineSettings
+from ..models.registry import ModelInfo
 from .answers import AnswerWriter, step_chunks
 from .kv_ops import KVOp
-from .memory import cache_sequences, shares_sequences
+from .memory import cache_sequences, plan_kv, shares_sequences
 from .metrics import EngineMetrics
 from .plan import SchedulerOutput
 from .request import FinishReason, Request
@@ -55,6 +56,7 @@ class EngineLoop:
         _requests: dict[str, Request]
         _recent: deque[FinishedRequest]
         _writer: AnswerWriter | None
+        model_info: ModelInfo | None
 
         @property
         def _windowed(self) -> bool: ...
@@ -96,6 +98,7 @@ class EngineLoop:
                 cache_sequences=cache_sequences(es),
                 cache_ram_bytes=es.prefix_cache_ram_mib << 20,
                 cache_spill_rows=es.prefix_cache_spill_rows,
+                cache_bytes_per_token=self._saved_bytes_per_token(es),
                 spell=self.runner.token_to_piece,
                 draft_tokens=es.draft_tokens,
                 draft_max_sequences=es.draft_max_sequences,
@@ -213,6 +216,15 @@ class EngineLoop:
         gone = {id(request) for request, _ in refused}
         out.batched = [chunk for chunk in out.batched if id(chunk.request) not in gone]
         out.solo = [chunk for chunk in out.solo if id(chunk.request) not in gone]
+
+    def _saved_bytes_per_token(self, es: EngineSettings) -> float:
+        """What a sequence saved to the RAM tier takes per token at most (every layer's cell), so an
+        entry it could not hold is never moved out; 0 when the model's file says nothing (a runner
+        made otherwise): the first state saved tells."""
+        if self.model_info is None or not isinstance(es.ctx_size, int):
+            return 0.0
+        layout = plan_kv(self.model_info, es)
+        return layout.global_bytes_per_token + layout.window_bytes_per_token
 
     def _apply_kv_ops(self, runner: Runner, ops: list[KVOp]) -> None:
         cache = self.scheduler.cache if self.scheduler is not None else None

@@ -51,9 +51,10 @@ from .kv_ops import (
 from .ram_tier import RamTier, SavedState, common_prefix_len
 
 RESPELL_WINDOW = 512  # prompt tokens after a match that a cached entry may spell differently
-# An entry nobody has used while this many rows went through llama_decode moves to the RAM tier:
-# idle cells cost every row, a save and a restore cost once (docs/decisions.md, "Idle entries move").
-SPILL_AFTER_ROWS = 64
+# An entry a step decoded without moves to the RAM tier: it comes back written into cells in one
+# piece, where sequences decoding together leave theirs interleaved cell by cell, and attention over
+# scattered cells is slower for every later row (docs/decisions.md, "Idle entries move").
+SPILL_AFTER_ROWS = 1
 
 Pins = Sequence[tuple[Sequence[int], int]]  # (prompt tokens, cells copied from the tree) of running requests
 
@@ -110,16 +111,18 @@ class PrefixCache:
         spill_after_rows: int = SPILL_AFTER_ROWS,
         window: int = 0,
         sequence_start: Callable[[int], int] | None = None,
+        saved_bytes_per_token: float = 0.0,
     ) -> None:
         """`window`: the tokens a windowed layer keeps per sequence, and `sequence_start` where
-        llama.cpp says a sequence's windowed cells start now (see "Sliding windows"); 0: all kept."""
+        llama.cpp says a sequence's windowed cells start now (see "Sliding windows"); 0: all kept.
+        `saved_bytes_per_token`: what the RAM tier holds per token of a saved entry, if known."""
         self.root = Node(tokens=[])
         self.window = window
         self.sequence_start = sequence_start
         self.plan = 0  # the scheduler's plans so far: a leaf made in this one has no cells in llama.cpp yet
         self.free_seq_ids = list(seq_ids)
         self.cells = 0
-        self.ram = RamTier(ram_bytes) if ram_bytes > 0 else None
+        self.ram = RamTier(ram_bytes, saved_bytes_per_token) if ram_bytes > 0 else None
         self.spill_after_rows = spill_after_rows  # 0: idle entries stay until their cells are needed
         self.spill_tails = True  # move the idle part of an entry running requests share in part (benchmarks/spill.py)
         self._clock = itertools.count(1)
@@ -508,11 +511,16 @@ class PrefixCache:
         """Count `rows` more decoded, then move every entry idle for more than `spill_after_rows` rows
         to the RAM tier: whole, when no running request shares it; its tail, when running requests
         share only the start of it (a prompt asked again shares the prompt, not the old answer after
-        it). Without a RAM tier, entries stay until needed. Returns how many moved."""
+        it). Without a RAM tier, entries stay until needed, and so does one the RAM tier could not
+        hold (moved out, it would be lost). Returns how many moved."""
         self.rows += rows
         moved = 0
         while self.ram is not None and self.spill_after_rows:
-            idle = [leaf for leaf in self.leaves() if self.rows - leaf.used_at_row > self.spill_after_rows]
+            idle = [
+                leaf
+                for leaf in self.leaves()
+                if self.rows - leaf.used_at_row > self.spill_after_rows and self.ram.holds(self._path_length(leaf))
+            ]
             if not idle:
                 break
             # Pins anew after each drop: a drop can fold a pinned node into the leaf that remains.
@@ -550,6 +558,13 @@ class PrefixCache:
             return False
         self._drop(min(candidates, key=lambda leaf: leaf.last_used), ops)
         return True
+
+    def _path_length(self, leaf: Node) -> int:
+        n, node = 0, leaf
+        while node.parent is not None:  # the root has no parent and no tokens
+            n += len(node.tokens)
+            node = node.parent
+        return n
 
     def _path_tokens(self, leaf: Node) -> tuple[int, ...]:
         parts: list[list[int]] = []

@@ -34,15 +34,22 @@ class RamTier:
     """Saved sequence states and window checkpoints in host memory, least recently used dropped first,
     within `capacity_bytes`."""
 
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, bytes_per_token: float = 0.0) -> None:
+        """`bytes_per_token`: what a saved state takes per token, if known; the largest seen counts."""
         self.capacity_bytes = capacity_bytes
+        self.bytes_per_token = bytes_per_token
         self.entries: OrderedDict[tuple[int, ...], SavedState] = OrderedDict()
         self.floors: dict[tuple[int, ...], int] = {}  # where each one's windowed cells are whole from
         self.windows: dict[tuple[int, ...], SavedState] = {}  # window checkpoints, by the tokens before them
         self._order: OrderedDict[tuple[bool, tuple[int, ...]], None] = OrderedDict()  # (is a checkpoint, tokens)
         self.bytes = 0
 
+    def holds(self, n_tokens: int) -> bool:
+        """Whether a saved state of `n_tokens` would fit (as far as the states saved so far tell)."""
+        return n_tokens * self.bytes_per_token <= self.capacity_bytes
+
     def put(self, tokens: tuple[int, ...], data: SavedState, window_floor: int = 0) -> None:
+        self.bytes_per_token = max(self.bytes_per_token, len(data) / max(1, len(tokens)))
         if len(data) > self.capacity_bytes:
             return
         self.pop(tokens)

@@ -64,6 +64,7 @@ class Scheduler(PromptStarts):
         cache_sequences: int = 0,
         cache_ram_bytes: int = 0,
         cache_spill_rows: int = SPILL_AFTER_ROWS,
+        cache_bytes_per_token: float = 0.0,
         spell: Callable[[int], bytes] | None = None,
         draft_tokens: int = 0,
         draft_max_sequences: int = 0,
@@ -103,7 +104,9 @@ class Scheduler(PromptStarts):
         self.shared_sequences = shared_sequences and prefix_reuse
         cache_ids = () if self.shared_sequences else range(max_running, max_running + cache_sequences)
         self.cache = (
-            PrefixCache(cache_ids, cache_ram_bytes, cache_spill_rows, sliding_window or 0, sequence_start)
+            PrefixCache(
+                cache_ids, cache_ram_bytes, cache_spill_rows, sliding_window or 0, sequence_start, cache_bytes_per_token
+            )
             if prefix_reuse and (cache_sequences or self.shared_sequences)
             else None
         )
