@@ -24,8 +24,9 @@ from _common import (
     FLASH_ATTENTION,
     NO_DRAFTS,
     NO_SPILL,
+    PEER_KEEP_IDLE_SLOTS,
     PEER_NO_FLASH_ATTENTION,
-    SPILL_AFTER_16_ROWS,
+    SPILL_AFTER_64_ROWS,
     TOKEN,
     LlamaServer,
     MagnitudeServer,
@@ -141,9 +142,9 @@ def main() -> None:
         "magnitude serve, no spill": lambda: MagnitudeServer(
             NO_SPILL, parallel=16, ctx_size=8192, threads=args.threads
         ),
-        # ... and moving them after 16 rows instead of 64 (idle_cells.py's break-even without flash attention).
-        "magnitude serve, spill after 16 rows": lambda: MagnitudeServer(
-            SPILL_AFTER_16_ROWS, parallel=16, ctx_size=8192, threads=args.threads
+        # ... and moving them only after 64 idle rows, not once a step decodes without them (the old default).
+        "magnitude serve, spill after 64 rows": lambda: MagnitudeServer(
+            SPILL_AFTER_64_ROWS, parallel=16, ctx_size=8192, threads=args.threads
         ),
         # ... and with llama.cpp's flash attention, which a CPU runs without by default (engine.flash_attention).
         "magnitude serve, flash attention": lambda: MagnitudeServer(
@@ -152,6 +153,8 @@ def main() -> None:
         "llama-server": lambda: LlamaServer(binary, parallel=16, ctx_size=8192, threads=args.threads),
         # The peer with its attention as ours runs by default: the kernel's share of the difference.
         "llama-server -fa off": lambda: LlamaServer(binary, 16, 8192, args.threads, PEER_NO_FLASH_ATTENTION),
+        # ... and with its idle slots' cells left in place: what writing a conversation back in one piece brings it.
+        "llama-server --no-cache-idle-slots": lambda: LlamaServer(binary, 16, 8192, args.threads, PEER_KEEP_IDLE_SLOTS),
     }
     servers = chosen(servers, args.servers)
     best: dict[str, Run] = {}

@@ -154,25 +154,26 @@ def test_an_idle_entry_moves_to_the_ram_tier_and_a_shared_or_used_one_stays():
     assert_cache_exact(runner, cache)
 
 
-def test_an_idle_entry_the_ram_tier_could_not_hold_stays_in_its_cells():
-    """Moved out, it would be lost: the RAM tier drops a state over its capacity. What a token takes
-    is known from the model (`saved_bytes_per_token`) or from the states saved so far."""
+def test_an_idle_entry_the_ram_tier_has_no_room_for_stays_in_its_cells():
+    """Moved out, it would be lost, or push out an entry saved before it: an idle entry moves only
+    into room the RAM tier has. What a token takes is known from the model (`saved_bytes_per_token`)
+    or from the states saved so far."""
     runner = FakeRunner(step_seconds=0)
-    cache = PrefixCache(range(10, 20), ram_bytes=1000, saved_bytes_per_token=20.0)  # holds 50 tokens
-    small, big = list(range(1, 41)), list(range(100, 160))
-    for tokens in (small, big):
+    cache = PrefixCache(range(10, 20), ram_bytes=1000, saved_bytes_per_token=24.0)  # 41 tokens at most
+    first, second, big = list(range(1, 41)), list(range(200, 240)), list(range(300, 360))
+    for tokens in (first, second, big):
         finish(runner, cache, tokens)
     ops: list[KVOp] = []
-    assert cache.spill_idle(SPILL_AFTER_ROWS + 1, ops) == 1
+    assert cache.spill_idle(SPILL_AFTER_ROWS + 1, ops) == 1  # the oldest; then no room for the second
     apply(runner, cache, ops)
-    assert cache.match(big, 999).length == len(big) and cache.entries == 1  # still in cells
-    assert list(cache.ram.entries) == [tuple(small)]
+    assert list(cache.ram.entries) == [tuple(first)] and cache.ram.bytes > 1000 - 24 * len(second)
+    assert cache.match(second, 999).length == len(second) and cache.match(big, 999).length == len(big)
     assert_cache_exact(runner, cache)
 
     unknown = PrefixCache(range(10, 20), ram_bytes=1000)  # nothing known until a state is saved
-    assert unknown.ram is not None and unknown.ram.holds(10**6)
-    unknown.ram.put(tuple(small), b"x" * 800)  # 20 bytes a token
-    assert unknown.ram.holds(50) and not unknown.ram.holds(51)
+    assert unknown.ram is not None and unknown.ram.has_room(10**6)
+    unknown.ram.put(tuple(first), b"x" * 400)  # 10 bytes a token
+    assert unknown.ram.has_room(60) and not unknown.ram.has_room(61)
 
 
 def test_the_tail_past_what_a_running_request_shares_moves_and_the_shared_part_stays():

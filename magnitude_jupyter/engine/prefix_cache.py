@@ -497,38 +497,43 @@ class PrefixCache:
             freed += before - self.cells
         return freed
 
-    def _trim_a_tail(self, leaves: Iterable[Node], shared: dict[int, int], ops: list[KVOp]) -> bool:
+    def _trim_a_tail(self, leaves: Iterable[Node], shared: dict[int, int], ops: list[KVOp]) -> Node | None:
         """Trim the least recently used of `leaves` that running requests share only the start of
-        (`shared`: from `_shared_ends`); False if none is."""
+        (`shared`: from `_shared_ends`) and return it; None if none is."""
         tails = [leaf for leaf in leaves if shared.get(id(leaf), len(leaf.tokens)) < len(leaf.tokens)]
         if not tails:
-            return False
+            return None
         leaf = min(tails, key=lambda leaf: leaf.last_used)
         self._trim(leaf, shared[id(leaf)], ops)
-        return True
+        return leaf
 
     def spill_idle(self, rows: int, ops: list[KVOp], pinned: Pins = ()) -> int:
         """Count `rows` more decoded, then move every entry idle for more than `spill_after_rows` rows
         to the RAM tier: whole, when no running request shares it; its tail, when running requests
         share only the start of it (a prompt asked again shares the prompt, not the old answer after
-        it). Without a RAM tier, entries stay until needed, and so does one the RAM tier could not
-        hold (moved out, it would be lost). Returns how many moved."""
+        it). Without a RAM tier, entries stay until needed, and so does one the RAM tier has no room
+        for beside what it keeps (moved out, it or a saved one would be lost). Returns how many moved."""
         self.rows += rows
-        moved = 0
+        moved = saving = 0  # entries, and the tokens of their states not in the RAM tier yet
         while self.ram is not None and self.spill_after_rows:
-            idle = [
-                leaf
+            sizes = {
+                id(leaf): self._path_length(leaf)
                 for leaf in self.leaves()
-                if self.rows - leaf.used_at_row > self.spill_after_rows and self.ram.holds(self._path_length(leaf))
-            ]
+                if self.rows - leaf.used_at_row > self.spill_after_rows
+            }
+            idle = [leaf for leaf in self.leaves() if id(leaf) in sizes and self.ram.has_room(sizes[id(leaf)], saving)]
             if not idle:
                 break
             # Pins anew after each drop: a drop can fold a pinned node into the leaf that remains.
             shared = self._shared_ends(pinned)
             unshared = [leaf for leaf in idle if id(leaf) not in shared]
             if unshared:
-                self._drop(min(unshared, key=lambda leaf: leaf.last_used), ops)
-            elif not (self.spill_tails and self._trim_a_tail(idle, shared, ops)):
+                leaf = min(unshared, key=lambda leaf: leaf.last_used)
+                saving += sizes[id(leaf)]
+                self._drop(leaf, ops)
+            elif self.spill_tails and (trimmed := self._trim_a_tail(idle, shared, ops)):
+                saving += sizes[id(trimmed)]
+            else:
                 break
             moved += 1
         self.spilled_entries += moved

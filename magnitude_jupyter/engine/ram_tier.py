@@ -44,9 +44,10 @@ class RamTier:
         self._order: OrderedDict[tuple[bool, tuple[int, ...]], None] = OrderedDict()  # (is a checkpoint, tokens)
         self.bytes = 0
 
-    def holds(self, n_tokens: int) -> bool:
-        """Whether a saved state of `n_tokens` would fit (as far as the states saved so far tell)."""
-        return n_tokens * self.bytes_per_token <= self.capacity_bytes
+    def has_room(self, n_tokens: int, pending_tokens: int = 0) -> bool:
+        """Whether a saved state of `n_tokens` fits beside what is kept and `pending_tokens` on their
+        way in, pushing nothing out (as far as the states saved so far tell)."""
+        return (n_tokens + pending_tokens) * self.bytes_per_token <= self.capacity_bytes - self.bytes
 
     def put(self, tokens: tuple[int, ...], data: SavedState, window_floor: int = 0) -> None:
         self.bytes_per_token = max(self.bytes_per_token, len(data) / max(1, len(tokens)))
