@@ -20,7 +20,7 @@ prompt and 64 answer tokens, flash attention on and off (the better is shown), t
 reaches with nothing but those sequences in its cells; `--ceiling-only` prints just that table.
 
     python benchmarks/model_matrix.py [--sessions 16] [--rounds 6] [--max-tokens 64] [--repeats 3]
-        [--families a,b] [--windows 512,1024] [--parallel 4,16] [--no-bundled] [--ceiling-only]
+        [--families a,b] [--windows 512,1024] [--parallel 4,16] [--no-bundled] [--ceiling-only] [--spill-rows N]
 """
 
 from __future__ import annotations
@@ -131,7 +131,8 @@ def best_runs(
     ours_rates: list[float] = []
     peer_rates: list[float] = []
     for _ in range(args.repeats):
-        ours = MagnitudeServer(parallel=parallel, ctx_size=cells(parallel), threads=args.threads, model=path)
+        config = "" if args.spill_rows is None else f"engine:\n  prefix_cache_spill_rows: {args.spill_rows}\n"
+        ours = MagnitudeServer(config, parallel=parallel, ctx_size=cells(parallel), threads=args.threads, model=path)
         try:
             first = first or ours.client.status()
             run = run_workload("magnitude serve", ours.url, args.sessions, args.rounds, args.max_tokens)
@@ -163,6 +164,7 @@ def main() -> None:
         parser.add_argument("--parallel", default="4,16", help="request slots, each a row")
         parser.add_argument("--no-bundled", action="store_true", help="only the tiny models")
         parser.add_argument("--ceiling-only", action="store_true", help="only llama-batched-bench's table")
+        parser.add_argument("--spill-rows", type=int, default=None, help="ours with engine.prefix_cache_spill_rows set")
 
     args = session_arguments(__doc__, rounds=6, max_tokens=64, repeats=3, more=more, sessions=16)
     windows = [int(w) for w in args.windows.split(",")]
@@ -217,7 +219,9 @@ def main() -> None:
     print(
         f"{args.sessions} sessions x {args.rounds} rounds, {args.max_tokens} tokens per answer, greedy, best of "
         f"{args.repeats} alternating runs, "
-        f"{args.threads} threads, CELLS cells (llama-server: -np PARALLEL --kv-unified "
+        f"{args.threads} threads, "
+        + ("" if args.spill_rows is None else f"ours with prefix_cache_spill_rows {args.spill_rows}, ")
+        + "CELLS cells (llama-server: -np PARALLEL --kv-unified "
         f"-c CELLS --jinja, gpt-oss also --skip-chat-parsing), CELLS 8,192 or 2,048 a slot above 4; "
         f"tiny models: {SHAPE.layers} layers x {SHAPE.embedding}, random F32 weights"
     )

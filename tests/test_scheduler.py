@@ -479,7 +479,7 @@ def test_a_restore_that_fails_while_nothing_runs_empties_the_cache_and_the_engin
 
 
 def test_saved_entries_wait_for_a_second_of_idleness_to_come_back():
-    """Not in the gap between one client's requests, where they would go out again at the next step."""
+    """Not in the gap between one client's requests, where they would go out again 64 rows later."""
     s = cached_scheduler(cache_ram_bytes=1 << 20)
     req = make_request("saved")
     req.prompt_tokens = list(range(100, 130))

@@ -89,8 +89,8 @@ class EngineSettings:
         kind="int",
     )
     prefix_cache_spill_rows: int = option(
-        1,
-        "An entry unused while this many rows decode moves to the RAM tier (if it holds it), and comes "
+        64,
+        "An entry unused while this many rows decode moves to the RAM tier (if it has room), and comes "
         "back into cells in one piece; 0: only under pressure.",
         kind="int",
     )

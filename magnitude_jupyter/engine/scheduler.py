@@ -36,7 +36,7 @@ from .speculate import AnswerMemory, Guess, NgramIndex
 
 CACHE_KEY = "<prefix cache>"  # the cache's cells in the KV budget
 # Saved entries come back into the KV cache once nothing has run for this long: not in the gap between
-# a client's requests, where they would only go out again, with their save, at the next step.
+# a client's requests, where they would only go out again, with their save, 64 rows later.
 BRING_BACK_AFTER_IDLE_SECONDS = 1.0
 
 # A reproducible request runs in a llama.cpp context of its own (runner.Lane), its prompt in chunks of
