@@ -45,9 +45,11 @@ class RamTier:
         self.bytes = 0
 
     def has_room(self, n_tokens: int, pending_tokens: int = 0) -> bool:
-        """Whether a saved state of `n_tokens` fits beside what is kept and `pending_tokens` on their
-        way in, pushing nothing out (as far as the states saved so far tell)."""
-        return (n_tokens + pending_tokens) * self.bytes_per_token <= self.capacity_bytes - self.bytes
+        """Whether a saved state of `n_tokens` fits beside the saved entries kept and `pending_tokens` on
+        their way in (as far as the states saved so far tell); window checkpoints, a cache of what
+        entries hold, may give way."""
+        kept = sum(len(data) for data in self.entries.values())
+        return (n_tokens + pending_tokens) * self.bytes_per_token <= self.capacity_bytes - kept
 
     def put(self, tokens: tuple[int, ...], data: SavedState, window_floor: int = 0) -> None:
         self.bytes_per_token = max(self.bytes_per_token, len(data) / max(1, len(tokens)))
