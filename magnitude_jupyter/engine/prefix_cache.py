@@ -516,12 +516,9 @@ class PrefixCache:
         self.rows += rows
         moved = saving = 0  # entries, and the tokens of their states not in the RAM tier yet
         while self.ram is not None and self.spill_after_rows:
-            sizes = {
-                id(leaf): self._path_length(leaf)
-                for leaf in self.leaves()
-                if self.rows - leaf.used_at_row > self.spill_after_rows
-            }
-            idle = [leaf for leaf in self.leaves() if id(leaf) in sizes and self.ram.has_room(sizes[id(leaf)], saving)]
+            idle = [leaf for leaf in self.leaves() if self.rows - leaf.used_at_row > self.spill_after_rows]
+            sizes = {id(leaf): self._path_length(leaf) for leaf in idle}  # what each one's saved state holds
+            idle = [leaf for leaf in idle if self.ram.has_room(sizes[id(leaf)], saving)]
             if not idle:
                 break
             # Pins anew after each drop: a drop can fold a pinned node into the leaf that remains.
