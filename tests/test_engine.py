@@ -336,7 +336,7 @@ def test_a_conversation_idle_while_others_decode_moves_to_ram_and_comes_back_who
     with Engine(settings=Settings(), parallel=2, ctx_size=4096, prefix_cache_ram_mib=64) as eng:
         first = chat(eng, talk, 16)
         # A plain prompt: it shares no chat-template head with the conversation (which would pin it).
-        eng.generate(prompt="Count slowly: one, two, three,", params=greedy(2 * SPILL_AFTER_ROWS, ignore_eos=True))
+        eng.generate(prompt="Count slowly: one, two, three,", params=greedy(SPILL_AFTER_ROWS + 16, ignore_eos=True))
         deadline = time.monotonic() + 30
         stats = wait_idle(eng)
         while stats.prefix_cache_ram_entries and time.monotonic() < deadline:

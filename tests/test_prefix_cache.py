@@ -131,14 +131,15 @@ def test_random_workloads_keep_the_tree_exact():
 
 
 def test_an_idle_entry_moves_to_the_ram_tier_and_a_shared_or_used_one_stays():
-    runner, cache = FakeRunner(step_seconds=0), PrefixCache(range(10, 20), ram_bytes=1 << 20)
+    cache = PrefixCache(range(10, 20), ram_bytes=1 << 20, spill_after_rows=64)
+    runner = FakeRunner(step_seconds=0)
     system = list(range(1, 21))
     idle, busy, running = system + list(range(100, 140)), system + list(range(200, 240)), [*system, 7, 8, 9]
     for tokens in (idle, busy, running):
         finish(runner, cache, tokens)
     pins = [(running, len(running))]  # a request runs on the third entry's cells
     ops: list[KVOp] = []
-    assert cache.spill_idle(SPILL_AFTER_ROWS - 10, ops, pins) == 0  # not idle for long enough yet
+    assert cache.spill_idle(54, ops, pins) == 0  # not idle for long enough yet
     cache.touch(cache.match(busy, 999))  # the second one is used again meanwhile
     assert cache.spill_idle(20, ops, pins) == 1
     apply(runner, cache, ops)

@@ -387,7 +387,7 @@ def test_without_a_spelling_the_match_stays_token_for_token():
 def test_a_saved_entry_comes_back_for_the_few_prompt_tokens_it_adds_to_the_tree():
     """Restoring costs less than computing one prompt row (prompt_start.RAM_RESTORE_GAIN), so a saved
     entry that covers only 5 tokens more than the KV cache holds is brought back, not recomputed."""
-    s = cached_scheduler(cache_ram_bytes=1 << 20)
+    s = cached_scheduler(cache_ram_bytes=1 << 20, cache_spill_rows=0)  # the held entry stays in cells
     head, tail = list(range(100, 120)), [7, 8, 9, 10, 11]
     for rid, prompt in (("held", [*head, 50, 51]), ("saved", [*head, *tail])):
         req = make_request(rid)

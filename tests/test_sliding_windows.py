@@ -233,11 +233,17 @@ def test_window_checkpoints_and_saved_entries_share_the_ram_tier_least_recently_
 
 def windowed_engine(runner: FakeRunner, window: int = WINDOW, parallel: int = 2, ctx_size: int = 512) -> Engine:
     """An engine whose fake llama.cpp keeps each sequence's windowed cells for its last `window`
-    positions only, as a busy sliding-window cache does."""
+    positions only, as a busy sliding-window cache does. Idle entries stay in cells until an id or
+    cells are needed (these tests are about which entry gives way, not about the idle clock)."""
     runner.sliding_window = window
     runner.sequence_start = lambda seq: max(0, max(runner.seqs.get(seq) or {0: 0}) - window + 1)  # type: ignore[method-assign]
     return Engine(
-        settings=Settings(), runner_factory=lambda es: runner, parallel=parallel, ctx_size=ctx_size, n_batch=16
+        settings=Settings(),
+        runner_factory=lambda es: runner,
+        parallel=parallel,
+        ctx_size=ctx_size,
+        n_batch=16,
+        prefix_cache_spill_rows=0,
     ).start()
 
 

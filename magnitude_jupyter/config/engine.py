@@ -23,6 +23,9 @@ class ConfigError(ValueError):
 # KV cache types llama.cpp's CPU backend takes (a quantized V needs flash attention: `uses_flash_attention`).
 UNQUANTIZED_CACHE_TYPES = ("f16", "f32")
 KV_CACHE_TYPES = ("f16", "q8_0", "q4_0", "f32", "q5_1", "q5_0", "q4_1")
+# A cache entry moves to the RAM tier once a step decodes without it: it comes back into cells in one
+# piece, where decoding beside others had spread it (docs/decisions.md, "Idle entries move").
+SPILL_AFTER_ROWS = 1
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ class EngineSettings:
         kind="int",
     )
     prefix_cache_spill_rows: int = option(
-        64,
+        SPILL_AFTER_ROWS,
         "An entry unused while this many rows decode moves to the RAM tier (if it has room), and comes "
         "back into cells in one piece; 0: only under pressure.",
         kind="int",

@@ -38,6 +38,7 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from ..config.engine import SPILL_AFTER_ROWS
 from .kv_ops import (
     ClearSequence,
     CopyCells,
@@ -51,10 +52,6 @@ from .kv_ops import (
 from .ram_tier import RamTier, SavedState, common_prefix_len
 
 RESPELL_WINDOW = 512  # prompt tokens after a match that a cached entry may spell differently
-# An entry nobody has used while this many rows went through llama_decode moves to the RAM tier:
-# idle cells cost every row, a save and a restore cost once, and a restored entry comes back in one
-# piece (docs/decisions.md, "Idle entries move").
-SPILL_AFTER_ROWS = 64
 
 Pins = Sequence[tuple[Sequence[int], int]]  # (prompt tokens, cells copied from the tree) of running requests
 
