@@ -77,8 +77,8 @@ def closed_loop(
 NO_DRAFTS = "engine:\n  draft_tokens: 0\n"  # a config for `magnitude serve` without prompt-lookup drafts
 # ... and one whose idle cache entries stay in KV cells until needed (engine.prefix_cache_spill_rows)
 NO_SPILL = "engine:\n  prefix_cache_spill_rows: 0\n"
-# ... and one that moves them once a step decodes without them (64 rows is the default)
-SPILL_AFTER_1_ROW = "engine:\n  prefix_cache_spill_rows: 1\n"
+# ... and one that moves them after 64 idle rows (the default moves them once a step decodes without them)
+SPILL_AFTER_64_ROWS = "engine:\n  prefix_cache_spill_rows: 64\n"
 # llama-server keeping its idle slots' cells where they are (by default it saves and clears them
 # when a task starts, and loads a slot's saved state back in one piece when its conversation returns)
 PEER_KEEP_IDLE_SLOTS = ("--no-cache-idle-slots",)

@@ -26,7 +26,7 @@ from _common import (
     NO_SPILL,
     PEER_KEEP_IDLE_SLOTS,
     PEER_NO_FLASH_ATTENTION,
-    SPILL_AFTER_1_ROW,
+    SPILL_AFTER_64_ROWS,
     TOKEN,
     LlamaServer,
     MagnitudeServer,
@@ -142,9 +142,9 @@ def main() -> None:
         "magnitude serve, no spill": lambda: MagnitudeServer(
             NO_SPILL, parallel=16, ctx_size=8192, threads=args.threads
         ),
-        # ... and moving them once a step decodes without them, not after 64 idle rows: they come back in one piece.
-        "magnitude serve, spill after 1 row": lambda: MagnitudeServer(
-            SPILL_AFTER_1_ROW, parallel=16, ctx_size=8192, threads=args.threads
+        # ... and moving them after 64 idle rows, not once a step decodes without them (the clock before).
+        "magnitude serve, spill after 64 rows": lambda: MagnitudeServer(
+            SPILL_AFTER_64_ROWS, parallel=16, ctx_size=8192, threads=args.threads
         ),
         # ... and with llama.cpp's flash attention, which a CPU runs without by default (engine.flash_attention).
         "magnitude serve, flash attention": lambda: MagnitudeServer(

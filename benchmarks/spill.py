@@ -32,6 +32,10 @@ def tokens_per_s(engine: Engine, concurrency: int, requests: int, max_tokens: in
     return tokens / seconds
 
 
+def after(rows: int) -> str:
+    return f"after {rows} row{'s' if rows != 1 else ''}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--levels", default="1,4,16")
@@ -44,9 +48,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
-    variants = {f"after {SPILL_AFTER_ROWS} rows": (SPILL_AFTER_ROWS, True)}  # name: (spill rows, tails too)
+    variants = {after(SPILL_AFTER_ROWS): (SPILL_AFTER_ROWS, True)}  # name: (spill rows, tails too)
     if args.spill_rows:
-        variants |= {f"after {n} rows": (n, True) for n in (int(x) for x in args.spill_rows.split(","))}
+        variants |= {after(n): (n, True) for n in (int(x) for x in args.spill_rows.split(","))}
     else:
         variants |= {"whole entries only": (SPILL_AFTER_ROWS, False), "never": (0, False)}
     engines = {
