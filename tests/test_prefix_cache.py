@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import random
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from magnitude_jupyter.engine.kv_ops import KVOp
 from magnitude_jupyter.engine.plan import DecodeItem
 from magnitude_jupyter.engine.prefix_cache import SPILL_AFTER_ROWS, PrefixCache
+from magnitude_jupyter.engine.ram_tier import RamTier
 from magnitude_jupyter.engine.runner_api import apply_kv_ops
 
 from .fakes import FakeRunner, assert_cache_exact
@@ -247,3 +251,28 @@ def test_saved_entries_come_back_newest_first_within_the_cells_allowed():
     # a saved state the tree holds in full by now is only dropped
     cache.ram.put(tuple(new[:30]), b"[]")
     assert cache.bring_back_one(99, ops) and not ops and list(cache.ram.entries) == [tuple(big)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["put", "pop", "window", "drop_window"]), st.integers(0, 5), st.integers(1, 40)),
+        max_size=40,
+    )
+)
+def test_the_ram_tier_keeps_its_byte_counts_exact(actions):
+    """`has_room` reads a running count of the saved entries' bytes: it matches what the tier holds
+    through puts, pops, checkpoints and evictions, and the tier stays within its limit."""
+    ram = RamTier(capacity_bytes=100)
+    for action, key, size in actions:
+        tokens = tuple(range(key + 1))
+        if action == "put":
+            ram.put(tokens, bytes(size))
+        elif action == "pop":
+            ram.pop(tokens)
+        elif action == "window":
+            ram.put_window(tokens, bytes(size))
+        else:
+            ram.drop_window(tokens)
+        assert ram.entry_bytes == sum(len(data) for data in ram.entries.values())
+        assert ram.bytes == ram.entry_bytes + sum(len(data) for data in ram.windows.values()) <= 100

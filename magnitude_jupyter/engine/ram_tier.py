@@ -43,13 +43,13 @@ class RamTier:
         self.windows: dict[tuple[int, ...], SavedState] = {}  # window checkpoints, by the tokens before them
         self._order: OrderedDict[tuple[bool, tuple[int, ...]], None] = OrderedDict()  # (is a checkpoint, tokens)
         self.bytes = 0
+        self.entry_bytes = 0  # of saved entries only: checkpoints may give way to them (`has_room`)
 
     def has_room(self, n_tokens: int, pending_tokens: int = 0) -> bool:
         """Whether a saved state of `n_tokens` fits beside the saved entries kept and `pending_tokens` on
         their way in (as far as the states saved so far tell); window checkpoints, a cache of what
         entries hold, may give way."""
-        kept = sum(len(data) for data in self.entries.values())
-        return (n_tokens + pending_tokens) * self.bytes_per_token <= self.capacity_bytes - kept
+        return (n_tokens + pending_tokens) * self.bytes_per_token <= self.capacity_bytes - self.entry_bytes
 
     def put(self, tokens: tuple[int, ...], data: SavedState, window_floor: int = 0) -> None:
         self.bytes_per_token = max(self.bytes_per_token, len(data) / max(1, len(tokens)))
@@ -58,6 +58,7 @@ class RamTier:
         self.pop(tokens)
         self.entries[tokens] = data
         self.floors[tokens] = window_floor
+        self.entry_bytes += len(data)
         self._add((False, tokens), len(data))
 
     def pop(self, tokens: tuple[int, ...]) -> SavedState | None:
@@ -66,6 +67,7 @@ class RamTier:
             del self.floors[tokens]
             del self._order[(False, tokens)]
             self.bytes -= len(data)
+            self.entry_bytes -= len(data)
         return data
 
     def put_window(self, tokens: tuple[int, ...], data: SavedState) -> None:
