@@ -409,6 +409,60 @@ def test_a_saved_entry_comes_back_for_the_few_prompt_tokens_it_adds_to_the_tree(
     assert back.cached_tokens == len(head) + len(tail) and s.cache.restored_tokens == len(tail)
 
 
+def _entry_of(s: Scheduler, rid: str, prompt: list[int]) -> None:
+    """Run a request whose prompt is `prompt` to its end: the cache keeps it as an entry."""
+    req = make_request(rid)
+    req.prompt_tokens = prompt
+    s.add_request(req)
+    s.schedule()
+    req.num_computed_tokens = len(prompt)
+    s.finish(req, FinishReason.STOP)
+    s.take_pending_kv_ops()
+
+
+def _idle_entry_due_to_move(s: Scheduler, saved_prompt: list[int], idle_prompt: list[int]) -> None:
+    """An entry of `saved_prompt` in the RAM tier, one of `idle_prompt` in cells, and a request
+    decoding: with a 40-row clock, the idle entry moves out at the next step (30 rows of its own
+    prompt and 30 of the decoding request's)."""
+    _entry_of(s, "saved", saved_prompt)
+    ops: list = []
+    assert s.cache.spill_idle(s.cache.spill_after_rows + 1, ops) == 1
+    (saved,) = [op.tokens for op in ops if isinstance(op, SaveSequence)]
+    s.cache.ram.put(saved, b"state")  # what the engine does with the save
+    _entry_of(s, "idle", idle_prompt)
+    busy = make_request("busy", 30, 50)
+    s.add_request(busy)
+    s.advance(s.schedule().batched[0], [5])  # 30 prompt rows: the idle entry's clock runs out
+
+
+def test_idle_entries_move_out_before_a_step_admits_so_a_restored_one_lands_in_their_cells():
+    """llama.cpp puts a restored entry in the first free run of cells from the lowest it freed last:
+    an entry moved out before the restore gives it its cells, where after it the restore lands above
+    every cell in use (docs/decisions.md, "Idle entries move out before admission")."""
+    s = cached_scheduler(cache_ram_bytes=1 << 20, cache_spill_rows=40)
+    saved_prompt, idle_prompt = list(range(100, 130)), list(range(200, 230))
+    _idle_entry_due_to_move(s, saved_prompt, idle_prompt)
+    back = make_request("back")
+    back.prompt_tokens = [*saved_prompt, 1, 2]
+    s.add_request(back)
+    ops = s.schedule().kv_ops
+    kinds = [type(op) for op in ops]
+    assert kinds.index(SaveSequence) < kinds.index(ClearSequence) < kinds.index(RestoreSequence)
+    assert back.cached_tokens == len(saved_prompt) and s.cache.spilled_entries == 2
+
+
+def test_an_entry_a_waiting_request_takes_next_does_not_move_out_just_before():
+    s = cached_scheduler(cache_ram_bytes=1 << 20, cache_spill_rows=40)
+    saved_prompt, idle_prompt = list(range(100, 130)), list(range(200, 230))
+    _idle_entry_due_to_move(s, saved_prompt, idle_prompt)
+    turn = make_request("turn")
+    turn.prompt_tokens = [*idle_prompt, 1, 2]
+    s.add_request(turn)
+    ops = s.schedule().kv_ops
+    assert not [op for op in ops if isinstance(op, (SaveSequence, RestoreSequence))]
+    assert turn.cached_tokens == len(idle_prompt) and s.cache.spilled_entries == 1
+
+
 def test_an_entry_moved_out_while_others_decode_comes_back_once_nothing_runs():
     """An entry idle while another request decodes moves to the RAM tier (its cells slow every row);
     once nothing runs they cost nothing, and it comes back, in steps that have nothing to decode. Its

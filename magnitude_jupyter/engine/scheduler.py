@@ -19,6 +19,7 @@ their cells. Where an admitted prompt starts is `prompt_start.py`'s part; what a
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -316,6 +317,13 @@ class Scheduler(PromptStarts):
         pins = [(_shared_tokens(r), r.cache_shared) for r in self.running if r.cache_shared]
         return [*pins, extra] if extra and extra[1] else pins
 
+    def _waiting_pins(self) -> Pins:
+        """What the requests admission may take next would copy from the cache: not to be spilled
+        just before they take it."""
+        heads = itertools.islice((r for p in Priority for r in self.waiting[p]), self.max_running)
+        contexts = [r.cache_context_tokens for r in heads if not r.params.reproducible]
+        return [(tokens, len(tokens)) for tokens in contexts]
+
     def _make_room(self, cells: int, out: SchedulerOutput, admitting: tuple[list[int], int]) -> bool:
         """Whether `cells` fit, after evicting cache entries nobody runs on if need be."""
         if self.budget.fits(cells):
@@ -407,16 +415,18 @@ class Scheduler(PromptStarts):
             self.cache.plan += 1  # what earlier plans made is in llama.cpp now
         if self.admission == "estimate":  # running requests get the cells they grow into first
             self._grow_or_preempt(now, out)
-        self._admit(now, out)
         idle = not self.running and not self.num_waiting
         # Idle entries move to host RAM (prefix_cache.SPILL_AFTER_ROWS) while others decode. With
-        # nothing to decode, holding cells costs nothing: they come back instead.
+        # nothing to decode, holding cells costs nothing: they come back instead. Before admission:
+        # an entry restored for a request then lands in the cells the spilled ones free, low in the
+        # cache, not above them (docs/decisions.md, "Idle entries move out before admission").
         if self.cache is not None:
             rows, self._rows_scheduled = self._rows_scheduled, 0
             if idle:
                 self.cache.rows += rows
-            elif self.cache.spill_idle(rows, out.kv_ops, self._pins()):
+            elif self.cache.spill_idle(rows, out.kv_ops, [*self._pins(), *self._waiting_pins()]):
                 self._sync_cache_budget()
+        self._admit(now, out)
         if idle:
             self._idle_since = now if self._idle_since is None else self._idle_since
             if now - self._idle_since >= BRING_BACK_AFTER_IDLE_SECONDS:
