@@ -262,12 +262,15 @@ def test_saved_entries_come_back_newest_first_within_the_cells_allowed():
 )
 def test_the_ram_tier_keeps_its_byte_counts_exact(actions):
     """`has_room` reads a running count of the saved entries' bytes: it matches what the tier holds
-    through puts, pops, checkpoints and evictions, and the tier stays within its limit."""
+    through puts, pops, checkpoints and evictions, and the tier stays within its limit. A saved
+    entry coming in pushes out another only once no checkpoint is left."""
     ram = RamTier(capacity_bytes=100)
     for action, key, size in actions:
         tokens = tuple(range(key + 1))
         if action == "put":
+            before = set(ram.entries)
             ram.put(tokens, bytes(size))
+            assert not (before - {tokens} - set(ram.entries)) or not ram.windows  # checkpoints go first
         elif action == "pop":
             ram.pop(tokens)
         elif action == "window":

@@ -217,7 +217,7 @@ def test_an_entry_that_branches_off_takes_the_trees_whole_cells_below_the_branch
     assert_cache_exact(runner, cache)
 
 
-def test_window_checkpoints_and_saved_entries_share_the_ram_tier_least_recently_used_first():
+def test_window_checkpoints_and_saved_entries_share_the_ram_tier_checkpoints_giving_way_to_entries():
     ram = RamTier(100)
     ram.put((1, 2, 3), b"x" * 40)
     ram.put_window((1, 2), b"w" * 30)
@@ -227,8 +227,12 @@ def test_window_checkpoints_and_saved_entries_share_the_ram_tier_least_recently_
     assert ram.window_for(prompt, 0, 4) == (2, b"w" * 30)  # at most `limit` tokens; now the latest used
     assert ram.window_for(prompt, 2, 4) is None  # more than `above` tokens
     assert ram.window_for([1, 9, 3, 4, 5], 0, 5) is None
-    ram.put((7,), b"y" * 30)  # 120 bytes: the least recently used goes, a saved entry here
-    assert list(ram.entries) == [(7,)] and set(ram.windows) == {(1, 2), (1, 2, 3, 4, 5)} and ram.bytes == 80
+    ram.put((7,), b"y" * 30)  # 120 bytes: the least recently used checkpoint goes, not the older entry
+    assert list(ram.entries) == [(1, 2, 3), (7,)] and set(ram.windows) == {(1, 2)} and ram.bytes == 100
+    ram.put_window((8,), b"z" * 40)  # a checkpoint makes room from whatever was used least recently
+    assert list(ram.entries) == [(7,)] and set(ram.windows) == {(1, 2), (8,)} and ram.bytes == 100
+    ram.put((9,), b"u" * 80)  # checkpoints first, then the least recently used entry
+    assert list(ram.entries) == [(9,)] and not ram.windows and ram.bytes == 80
 
 
 def windowed_engine(runner: FakeRunner, window: int = WINDOW, parallel: int = 2, ctx_size: int = 512) -> Engine:

@@ -5,8 +5,10 @@ its conversation returns. A window checkpoint is the state of a sequence's slidi
 (`LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`) at the end of a prompt: those layers keep a window of cells per
 sequence, so a later prompt that matches a cached entry only part of the way cannot go on from there
 without the window before it (prefix_cache.py, "Sliding windows"); with the checkpoint loaded over
-the tree's cells it can, as llama.cpp's server does with its context checkpoints. Both kinds leave
-least recently used first, whichever kind that is.
+the tree's cells it can, as llama.cpp's server does with its context checkpoints. A checkpoint comes
+in at the cost of what was used least recently, whichever kind that is; a saved entry at the cost
+of checkpoints first, as `has_room` counts: a sequence moved out for it is not to push out one
+saved before it while checkpoints remain.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class RamTier:
         self.entries[tokens] = data
         self.floors[tokens] = window_floor
         self.entry_bytes += len(data)
-        self._add((False, tokens), len(data))
+        self._add((False, tokens), len(data), windows_first=True)
 
     def pop(self, tokens: tuple[int, ...]) -> SavedState | None:
         data = self.entries.pop(tokens, None)
@@ -98,10 +100,15 @@ class RamTier:
         self._order.move_to_end((True, found))
         return WindowCheckpoint(len(found), self.windows[found])
 
-    def _add(self, key: tuple[bool, tuple[int, ...]], size: int) -> None:
+    def _add(self, key: tuple[bool, tuple[int, ...]], size: int, windows_first: bool = False) -> None:
+        """Count `key` in, then drop the least recently used until the tier is within its limit: of the
+        checkpoints first while there are any, with `windows_first`."""
         self._order[key] = None
         self.bytes += size
         while self.bytes > self.capacity_bytes:
+            if windows_first and self.windows:
+                self.drop_window(next(tokens for is_window, tokens in self._order if is_window))
+                continue
             is_window, tokens = next(iter(self._order))
             if is_window:
                 self.drop_window(tokens)
