@@ -158,6 +158,27 @@ def test_an_idle_entry_moves_to_the_ram_tier_and_a_shared_or_used_one_stays():
     assert_cache_exact(runner, cache)
 
 
+def test_what_a_waiting_turn_could_take_stays_whole_where_its_match_ends_inside_an_entry():
+    """A next turn may spell its last answer otherwise (the tokenizer's tokens, not the model's): its
+    match ends inside its entry, and respelling walks on from there, so the whole entry stays; a
+    prompt that matches the system prompt only holds that much of the others."""
+    cache = PrefixCache(range(10, 20), ram_bytes=1 << 20, spill_after_rows=1)
+    runner = FakeRunner(step_seconds=0)
+    system = list(range(1, 21))
+    mine, other = system + list(range(100, 140)), system + list(range(200, 240))
+    for tokens in (mine, other):
+        finish(runner, cache, tokens)
+    respelled = [*mine[:30], 77, 78]  # diverges inside its entry
+    new = [*system, 300, 301]  # a new conversation: the system prompt only
+    pins = cache.reachable([respelled, new])
+    ops: list[KVOp] = []
+    assert cache.spill_idle(5, ops, pins) == 1  # the other one's own part moves out
+    apply(runner, cache, ops)
+    assert cache.match(mine, 999).length == len(mine) and cache.match(other, 999).length == len(system)
+    assert cache.reachable([[5, 6, 7]]) == []
+    assert_cache_exact(runner, cache)
+
+
 def test_an_idle_entry_the_ram_tier_has_no_room_for_stays_in_its_cells():
     """Moved out, it would be lost, or push out an entry saved before it: an idle entry moves only
     into room the RAM tier has. What a token takes is known from the model (`saved_bytes_per_token`)

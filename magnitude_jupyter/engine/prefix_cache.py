@@ -165,6 +165,28 @@ class PrefixCache:
         seq_id = path[-1].any_leaf().seq_id if path else None
         return Match(matched, path, seq_id)
 
+    def reachable(self, prompts: Iterable[Sequence[int]]) -> Pins:
+        """Pins on what each of `prompts` could copy: where its match ends inside a node, every leaf
+        below that node whole (its next turn may spell the answers otherwise: `respelled` walks on
+        from there); else the match."""
+        pins: list[tuple[Sequence[int], int]] = []
+        for tokens in prompts:
+            match = self.match(tokens, len(tokens))
+            if not match.path:
+                continue
+            last = match.path[-1]
+            if self._end(match.path) == match.length and not last.is_leaf:
+                pins.append((tokens, match.length))
+                continue
+            stack = [last]
+            while stack:
+                node = stack.pop()
+                if node.is_leaf:
+                    path = self._path_tokens(node)
+                    pins.append((path, len(path)))
+                stack.extend(node.children.values())
+        return pins
+
     def leaf_span(self, seq_id: int) -> tuple[int, int] | None:
         """The own span of the leaf on `seq_id`, as positions [start, end) of its path: below `start`
         the tree holds its cells without it (None: no leaf has that sequence)."""

@@ -318,11 +318,12 @@ class Scheduler(PromptStarts):
         return [*pins, extra] if extra and extra[1] else pins
 
     def _waiting_pins(self) -> Pins:
-        """What the requests admission may take next would copy from the cache: not to be spilled
-        just before they take it."""
+        """What the requests admission may take next could copy from the cache (PrefixCache.reachable):
+        not to move out just before admission."""
+        if self.cache is None:
+            return []
         heads = itertools.islice((r for p in Priority for r in self.waiting[p]), self.max_running)
-        contexts = [r.cache_context_tokens for r in heads if not r.params.reproducible]
-        return [(tokens, len(tokens)) for tokens in contexts]
+        return self.cache.reachable([r.cache_context_tokens for r in heads if not r.params.reproducible])
 
     def _make_room(self, cells: int, out: SchedulerOutput, admitting: tuple[list[int], int]) -> bool:
         """Whether `cells` fit, after evicting cache entries nobody runs on if need be."""
@@ -417,9 +418,10 @@ class Scheduler(PromptStarts):
             self._grow_or_preempt(now, out)
         idle = not self.running and not self.num_waiting
         # Idle entries move to host RAM (prefix_cache.SPILL_AFTER_ROWS) while others decode. With
-        # nothing to decode, holding cells costs nothing: they come back instead. Before admission:
-        # an entry restored for a request then lands in the cells the spilled ones free, low in the
-        # cache, not above them (docs/decisions.md, "Idle entries move out before admission").
+        # nothing to decode, holding cells costs nothing: they come back instead. Those no waiting
+        # request may take move before admission, so that an entry restored for a request lands in
+        # the cells they free, not above every cell in use; the others after it, unless admission
+        # took them (docs/decisions.md, "Idle entries move out before admission").
         if self.cache is not None:
             rows, self._rows_scheduled = self._rows_scheduled, 0
             if idle:
@@ -427,6 +429,8 @@ class Scheduler(PromptStarts):
             elif self.cache.spill_idle(rows, out.kv_ops, [*self._pins(), *self._waiting_pins()]):
                 self._sync_cache_budget()
         self._admit(now, out)
+        if self.cache is not None and not idle and self.cache.spill_idle(0, out.kv_ops, self._pins()):
+            self._sync_cache_budget()
         if idle:
             self._idle_since = now if self._idle_since is None else self._idle_since
             if now - self._idle_since >= BRING_BACK_AFTER_IDLE_SECONDS:
