@@ -384,19 +384,24 @@ def test_without_a_spelling_the_match_stays_token_for_token():
     assert turn.cached_tokens == 41 and turn.prompt_tokens[-2:] == [20, 2]
 
 
+def _entry_of(s: Scheduler, rid: str, prompt: list[int]) -> None:
+    """Run a request whose prompt is `prompt` to its end: the cache keeps it as an entry."""
+    req = make_request(rid)
+    req.prompt_tokens = prompt
+    s.add_request(req)
+    s.schedule()
+    req.num_computed_tokens = len(prompt)
+    s.finish(req, FinishReason.STOP)
+    s.take_pending_kv_ops()
+
+
 def test_a_saved_entry_comes_back_for_the_few_prompt_tokens_it_adds_to_the_tree():
     """Restoring costs less than computing one prompt row (prompt_start.RAM_RESTORE_GAIN), so a saved
     entry that covers only 5 tokens more than the KV cache holds is brought back, not recomputed."""
     s = cached_scheduler(cache_ram_bytes=1 << 20, cache_spill_rows=0)  # the held entry stays in cells
     head, tail = list(range(100, 120)), [7, 8, 9, 10, 11]
     for rid, prompt in (("held", [*head, 50, 51]), ("saved", [*head, *tail])):
-        req = make_request(rid)
-        req.prompt_tokens = prompt
-        s.add_request(req)
-        s.schedule()
-        req.num_computed_tokens = len(prompt)
-        s.finish(req, FinishReason.STOP)
-        s.take_pending_kv_ops()
+        _entry_of(s, rid, prompt)
     ops: list = []
     saved = next(leaf for leaf in s.cache.leaves() if leaf.tokens[-1] == tail[-1])
     s.cache._drop(saved, ops)  # what spill_idle does to an idle entry
@@ -409,58 +414,44 @@ def test_a_saved_entry_comes_back_for_the_few_prompt_tokens_it_adds_to_the_tree(
     assert back.cached_tokens == len(head) + len(tail) and s.cache.restored_tokens == len(tail)
 
 
-def _entry_of(s: Scheduler, rid: str, prompt: list[int]) -> None:
-    """Run a request whose prompt is `prompt` to its end: the cache keeps it as an entry."""
-    req = make_request(rid)
-    req.prompt_tokens = prompt
-    s.add_request(req)
-    s.schedule()
-    req.num_computed_tokens = len(prompt)
-    s.finish(req, FinishReason.STOP)
-    s.take_pending_kv_ops()
+SAVED_PROMPT, IDLE_PROMPT = list(range(100, 130)), list(range(200, 230))
 
 
-def _idle_entry_due_to_move(s: Scheduler, saved_prompt: list[int], idle_prompt: list[int]) -> None:
-    """An entry of `saved_prompt` in the RAM tier, one of `idle_prompt` in cells, and a request
-    decoding: with a 40-row clock, the idle entry moves out at the next step (30 rows of its own
-    prompt and 30 of the decoding request's)."""
-    _entry_of(s, "saved", saved_prompt)
+def _step_as_an_idle_entry_moves(prompt: list[int]) -> tuple[Scheduler, Request, list]:
+    """An entry of SAVED_PROMPT in the RAM tier, one of IDLE_PROMPT in cells, and a request decoding;
+    then a step with a request of `prompt` waiting, where the idle entry's 40-row clock runs out (30
+    rows of its own prompt and 30 of the decoding request's). The scheduler, that request, the
+    step's operations."""
+    s = cached_scheduler(cache_ram_bytes=1 << 20, cache_spill_rows=40)
+    _entry_of(s, "saved", SAVED_PROMPT)
     ops: list = []
     assert s.cache.spill_idle(s.cache.spill_after_rows + 1, ops) == 1
     (saved,) = [op.tokens for op in ops if isinstance(op, SaveSequence)]
     s.cache.ram.put(saved, b"state")  # what the engine does with the save
-    _entry_of(s, "idle", idle_prompt)
+    _entry_of(s, "idle", IDLE_PROMPT)
     busy = make_request("busy", 30, 50)
     s.add_request(busy)
-    s.advance(s.schedule().batched[0], [5])  # 30 prompt rows: the idle entry's clock runs out
+    s.advance(s.schedule().batched[0], [5])
+    request = make_request("next")
+    request.prompt_tokens = prompt
+    s.add_request(request)
+    return s, request, s.schedule().kv_ops
 
 
 def test_idle_entries_move_out_before_a_step_admits_so_a_restored_one_lands_in_their_cells():
     """llama.cpp puts a restored entry in the first free run of cells from the lowest it freed last:
     an entry moved out before the restore gives it its cells, where after it the restore lands above
     every cell in use (docs/decisions.md, "Idle entries move out before admission")."""
-    s = cached_scheduler(cache_ram_bytes=1 << 20, cache_spill_rows=40)
-    saved_prompt, idle_prompt = list(range(100, 130)), list(range(200, 230))
-    _idle_entry_due_to_move(s, saved_prompt, idle_prompt)
-    back = make_request("back")
-    back.prompt_tokens = [*saved_prompt, 1, 2]
-    s.add_request(back)
-    ops = s.schedule().kv_ops
+    s, back, ops = _step_as_an_idle_entry_moves([*SAVED_PROMPT, 1, 2])
     kinds = [type(op) for op in ops]
     assert kinds.index(SaveSequence) < kinds.index(ClearSequence) < kinds.index(RestoreSequence)
-    assert back.cached_tokens == len(saved_prompt) and s.cache.spilled_entries == 2
+    assert back.cached_tokens == len(SAVED_PROMPT) and s.cache.spilled_entries == 2
 
 
 def test_an_entry_a_waiting_request_takes_next_does_not_move_out_just_before():
-    s = cached_scheduler(cache_ram_bytes=1 << 20, cache_spill_rows=40)
-    saved_prompt, idle_prompt = list(range(100, 130)), list(range(200, 230))
-    _idle_entry_due_to_move(s, saved_prompt, idle_prompt)
-    turn = make_request("turn")
-    turn.prompt_tokens = [*idle_prompt, 1, 2]
-    s.add_request(turn)
-    ops = s.schedule().kv_ops
+    s, turn, ops = _step_as_an_idle_entry_moves([*IDLE_PROMPT, 1, 2])
     assert not [op for op in ops if isinstance(op, (SaveSequence, RestoreSequence))]
-    assert turn.cached_tokens == len(idle_prompt) and s.cache.spilled_entries == 1
+    assert turn.cached_tokens == len(IDLE_PROMPT) and s.cache.spilled_entries == 1
 
 
 def test_an_entry_moved_out_while_others_decode_comes_back_once_nothing_runs():
