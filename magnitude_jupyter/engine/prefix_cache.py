@@ -526,12 +526,14 @@ class PrefixCache:
         self._trim(leaf, shared[id(leaf)], ops)
         return leaf
 
-    def spill_idle(self, rows: int, ops: list[KVOp], pinned: Pins = ()) -> int:
+    def spill_idle(self, rows: int, ops: list[KVOp], pinned: Pins | Callable[[], Pins] = ()) -> int:
         """Count `rows` more decoded, then move every entry idle for more than `spill_after_rows` rows
         to the RAM tier: whole, when no running request shares it; its tail, when running requests
         share only the start of it (a prompt asked again shares the prompt, not the old answer after
         it). Without a RAM tier, entries stay until needed, and so does one the RAM tier has no room
-        for beside what it keeps (moved out, it or a saved one would be lost). Returns how many moved."""
+        for beside what it keeps (moved out, it or a saved one would be lost). Returns how many moved.
+        `pinned` may be a function, called once an entry is idle: most steps find none, and pins
+        cost a match each."""
         self.rows += rows
         moved = saving = 0  # entries, and the tokens of their states not in the RAM tier yet
         while self.ram is not None and self.spill_after_rows:
@@ -540,6 +542,8 @@ class PrefixCache:
             idle = [leaf for leaf in idle if self.ram.has_room(sizes[id(leaf)], saving)]
             if not idle:
                 break
+            if callable(pinned):
+                pinned = pinned()
             # Pins anew after each drop: a drop can fold a pinned node into the leaf that remains.
             shared = self._shared_ends(pinned)
             unshared = [leaf for leaf in idle if id(leaf) not in shared]

@@ -426,10 +426,10 @@ class Scheduler(PromptStarts):
             rows, self._rows_scheduled = self._rows_scheduled, 0
             if idle:
                 self.cache.rows += rows
-            elif self.cache.spill_idle(rows, out.kv_ops, [*self._pins(), *self._waiting_pins()]):
+            elif self.cache.spill_idle(rows, out.kv_ops, lambda: [*self._pins(), *self._waiting_pins()]):
                 self._sync_cache_budget()
         self._admit(now, out)
-        if self.cache is not None and not idle and self.cache.spill_idle(0, out.kv_ops, self._pins()):
+        if self.cache is not None and not idle and self.cache.spill_idle(0, out.kv_ops, self._pins):
             self._sync_cache_budget()
         if idle:
             self._idle_since = now if self._idle_since is None else self._idle_since
