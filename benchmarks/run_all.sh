@@ -34,11 +34,12 @@ declare -A ARGS=(
     [server_memory]=""
     [model_matrix]=""
     [cells_scanned]=""
+    [ubatch_costs]="--parallel 4 --repeats 1"
     [overload]=""
 )
 ORDER=(raw_ceiling server_throughput conversations conversations_chat agents capacity protocols spill idle_cells
     ram_tier cache_isolation cache_spread engine_throughput batch_throughput drafts models kv_cache_types
-    contention dask_scale calibration_check server_memory model_matrix cells_scanned overload soak)
+    contention dask_scale calibration_check server_memory model_matrix cells_scanned ubatch_costs overload soak)
 [ $# -gt 0 ] && ORDER=("$@")
 
 for name in "${ORDER[@]}"; do
