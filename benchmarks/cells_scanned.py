@@ -22,11 +22,7 @@ from pathlib import Path
 
 from _common import LlamaServer, MagnitudeServer, session_arguments, table
 from conversations import run_workload
-from model_matrix import PEER_FLAGS, SHAPE, cells
-
-from magnitude_jupyter.models.chat_formats import family_named
-from magnitude_jupyter.models.registry import bundled_model_path
-from magnitude_jupyter.models.tiny_models import ARCHITECTURES, write_tiny_model
+from model_matrix import PEER_FLAGS, cells, one_model, one_model_arguments
 
 SLOT = re.compile(rb"find_slot: stream\[0\], n = +(\d+), used = +(\d+), head = +\d+, size = +(\d+), n_swa = +(\d+)")
 PEER_DECODES = re.compile(rb"decode: n_batch \(effective\)")
@@ -49,34 +45,13 @@ def scanned(log: bytes) -> dict[tuple[int, int], tuple[list[int], list[int]]]:
 
 
 def main() -> None:
-    def more(parser) -> None:
-        parser.add_argument("--model", default=None, help="a GGUF file, or bundled (default: a tiny --family)")
-        parser.add_argument("--family", default="gemma3", help="tiny model family (models/tiny_models.py)")
-        parser.add_argument("--window", type=int, default=1024, help="its sliding window, if it has one")
-        parser.add_argument("--parallel", type=int, default=16)
-
-    args = session_arguments(__doc__, rounds=6, max_tokens=64, more=more, sessions=16)
+    args = session_arguments(
+        __doc__, rounds=6, max_tokens=64, more=lambda p: one_model_arguments(p, "gemma3"), sessions=16
+    )
     os.environ["LLAMA_KV_CACHE_DEBUG"] = "1"  # both servers inherit it
     rows = []
-    what = args.family
     with tempfile.TemporaryDirectory(prefix="magnitude-cells-") as tmp:
-        kind = args.family
-        if args.model == "bundled":
-            bundled = bundled_model_path()
-            assert bundled is not None
-            path, kind = bundled, "bundled"
-            what = "the bundled model"
-        elif args.model:
-            path = Path(args.model)
-            what = path.name
-        else:
-            family = family_named(ARCHITECTURES[kind].family)
-            assert family is not None
-            window = args.window if ARCHITECTURES[kind].sliding_window else None
-            what += f", window {window}" if window else ""
-            path = write_tiny_model(
-                Path(tmp) / "model.gguf", kind, template=family.template, shape=SHAPE, sliding_window=window
-            )
+        path, kind, what = one_model(args, Path(tmp))
         for name in ("magnitude serve", "llama-server"):
             log_path = Path(tmp) / f"{name}.log"
             with open(log_path, "wb") as log:

@@ -82,6 +82,32 @@ def models(folder: Path, kinds: list[str], windows: list[int], bundled: bool) ->
     return out
 
 
+def one_model_arguments(parser, family: str) -> None:
+    """The options of a script that runs one file against both servers (cells_scanned, ubatch_costs)."""
+    parser.add_argument("--model", default=None, help="a GGUF file, or bundled (default: a tiny --family)")
+    parser.add_argument("--family", default=family, help="tiny model family (models/tiny_models.py)")
+    parser.add_argument("--window", type=int, default=1024, help="its sliding window, if it has one")
+    parser.add_argument("--parallel", type=int, default=16)
+
+
+def one_model(args, folder: Path) -> tuple[Path, str, str]:
+    """The file `one_model_arguments` chose (a tiny model is written into `folder`): its path, its kind
+    (a tiny family, or bundled), and how a table's title names it."""
+    if args.model == "bundled":
+        bundled = bundled_model_path()
+        assert bundled is not None
+        return bundled, "bundled", "the bundled model"
+    if args.model:
+        return Path(args.model), args.family, Path(args.model).name
+    family = family_named(ARCHITECTURES[args.family].family)
+    assert family is not None
+    window = args.window if ARCHITECTURES[args.family].sliding_window else None
+    path = write_tiny_model(
+        folder / "model.gguf", args.family, template=family.template, shape=SHAPE, sliding_window=window
+    )
+    return path, args.family, args.family + (f", window {window}" if window else "")
+
+
 def ceiling(binary: str, path: Path, parallel: int, threads: int) -> tuple[float, float, str]:
     """llama-batched-bench's (decode tok/s, prompt and decode tok/s, flash attention) on `path` with
     `parallel` sequences, the better of flash attention on and off by decode rate."""

@@ -32,11 +32,7 @@ from pathlib import Path
 import llama_cpp
 from _common import LlamaServer, MagnitudeServer, session_arguments, table
 from conversations import run_workload
-from model_matrix import PEER_FLAGS, SHAPE, cells
-
-from magnitude_jupyter.models.chat_formats import family_named
-from magnitude_jupyter.models.registry import bundled_model_path
-from magnitude_jupyter.models.tiny_models import ARCHITECTURES, write_tiny_model
+from model_matrix import PEER_FLAGS, cells, one_model, one_model_arguments
 
 TRACING = Path("/sys/kernel/tracing")
 SYMBOL = "llama_context::process_ubatch("
@@ -103,33 +99,14 @@ def ubatches() -> list[tuple[int, float]]:
 
 
 def main() -> None:
-    def more(parser) -> None:
-        parser.add_argument("--model", default=None, help="a GGUF file, or bundled (default: a tiny --family)")
-        parser.add_argument("--family", default="mistral", help="tiny model family (models/tiny_models.py)")
-        parser.add_argument("--window", type=int, default=1024, help="its sliding window, if it has one")
-        parser.add_argument("--parallel", type=int, default=16)
-
-    args = session_arguments(__doc__, rounds=6, max_tokens=64, more=more, sessions=16)
+    args = session_arguments(
+        __doc__, rounds=6, max_tokens=64, more=lambda p: one_model_arguments(p, "mistral"), sessions=16
+    )
     library = Path(llama_cpp.__file__).parent / "lib" / "libllama.so"
     set_probes({"ours": library.resolve(), "peer": Path(args.binary).resolve()})
     rows = []
     with tempfile.TemporaryDirectory(prefix="magnitude-ubatches-") as tmp:
-        kind, what = args.family, args.family
-        if args.model == "bundled":
-            bundled = bundled_model_path()
-            assert bundled is not None
-            path, kind, what = bundled, "bundled", "the bundled model"
-        elif args.model:
-            path = Path(args.model)
-            what = path.name
-        else:
-            family = family_named(ARCHITECTURES[kind].family)
-            assert family is not None
-            window = args.window if ARCHITECTURES[kind].sliding_window else None
-            what += f", window {window}" if window else ""
-            path = write_tiny_model(
-                Path(tmp) / "model.gguf", kind, template=family.template, shape=SHAPE, sliding_window=window
-            )
+        path, kind, what = one_model(args, Path(tmp))
         for repeat in range(1, args.repeats + 1):
             for name in ("magnitude serve", "llama-server"):
                 if name == "magnitude serve":
