@@ -14,6 +14,8 @@ const plots = page => page.evaluate(() => [...document.querySelectorAll('.js-plo
 await inLab(Number(process.env.UI_TIMEOUT_MS ?? 180_000), async page => {
   const problems = [];
   page.on('console', m => { if (/Failed to initialize model|model not found/i.test(m.text())) problems.push(m.text()); });
+  const consoleErrors = []; // what the page logged, for the message of a failed restore
+  page.on('console', m => { if (m.type() === 'error') consoleErrors.push(m.text().slice(0, 300)); });
   await page.goto(`${labUrl}lab/tree/widget.ipynb?token=${token}`);
   await page.waitForSelector('.jp-Notebook .jp-Cell');
   await page.waitForFunction(() => /\|\s*Idle/.test(document.querySelector('.jp-StatusBar-Widget')?.textContent ?? ''));
@@ -46,7 +48,7 @@ await inLab(Number(process.env.UI_TIMEOUT_MS ?? 180_000), async page => {
   await page.waitForTimeout(2000);
   const after = await plots(page);
   const text = await page.evaluate(() => document.querySelector('.jp-Notebook').textContent);
-  assert.ok(!/Error displaying widget|model not found/i.test(text), 'every widget is restored');
+  assert.ok(!/Error displaying widget|model not found/i.test(text), `every widget is restored: ${JSON.stringify(consoleErrors.slice(-10))}`);
   assert.deepEqual(after.slice(0, 3).map(p => p.points), before.slice(0, 3).map(p => p.points), 'the plots keep their data');
   assert.deepEqual(problems, []);
   // Still live after the reload: Start runs the sweep again, and the verdict compares it with the first run.
