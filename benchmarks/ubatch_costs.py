@@ -16,7 +16,7 @@ Needs root and tracefs (`/sys/kernel/tracing`, mounted here if it is not), and b
 `readelf`. A run of a tiny model lasts seconds and this machine's speed drifts by more than the gaps
 it looks for between runs minutes apart: compare servers within a repeat, not across repeats.
 
-    python benchmarks/ubatch_costs.py [--family mistral] [--window 0] [--parallel 16] [--repeats 2]
+    python benchmarks/ubatch_costs.py [--family mistral] [--window 1024] [--parallel 16] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -98,13 +98,9 @@ def ubatches() -> list[tuple[int, float]]:
     return out
 
 
-def main() -> None:
-    args = session_arguments(
-        __doc__, rounds=6, max_tokens=64, more=lambda p: one_model_arguments(p, "mistral"), sessions=16
-    )
-    library = Path(llama_cpp.__file__).parent / "lib" / "libllama.so"
-    set_probes({"ours": library.resolve(), "peer": Path(args.binary).resolve()})
-    rows = []
+def measure(args) -> tuple[list[list[object]], str]:
+    """The table's rows, ubatches by size for each server and repeat, and how its title names the model."""
+    rows: list[list[object]] = []
     with tempfile.TemporaryDirectory(prefix="magnitude-ubatches-") as tmp:
         path, kind, what = one_model(args, Path(tmp))
         for repeat in range(1, args.repeats + 1):
@@ -151,7 +147,19 @@ def main() -> None:
                             f"{1000 * seconds / n_rows:.2f}" if n_rows else "-",
                         ]
                     )
-    write("uprobe_events", "")
+    return rows, what
+
+
+def main() -> None:
+    args = session_arguments(
+        __doc__, rounds=6, max_tokens=64, more=lambda p: one_model_arguments(p, "mistral"), sessions=16
+    )
+    library = Path(llama_cpp.__file__).parent / "lib" / "libllama.so"
+    set_probes({"ours": library.resolve(), "peer": Path(args.binary).resolve()})
+    try:
+        rows, what = measure(args)
+    finally:
+        write("uprobe_events", "")  # the probes go with the run, finished or not
     print(
         f"{args.sessions} sessions x {args.rounds} rounds, {args.max_tokens} tokens per answer, {what}, "
         f"parallel {args.parallel}, {cells(args.parallel):,} cells, {args.threads} threads"

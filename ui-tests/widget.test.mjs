@@ -13,9 +13,11 @@ const plots = page => page.evaluate(() => [...document.querySelectorAll('.js-plo
 
 await inLab(Number(process.env.UI_TIMEOUT_MS ?? 180_000), async page => {
   const problems = [];
-  page.on('console', m => { if (/Failed to initialize model|model not found/i.test(m.text())) problems.push(m.text()); });
   const consoleErrors = []; // what the page logged, for the message of a failed restore
-  page.on('console', m => { if (m.type() === 'error') consoleErrors.push(m.text().slice(0, 300)); });
+  page.on('console', m => {
+    if (/Failed to initialize model|model not found/i.test(m.text())) problems.push(m.text());
+    if (m.type() === 'error') consoleErrors.push(m.text().slice(0, 300));
+  });
   await page.goto(`${labUrl}lab/tree/widget.ipynb?token=${token}`);
   await page.waitForSelector('.jp-Notebook .jp-Cell');
   await page.waitForFunction(() => /\|\s*Idle/.test(document.querySelector('.jp-StatusBar-Widget')?.textContent ?? ''));
