@@ -35,11 +35,12 @@ declare -A ARGS=(
     [model_matrix]=""
     [cells_scanned]=""
     [ubatch_costs]="--parallel 4 --repeats 1"
+    [paired]="--repeats 4"
     [overload]=""
 )
 ORDER=(raw_ceiling server_throughput conversations conversations_chat agents capacity protocols spill idle_cells
     ram_tier cache_isolation cache_spread engine_throughput batch_throughput drafts models kv_cache_types
-    contention dask_scale calibration_check server_memory model_matrix cells_scanned ubatch_costs overload soak)
+    contention dask_scale calibration_check server_memory model_matrix cells_scanned ubatch_costs paired overload soak)
 [ $# -gt 0 ] && ORDER=("$@")
 
 for name in "${ORDER[@]}"; do

@@ -17,6 +17,7 @@ Needs root and tracefs (`/sys/kernel/tracing`, mounted here if it is not), and b
 it looks for between runs minutes apart: compare servers within a repeat, not across repeats.
 
     python benchmarks/ubatch_costs.py [--family mistral] [--window 1024] [--parallel 16] [--repeats 2]
+        [--config 'engine: {prefix_cache_ram_mib: 0}']
 """
 
 from __future__ import annotations
@@ -107,7 +108,11 @@ def measure(args) -> tuple[list[list[object]], str]:
             for name in ("magnitude serve", "llama-server"):
                 if name == "magnitude serve":
                     server = MagnitudeServer(
-                        parallel=args.parallel, ctx_size=cells(args.parallel), threads=args.threads, model=path
+                        args.config,
+                        parallel=args.parallel,
+                        ctx_size=cells(args.parallel),
+                        threads=args.threads,
+                        model=path,
                     )
                     url, close = server.url, server.close
                 else:
@@ -151,9 +156,11 @@ def measure(args) -> tuple[list[list[object]], str]:
 
 
 def main() -> None:
-    args = session_arguments(
-        __doc__, rounds=6, max_tokens=64, more=lambda p: one_model_arguments(p, "mistral"), sessions=16
-    )
+    def more(parser) -> None:
+        one_model_arguments(parser, "mistral")
+        parser.add_argument("--config", default="", help="magnitude serve's config file text (YAML), to A/B a setting")
+
+    args = session_arguments(__doc__, rounds=6, max_tokens=64, more=more, sessions=16)
     library = Path(llama_cpp.__file__).parent / "lib" / "libllama.so"
     set_probes({"ours": library.resolve(), "peer": Path(args.binary).resolve()})
     try:
