@@ -35,8 +35,6 @@ PEER = "llama-server"
 
 def start(side: str, args, path: Path, kind: str) -> tuple[object, str, int]:
     """A side's server, started with one thread: (server, url, pid)."""
-    if args.a == args.b:
-        raise SystemExit("the two sides are the same")
     if side == PEER:
         flags = PEER_FLAGS.get(kind, ("--jinja",))
         peer = LlamaServer(args.binary, args.parallel, cells(args.parallel), 1, flags, model=path)
@@ -65,9 +63,11 @@ def pin(pid: int, core: int) -> None:
 
 def one_repeat(args, path: Path, kind: str, cores: dict[str, int]) -> dict[str, Run]:
     """Both sides at once, each pinned to its core: each side's run."""
-    servers = {side: start(side, args, path, kind) for side in (args.a, args.b)}
+    servers: dict[str, tuple[object, str, int]] = {}
     runs: dict[str, Run] = {}
     try:
+        for side in (args.a, args.b):
+            servers[side] = start(side, args, path, kind)
         for side, (_, _, pid) in servers.items():
             pin(pid, cores[side])
 
@@ -95,6 +95,8 @@ def main() -> None:
         parser.set_defaults(parallel=4)
 
     args = session_arguments(__doc__, rounds=6, max_tokens=64, more=more, sessions=16, repeats=4)
+    if args.a == args.b:
+        raise SystemExit("the two sides are the same")
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("paired.py needs two cores")
     first, second = sorted(os.sched_getaffinity(0))[:2]
