@@ -22,7 +22,7 @@ from pathlib import Path
 
 from _common import LlamaServer, MagnitudeServer, session_arguments, table
 from conversations import run_workload
-from model_matrix import PEER_FLAGS, cells, one_model, one_model_arguments
+from model_matrix import cells, one_model, one_model_arguments, peer_flags
 
 SLOT = re.compile(rb"find_slot: stream\[0\], n = +(\d+), used = +(\d+), head = +\d+, size = +(\d+), n_swa = +(\d+)")
 PEER_DECODES = re.compile(rb"decode: n_batch \(effective\)")
@@ -66,7 +66,7 @@ def main() -> None:
                     )
                     url, close, status = server.url, server.close, server.client.status
                 else:
-                    flags = (*PEER_FLAGS.get(kind, ("--jinja",)), "-v")
+                    flags = (*peer_flags(kind), "-v")
                     peer = LlamaServer(
                         args.binary, args.parallel, cells(args.parallel), args.threads, flags, model=path, log=log
                     )

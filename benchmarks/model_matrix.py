@@ -52,6 +52,13 @@ def cells(parallel: int) -> int:
 # peg-native format"), so its answers are left unparsed; the prompt is still the file's template, as
 # ours is (--no-jinja would render its built-in format instead: half the tokens of a first prompt).
 PEER_FLAGS = {"gpt-oss": ("--jinja", "--skip-chat-parsing")}
+
+
+def peer_flags(kind: str) -> tuple[str, ...]:
+    """llama-server's flags for a model of `kind`: the file's template, and what PEER_FLAGS adds."""
+    return PEER_FLAGS.get(kind, ("--jinja",))
+
+
 GIB = 1 << 30
 SESSION_CONTEXT = 8192
 # Wider than the tests' models, so a step does some arithmetic; still a few MB.
@@ -147,7 +154,7 @@ def ceiling_table(chosen: dict[str, tuple[Path, str]], levels: list[int], args) 
 
 
 def best_runs(
-    path: Path, parallel: int, args, peer_flags: tuple[str, ...]
+    path: Path, parallel: int, args, flags: tuple[str, ...]
 ) -> tuple[Run, Run, dict, dict, list[float], list[float]]:
     """Both servers on one file, alternating, `args.repeats` times: the best run of each (by output
     tok/s), our status at the start and after our best run, and every run's tok/s (ours, the peer's)."""
@@ -167,7 +174,7 @@ def best_runs(
                 ours_best, after = run, ours.client.status()
         finally:
             ours.close()
-        peer = LlamaServer(args.binary, parallel, cells(parallel), args.threads, peer_flags, model=path)
+        peer = LlamaServer(args.binary, parallel, cells(parallel), args.threads, flags, model=path)
         try:
             run = run_workload("llama-server", peer.url, args.sessions, args.rounds, args.max_tokens)
             peer_rates.append(run.tokens_per_s)
@@ -204,8 +211,8 @@ def main() -> None:
         for (name, (path, kind)), parallel in itertools.product(chosen.items(), levels):
             info = read_model_info(path)
             session = kv_layout(info, SESSION_CONTEXT).session_bytes(SESSION_CONTEXT)
-            peer_flags = PEER_FLAGS.get(kind, ("--jinja",))
-            run_ours, run_peer, status, after, ours_rates, peer_rates = best_runs(path, parallel, args, peer_flags)
+            flags = peer_flags(kind)
+            run_ours, run_peer, status, after, ours_rates, peer_rates = best_runs(path, parallel, args, flags)
             reported = status.get("kv_buffer_bytes_reported")
             planned, bpt = status["kv_bytes_planned"], status["kv_bytes_per_token"]
             window = status.get("kv_window")

@@ -28,17 +28,15 @@ from pathlib import Path
 
 from _common import LlamaServer, MagnitudeServer, session_arguments, table
 from conversations import Run, run_workload
-from model_matrix import PEER_FLAGS, cells, one_model, one_model_arguments
+from model_matrix import cells, one_model, one_model_arguments, peer_flags
 
 PEER = "llama-server"
 
 
-def start(side: str, args, path: Path, kind: str) -> tuple[object, str, int]:
-    """A side's server, started with one thread: (server, url, pid)."""
+def start(side: str, args, path: Path, kind: str) -> LlamaServer | MagnitudeServer:
+    """A side's server, started with one thread."""
     if side == PEER:
-        flags = PEER_FLAGS.get(kind, ("--jinja",))
-        peer = LlamaServer(args.binary, args.parallel, cells(args.parallel), 1, flags, model=path)
-        return peer, peer.url, peer.proc.pid
+        return LlamaServer(args.binary, args.parallel, cells(args.parallel), 1, peer_flags(kind), model=path)
     if not side.startswith("ours"):
         raise SystemExit(f"a side is ours, ours:YAML, ours@PATH[:YAML] or {PEER}, not {side!r}")
     rest = side[len("ours") :]
@@ -47,13 +45,12 @@ def start(side: str, args, path: Path, kind: str) -> tuple[object, str, int]:
     if checkout.startswith("@"):  # the server imports the package from that checkout
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [checkout[1:], before]))
     try:
-        ours = MagnitudeServer(config, parallel=args.parallel, ctx_size=cells(args.parallel), threads=1, model=path)
+        return MagnitudeServer(config, parallel=args.parallel, ctx_size=cells(args.parallel), threads=1, model=path)
     finally:
         if before is None:
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = before
-    return ours, ours.url, ours.proc.pid
 
 
 def pin(pid: int, core: int) -> None:
@@ -63,16 +60,16 @@ def pin(pid: int, core: int) -> None:
 
 def one_repeat(args, path: Path, kind: str, cores: dict[str, int]) -> dict[str, Run]:
     """Both sides at once, each pinned to its core: each side's run."""
-    servers: dict[str, tuple[object, str, int]] = {}
+    servers: dict[str, LlamaServer | MagnitudeServer] = {}
     runs: dict[str, Run] = {}
     try:
         for side in (args.a, args.b):
             servers[side] = start(side, args, path, kind)
-        for side, (_, _, pid) in servers.items():
-            pin(pid, cores[side])
+        for side, server in servers.items():
+            pin(server.proc.pid, cores[side])
 
         def run(side: str) -> None:
-            runs[side] = run_workload(side, servers[side][1], args.sessions, args.rounds, args.max_tokens)
+            runs[side] = run_workload(side, servers[side].url, args.sessions, args.rounds, args.max_tokens)
 
         threads = [threading.Thread(target=run, args=(side,)) for side in servers]
         for thread in threads:
@@ -80,8 +77,8 @@ def one_repeat(args, path: Path, kind: str, cores: dict[str, int]) -> dict[str, 
         for thread in threads:
             thread.join()
     finally:
-        for server, _, _ in servers.values():
-            server.close()  # type: ignore[attr-defined]
+        for server in servers.values():
+            server.close()
     if len(runs) < 2:
         raise SystemExit("a side's workload failed")
     return runs

@@ -33,7 +33,7 @@ from pathlib import Path
 import llama_cpp
 from _common import LlamaServer, MagnitudeServer, session_arguments, table
 from conversations import run_workload
-from model_matrix import PEER_FLAGS, cells, one_model, one_model_arguments
+from model_matrix import cells, one_model, one_model_arguments, peer_flags
 
 TRACING = Path("/sys/kernel/tracing")
 SYMBOL = "llama_context::process_ubatch("
@@ -116,7 +116,7 @@ def measure(args) -> tuple[list[list[object]], str]:
                     )
                     url, close = server.url, server.close
                 else:
-                    flags = PEER_FLAGS.get(kind, ("--jinja",))
+                    flags = peer_flags(kind)
                     peer = LlamaServer(
                         args.binary, args.parallel, cells(args.parallel), args.threads, flags, model=path
                     )
