@@ -6,7 +6,7 @@ import pytest
 
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine, SamplingParams
-from magnitude_jupyter.engine.draft_policy import DraftPolicy
+from magnitude_jupyter.engine.draft_policy import BAND_STEPS, EXPLORE_EVERY, DraftPolicy
 from magnitude_jupyter.engine.request import FinishReason, Request
 from magnitude_jupyter.engine.scheduler import Scheduler
 from magnitude_jupyter.engine.speculate import MAX_MATCH, MEMORY_KEY, AnswerMemory, Guess, NgramIndex
@@ -77,14 +77,16 @@ def test_a_greedy_request_that_repeats_an_earlier_one_drafts_that_answer_from_it
 def cpu_like(policy: DraftPolicy) -> DraftPolicy:
     """Step costs of a small model on a 2-core CPU: a row costs most of a one-token step."""
     for n in (1, 2, 5, 10, 20, 40):
-        policy.cost.observe(n, 0.007 + 0.008 * n)
+        for _ in range(BAND_STEPS):
+            policy.cost.observe(n, 0.007 + 0.008 * n)
     return policy
 
 
 def gpu_like(policy: DraftPolicy) -> DraftPolicy:
     """A few more rows are nearly free."""
     for n in (1, 2, 5, 10, 20, 40):
-        policy.cost.observe(n, 0.010 + 0.00001 * n)
+        for _ in range(BAND_STEPS):
+            policy.cost.observe(n, 0.010 + 0.00001 * n)
     return policy
 
 
@@ -95,6 +97,26 @@ def test_step_costs_are_learned_from_the_steps():
     only_one = DraftPolicy(6).cost
     only_one.observe(1, 0.010)
     assert only_one.seconds(3) == pytest.approx(0.020)  # one size seen: a row costs half a one-token step
+
+
+def test_steps_of_one_size_only_make_the_policy_time_a_larger_step_until_it_has_two_sizes():
+    policy, guess = DraftPolicy(6), Guess(list(range(6)), 12)
+    for _ in range(BAND_STEPS):
+        policy.cost.observe(4, 0.005)  # four sequences decoding steadily: every step has 4 rows
+    plans = [policy.plan([(guess, NgramIndex())] * 4, 4, 4, 100) for _ in range(EXPLORE_EVERY)]
+    # With one size seen a row is priced at a fifth of the step, so no draft pays, except one step
+    # in EXPLORE_EVERY, which takes the likeliest rows up to the next band (8 rows).
+    assert plans[:-1] == [[0, 0, 0, 0]] * (EXPLORE_EVERY - 1)
+    assert plans[-1] == [1, 1, 1, 1]
+    for _ in range(BAND_STEPS):
+        policy.cost.observe(8, 0.0055)  # the larger steps cost little more: drafts pay from now on
+    assert all(sum(policy.plan([(guess, NgramIndex())] * 4, 4, 4, 100)) > 0 for _ in range(EXPLORE_EVERY))
+    costly = DraftPolicy(6)
+    for n, seconds in ((4, 0.005), (8, 0.010)):
+        for _ in range(BAND_STEPS):
+            costly.cost.observe(n, seconds)  # a row costs a quarter of the step: no draft, no more exploring
+    plans = [costly.plan([(guess, NgramIndex())] * 4, 4, 4, 100) for _ in range(2 * EXPLORE_EVERY)]
+    assert plans == [[0, 0, 0, 0]] * (2 * EXPLORE_EVERY)
 
 
 def test_drafts_run_long_where_rows_are_cheap_and_short_or_none_where_they_are_not():

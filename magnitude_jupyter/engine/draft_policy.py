@@ -39,27 +39,37 @@ MAX_CHANCE = 0.99
 # of logits to read, refused cells to drop), so a promise within the noise is not taken.
 MIN_GAIN = 1.1
 SHOWN_STEP_SIZES = (1, 2, 4, 8, 16, 32)
+# Until two bands of step sizes have this many steps each, one step in EXPLORE_EVERY that could draft
+# decodes enough guessed rows to reach the next band: a steady number of sequences makes steps of one
+# size only, and the prior alone never lets a draft pay (docs/decisions.md, "Prompt-lookup drafts").
+BAND_STEPS = 3
+EXPLORE_EVERY = 8
 
 
 class StepCost:
     """Seconds per decode step as a function of its tokens, learned from the engine's own steps."""
 
     def __init__(self) -> None:
-        self._bands: dict[int, list[float]] = {}  # bit length of N -> [mean N, mean seconds]
+        self._bands: dict[int, list[float]] = {}  # bit length of N -> [mean N, mean seconds, steps]
 
     def observe(self, tokens: int, seconds: float) -> None:
         if tokens <= 0 or seconds <= 0:
             return
         band = self._bands.get(tokens.bit_length())
         if band is None:
-            self._bands[tokens.bit_length()] = [float(tokens), seconds]
+            self._bands[tokens.bit_length()] = [float(tokens), seconds, 1.0]
         else:
             band[0] += STEP_EWMA * (tokens - band[0])
             band[1] += STEP_EWMA * (seconds - band[1])
+            band[2] += 1
 
     def points(self) -> list[tuple[float, float]]:
         """(mean tokens, mean seconds) per band measured, smallest first (safe from another thread)."""
-        return sorted((n, t) for n, t in list(self._bands.values()))
+        return sorted((n, t) for n, t, _ in list(self._bands.values()))
+
+    def bands_measured(self) -> int:
+        """How many bands of step sizes have been timed over BAND_STEPS steps or more."""
+        return sum(steps >= BAND_STEPS for _, _, steps in list(self._bands.values()))
 
     def seconds(self, tokens: int) -> float:
         """T(N) at N = `tokens`: straight lines between the bands' averages, the end ones extended.
@@ -130,6 +140,7 @@ class DraftPolicy:
         self.max_draft = max_draft
         self.cost = StepCost()
         self.acceptance = AcceptanceModel(max_draft)
+        self._plans_since_exploring = 0
 
     def costs_changed(self) -> None:
         """The machine's step costs changed (llama.cpp got another thread count): measure them anew."""
@@ -148,17 +159,35 @@ class DraftPolicy:
         # one that gives the step the most tokens per second: costs need not be convex (on a CPU a
         # second row can cost nearly a whole step, and the next few little), so every count is tried.
         candidates.sort()
-        plain_rate = yielded / self.cost.seconds(step_tokens)
-        best_rows, best_rate, gain = 0, plain_rate * MIN_GAIN, 0.0
-        for rows, (neg_q, _, _) in enumerate(candidates[:budget], start=1):
-            gain -= neg_q
-            rate = (yielded + gain) / self.cost.seconds(step_tokens + rows)
-            if rate > best_rate:
-                best_rows, best_rate = rows, rate
+        best_rows = self._exploring_rows(step_tokens, min(budget, len(candidates)))
+        if best_rows is None:
+            best_rows = self._best_rows(candidates[:budget], step_tokens, yielded)
         lengths = [0] * len(guesses)
         for _, _, i in candidates[:best_rows]:
             lengths[i] += 1
         return lengths
+
+    def _exploring_rows(self, step_tokens: int, available: int) -> int | None:
+        """Rows that take this step into the next band of sizes, while fewer than two bands are
+        measured, once every EXPLORE_EVERY plans; None otherwise."""
+        if self.cost.bands_measured() >= 2:
+            return None
+        self._plans_since_exploring += 1
+        if self._plans_since_exploring < EXPLORE_EVERY:
+            return None
+        self._plans_since_exploring = 0
+        return min(available, (1 << step_tokens.bit_length()) - step_tokens)
+
+    def _best_rows(self, candidates: list[tuple[float, int, int]], step_tokens: int, yielded: int) -> int:
+        """The number of the likeliest rows that gives the step the most tokens per second."""
+        plain_rate = yielded / self.cost.seconds(step_tokens)
+        best_rows, best_rate, gain = 0, plain_rate * MIN_GAIN, 0.0
+        for rows, (neg_q, _, _) in enumerate(candidates, start=1):
+            gain -= neg_q
+            rate = (yielded + gain) / self.cost.seconds(step_tokens + rows)
+            if rate > best_rate:
+                best_rows, best_rate = rows, rate
+        return best_rows
 
     def snapshot(self) -> dict[str, Any]:
         """What the policy has measured, for /status: a step's milliseconds by its tokens (once two
