@@ -10,7 +10,9 @@ the engine runs:
   step sizes (1, 2-3, 4-7, ...), straight lines between the bands. Where a few more rows are
   nearly free drafts run long; where a row costs a good part of a one-token step (a
   small model on a 2-core CPU) only a near-certain guess pays, and less so the more sequences
-  share the step, since each extra row then slows all of them.
+  share the step, since each extra row then slows all of them. A steady number of sequences makes
+  steps of one size only, so until two bands are measured the policy now and then decodes enough
+  guessed rows to time a larger step.
 - `AcceptanceModel`: the chance that draft token j is kept when the ones before it were, for each
   length of the match the guess came from (4 matching tokens guess worse than 12), counted from
   what the picks confirmed; and per sequence, how its own guesses fared against that (a
