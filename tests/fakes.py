@@ -51,6 +51,7 @@ class FakeRunner:
         self.row_tokens: list[int] = []  # the token fed at each row of the last decode
         self.saved = 0
         self.restored = 0
+        self.compactions = 0
         self.windows_loaded: list[int] = []  # load_window's seq ids, in order
         self.refuse_window_once = False  # the next load_window finds no cells (tests of the fallback)
         self.closed = False
@@ -150,6 +151,10 @@ class FakeRunner:
     def end_sequence(self, seq_id: int) -> None:
         self.seqs.pop(seq_id, None)
         self.lanes.discard(seq_id)
+
+    def compact_cells(self, max_bytes: int) -> int | None:
+        self.compactions += 1  # cells here have no places: nothing to move
+        return None
 
     def sequence_length(self, seq_id: int) -> int:
         return len(self.seqs.get(seq_id, {}))

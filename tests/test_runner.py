@@ -193,6 +193,39 @@ def test_a_saved_sequence_restores_bit_for_bit(model_path):
         r.close()
 
 
+def test_compacting_the_cells_keeps_every_sequence_and_what_it_shares(model_path):
+    """compaction.py: the cells in use move to the front, and every sequence keeps its positions, the
+    cells it shares and what attention reads (its logits, up to rounding); with nothing freed since
+    the last time, or over the byte limit, nothing moves."""
+    r = LlamaRunner(model_path, n_ctx=2048, n_seq_max=4, n_batch=512, n_threads=1)
+    try:
+        assert r.compact_cells(1 << 30) is None  # nothing freed yet
+        a = r.tokenize("Here is my plan: " + " ".join(f"step{j}" for j in range(80)))
+        b = r.tokenize("A list of rivers: " + " ".join(f"river{j}" for j in range(60)))
+        probe = r.tokenize(" And then?", add_special=False)
+        r.decode([DecodeItem(0, a, 0, False), DecodeItem(1, b, 0, False)])
+        r.copy_cells(1, 2, 0, 20)  # seq 2 shares seq 1's first 20 cells
+        r.drop_cells(0, 40, -1)  # a hole where seq 0's tail was
+        r.end_sequence(1)  # seq 1's cells but the shared ones go
+        before = [r.logits(r.decode([DecodeItem(s, probe, n, True)])[0]) for s, n in ((0, 40), (2, 20))]
+        r.drop_cells(0, 40, -1)
+        r.drop_cells(2, 20, -1)
+        assert r.compact_cells(16) is None  # over the limit
+        moved = r.compact_cells(1 << 30)
+        assert moved is not None and moved > 0
+        assert [r.sequence_length(s) for s in range(3)] == [40, 0, 20]
+        assert [r.sequence_start(s) for s in (0, 2)] == [0, 0]
+        assert r.compact_cells(1 << 30) is None  # nothing freed since
+        after = [r.logits(r.decode([DecodeItem(s, probe, n, True)])[0]) for s, n in ((0, 40), (2, 20))]
+        # CPU flash attention sums V in half precision tile by tile, so cells in other tiles round
+        # otherwise; another sequence's cells differ several times more.
+        for x, y in zip(before, after, strict=True):
+            assert float(np.mean(np.abs(x - y))) < 0.3
+        assert float(np.mean(np.abs(after[0] - after[1]))) > 0.6  # the probe tells the two apart
+    finally:
+        r.close()
+
+
 def test_repack_setting_wins_and_its_default_avoids_the_builds_amx_kernels():
     amx_built = b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
     assert repack_weights(None) is not amx_built

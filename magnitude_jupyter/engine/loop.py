@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from ..config import EngineSettings
 from ..models.registry import ModelInfo
 from .answers import AnswerWriter, step_chunks
+from .compaction import CompactionFailed, compact_if_due
 from .kv_ops import KVOp
 from .memory import cache_sequences, plan_kv, shares_sequences
 from .metrics import EngineMetrics
@@ -180,10 +181,15 @@ class EngineLoop:
             try:
                 self._apply_kv_ops(runner, out.kv_ops)
                 self._start_admitted(runner, out)
+                compact_if_due(runner, self.metrics, out.places_prompt)
                 sampled = self._execute(runner, out)
             except Exception as exc:
                 log.exception("decode failed")
                 self._fail_step(out, f"decode failed: {exc}")
+                if isinstance(exc, CompactionFailed):  # the cache's entries lost their cells too
+                    with self._lock:
+                        if not scheduler.running:
+                            self._apply_kv_ops(runner, scheduler.reset_cache())
                 self._notify_step()
                 continue
             with self._lock:

@@ -46,6 +46,8 @@ class StepCounts:
     decode_prompt_rows: int
     decode_seconds: float
     step_seconds: float
+    compactions: int = 0  # KV cells moved to the front before a step (compaction.py)
+    compaction_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ class EngineMetrics:
         # prompt rows apart: on CPU they cost a fraction of an answer row each), and whole steps, from
         # the plan to the step's events. Their difference is the engine's own cost per step.
         self.decode_calls_total = 0
+        self.compactions_total = 0
+        self.compaction_seconds_total = 0.0
         self.decode_rows_total = 0
         self.decode_prompt_rows_total = 0
         self.decode_seconds_total = 0.0
@@ -113,6 +117,12 @@ class EngineMetrics:
         with self._lock:
             self.step_seconds_total += seconds
 
+    def record_compaction(self, seconds: float, moved: bool) -> None:
+        """A compaction's time (the check that found nothing to move counts too) and whether it moved cells."""
+        with self._lock:
+            self.compactions_total += moved
+            self.compaction_seconds_total += seconds
+
     def tenant_counts(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
         """(requests by (tenant, outcome), tokens by (tenant, kind)): a consistent copy."""
         with self._lock:
@@ -126,6 +136,8 @@ class EngineMetrics:
                 self.decode_prompt_rows_total,
                 round(self.decode_seconds_total, 6),
                 round(self.step_seconds_total, 6),
+                self.compactions_total,
+                round(self.compaction_seconds_total, 6),
             )
 
     def _trim(self, now: float) -> None:

@@ -71,6 +71,11 @@ class SchedulerOutput:
         self.solo = [c for c in self.solo if c.request is not request]
 
     @property
+    def places_prompt(self) -> bool:
+        """The batched step computes prompt rows: llama.cpp places a run of new cells."""
+        return not self.decodes_only
+
+    @property
     def decodes_only(self) -> bool:
         """The batched step holds decode rows only (no prompt chunk)."""
         return all(c.request.prompt_done for c in self.batched)

@@ -225,6 +225,7 @@ class LlamaRunner:
         self._piece_buf = ctypes.create_string_buffer(256)
         self._pieces: dict[int, bytes] = {}
         self._lanes: dict[int, Lane] = {}
+        self._cells_freed = False  # a removal since the last compaction (compact_cells)
         self._last_ctx = self.ctx  # where the last decode's logits are
         self._closed = False
 
@@ -391,6 +392,7 @@ class LlamaRunner:
             self._close_lane(seq_id)
         else:
             llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+            self._cells_freed = True
         self.picker.free(seq_id)
 
     def copy_cells(self, src_seq: int, dst_seq: int, start: int, end: int) -> None:
@@ -404,6 +406,7 @@ class LlamaRunner:
             llama_cpp.llama_memory_seq_rm(lane.memory, 0, start, end)
         else:
             llama_cpp.llama_memory_seq_rm(self.memory, seq_id, start, end)
+            self._cells_freed = True
 
     def save_sequence(self, seq_id: int) -> bytearray:
         """The KV state of one sequence (for the prefix cache's RAM tier). llama.cpp writes it straight
@@ -414,6 +417,21 @@ class LlamaRunner:
         """Load a saved state into an empty sequence; False if llama.cpp could not place it. llama.cpp
         reads a saved bytearray in place (docs/decisions.md)."""
         return _restore_state(self.ctx, seq_id, data)
+
+    def compact_cells(self, max_bytes: int) -> int | None:
+        """Move every cell in use to the front of the main context's KV cache, in their order: llama.cpp's
+        whole-cache state, saved and loaded back, fills cells from the first (compaction.py). The
+        bytes moved; None when no cell was freed since the last time, or the state is over `max_bytes`."""
+        if not self._cells_freed:
+            return None
+        size = int(llama_cpp.llama_state_seq_get_size_ext(self.ctx, -1, 0))
+        if size > max_bytes:
+            return None
+        state = _save_state(self.ctx, -1)
+        if not _restore_state(self.ctx, -1, state):
+            raise RunnerError(f"llama.cpp could not load the KV cache's own state back ({len(state)} bytes)")
+        self._cells_freed = False
+        return len(state)
 
     def save_window(self, seq_id: int) -> bytearray:
         """The state of one sequence's sliding-window layers only: a window checkpoint (ram_tier.py)."""
@@ -432,6 +450,7 @@ class LlamaRunner:
         lane = self._lanes.get(seq_id)
         if lane is None:
             llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+            self._cells_freed = True
             return None
         state = _save_state(lane.ctx, 0)
         self._close_lane(seq_id)
