@@ -60,6 +60,16 @@ ENGINE_COUNTERS: tuple[tuple[str, str, Reading], ...] = (
         lambda m, s, e: m.step_seconds_total,
     ),
     (
+        "magnitude_kv_compactions",
+        "KV cache compactions: the cells in use moved to the front before a prompt step.",
+        lambda m, s, e: m.compactions_total,
+    ),
+    (
+        "magnitude_kv_compaction_seconds",
+        "Seconds spent compacting the KV cache (and checking whether to).",
+        lambda m, s, e: m.compaction_seconds_total,
+    ),
+    (
         "magnitude_prompt_cache_lookup_tokens",
         "Prompt tokens of admitted requests that could use the prefix cache.",
         lambda m, s, e: s.prompt_tokens_looked_up,
