@@ -421,8 +421,9 @@ class LlamaRunner:
     def compact_cells(self, max_bytes: int) -> int | None:
         """Move every cell in use to the front of the main context's KV cache, in their order: llama.cpp's
         whole-cache state, saved and loaded back, fills cells from the first (compaction.py). The
-        bytes moved; None when no cell was freed since the last time, or the state is over `max_bytes`."""
-        if not self._cells_freed:
+        bytes moved; None when no cell was freed since the last time, the state is over `max_bytes`, or
+        the model keeps a recurrent state (its memory has no cells to move)."""
+        if not self._cells_freed or self.recurrent:
             return None
         size = int(llama_cpp.llama_state_seq_get_size_ext(self.ctx, -1, 0))
         if size > max_bytes:
