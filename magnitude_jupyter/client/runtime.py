@@ -165,6 +165,10 @@ class LocalServer:
             (folder / "config.yaml").write_text(config)
             env |= {"MAGNITUDE_CONFIG": str(folder / "config.yaml"), "MAGNITUDE_RUNTIME_DIR": str(folder / "runtime")}
         env.pop("MAGNITUDE_URL", None)
+        # `python -m` would put the caller's working directory first on the server's import path: a
+        # notebook folder's own `yaml.py`, or a checkout's package over the one PYTHONPATH names
+        # (Python 3.11+; 3.10 ignores it).
+        env["PYTHONSAFEPATH"] = "1"
         if token is not None:
             env.pop("MAGNITUDE_TOKEN", None)
         self.runtime = Path(env.get("MAGNITUDE_RUNTIME_DIR") or runtime_dir())
