@@ -428,7 +428,7 @@ class LlamaRunner:
         size = int(llama_cpp.llama_state_seq_get_size_ext(self.ctx, -1, 0))
         if size > max_bytes:
             return None
-        state = _save_state(self.ctx, -1)
+        state = _save_state(self.ctx, -1, size=size)
         if not _restore_state(self.ctx, -1, state):
             raise RunnerError(f"llama.cpp could not load the KV cache's own state back ({len(state)} bytes)")
         self._cells_freed = False
@@ -579,8 +579,10 @@ class LlamaRunner:
         return self._embedder.embed(inputs, stop)
 
 
-def _save_state(ctx: Any, seq_id: int, flags: int = 0) -> bytearray:
-    size = llama_cpp.llama_state_seq_get_size_ext(ctx, seq_id, flags)
+def _save_state(ctx: Any, seq_id: int, flags: int = 0, size: int | None = None) -> bytearray:
+    """`size`: the state's size when the caller has asked llama.cpp for it already (a pass over every cell)."""
+    if size is None:
+        size = llama_cpp.llama_state_seq_get_size_ext(ctx, seq_id, flags)
     state = bytearray(size)
     buf = (ctypes.c_uint8 * size).from_buffer(state)
     written = llama_cpp.llama_state_seq_get_data_ext(ctx, buf, size, seq_id, flags)
