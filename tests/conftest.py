@@ -15,23 +15,31 @@ from magnitude_jupyter.models.registry import bundled_model_path
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 
-_ATTENTION_FOLDERS: list[Path] = []
+_RUN_FOLDERS: list[Path] = []
 
 
 def pytest_configure(config):
     """The attention probe's results (engine/attention_probe.py) in a file of this run's own, never in
-    ~/.magnitude; set before any engine or server starts, so servers in child processes share it."""
+    ~/.magnitude; set before any engine or server starts, so servers in child processes (and xdist's
+    workers) share it."""
     if "MAGNITUDE_ATTENTION_FILE" not in os.environ:
         folder = Path(tempfile.mkdtemp(prefix="magnitude-attention-"))
-        _ATTENTION_FOLDERS.append(folder)
+        _RUN_FOLDERS.append(folder)
         os.environ["MAGNITUDE_ATTENTION_FILE"] = str(folder / "attention.json")
+    # Servers the tests start write where clients find them (client/runtime.py, and Jupyter's own
+    # list): folders of each pytest process's own, so a client that looks never finds another
+    # worker's server, nor the user's.
+    folder = Path(tempfile.mkdtemp(prefix="magnitude-runtime-"))
+    _RUN_FOLDERS.append(folder)
+    os.environ["MAGNITUDE_RUNTIME_DIR"] = str(folder / "magnitude")
+    os.environ["JUPYTER_RUNTIME_DIR"] = str(folder / "jupyter")
 
 
 def pytest_unconfigure(config):
-    """The run's folder goes with it (every server has stopped by now)."""
+    """The run's folders go with it (every server has stopped by now)."""
     import shutil
 
-    for folder in _ATTENTION_FOLDERS:
+    for folder in _RUN_FOLDERS:
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -199,7 +207,14 @@ MODEL_FIXTURES = {
 }
 
 
+# Files of the longest tests (a notebook in a browser takes minutes), collected first: pytest-xdist's
+# `worksteal` hands each process half of the queue and the idle one takes from the other's end, so
+# the two end together when what is left at the end is short (docs/decisions.md, "Tests in two processes").
+LONGEST_FIRST = ("test_workshop.py", "test_browser.py")
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
+    items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)  # stable: each file keeps its order
