@@ -26,125 +26,137 @@ class StateFormatError(ValueError):
     """The bytes are not a whole-cache state as the pinned llama.cpp writes it."""
 
 
-def grouped_by_sequence(state: bytes | bytearray, first: Sequence[int]) -> bytearray | None:
+def grouped_by_sequence(state: bytes | bytearray, first: Sequence[int]) -> np.ndarray | None:
     """`state` with each cache's cells in this order: the cells of `first[0]` by position, then those
     of `first[1]` not placed yet, and so on, then every other cell in its old order. None where the
-    bytes do not parse (the caller loads the state as it was)."""
+    bytes do not parse (the caller loads the state as it was). The bytes come in a new uint8 array,
+    left uninitialised before they are written: a state can be hundreds of MB."""
     for ext in (0, EXT_BYTES):
         try:
-            return _reordered(memoryview(state), list(first), ext)
+            return _reordered(np.frombuffer(state, dtype=np.uint8), list(first), ext)
         except (StateFormatError, struct.error, ValueError, IndexError):
             continue
     return None
 
 
-def _reordered(state: memoryview, first: list[int], ext: int) -> bytearray:
+def _reordered(src: np.ndarray, first: list[int], ext: int) -> np.ndarray:
     # The context's header first: a magic number and the sequence saved, -1 for the whole cache.
-    if len(state) < HEADER_BYTES or struct.unpack_from("<i", state, 4)[0] != -1:
+    if len(src) < HEADER_BYTES or struct.unpack_from("<i", src.data, 4)[0] != -1:
         raise StateFormatError("not a whole-cache state")
-    out = bytearray(state[:HEADER_BYTES])
+    dst = np.empty(len(src), dtype=np.uint8)
+    dst[:HEADER_BYTES] = src[:HEADER_BYTES]
     offset = HEADER_BYTES
-    while offset < len(state):
-        offset = _cache(state, offset, first, ext, out)
-    if offset != len(state):
+    while offset < len(src):
+        offset = _cache(src, dst, offset, first, ext)
+    if offset != len(src):
         raise StateFormatError("trailing bytes")
-    return out
+    return dst
 
 
-def _u32(state: memoryview, offset: int) -> int:
-    return int(struct.unpack_from("<I", state, offset)[0])
+def _u32(src: np.ndarray, offset: int) -> int:
+    return int(struct.unpack_from("<I", src.data, offset)[0])
 
 
-def _cache(state: memoryview, offset: int, first: list[int], ext: int, out: bytearray) -> int:
-    """Copy one cache's state from `offset` into `out`, its cells reordered; the offset after it."""
-    n_stream = _u32(state, offset)
+def _cache(src: np.ndarray, dst: np.ndarray, offset: int, first: list[int], ext: int) -> int:
+    """Copy one cache's state at `offset` into `dst`, its cells reordered; the offset after it."""
+    n_stream = _u32(src, offset)
     if not 1 <= n_stream <= _MAX_SEQUENCES:
         raise StateFormatError("stream count")
-    out += state[offset : offset + 4]
+    dst[offset : offset + 4] = src[offset : offset + 4]
     offset += 4
     for _ in range(n_stream):
-        cells = _u32(state, offset)
-        out += state[offset : offset + 4]
+        cells = _u32(src, offset)
+        dst[offset : offset + 4] = src[offset : offset + 4]
         offset += 4
         if cells:
-            offset = _stream(state, offset, cells, first, ext, out)
+            offset = _stream(src, dst, offset, cells, first, ext)
     return offset
 
 
-def _stream(state: memoryview, offset: int, cells: int, first: list[int], ext: int, out: bytearray) -> int:
-    # Every field of the cells' metadata is 4 bytes: read them as ints, one cell after another.
-    words = np.frombuffer(state, dtype="<i4", count=(len(state) - offset) // 4, offset=offset)
-    spans: list[tuple[int, int]] = []
-    positions: list[int] = []
-    sequences: list[list[int]] = []
-    at, skip = 0, ext // 4
-    head = words[: cells * (2 + skip + 4)].tolist()
-    for _ in range(cells):
-        if at + 2 + skip > len(head):
-            head = words[: max(2 * len(head), at + 64)].tolist()
-        pos, count = head[at], head[at + 1]
-        end = at + 2 + skip + count
-        if pos < 0 or not 0 < count <= _MAX_SEQUENCES:
+def _stream(src: np.ndarray, dst: np.ndarray, offset: int, cells: int, first: list[int], ext: int) -> int:
+    # Every field of the cells' metadata is 4 bytes: a cell is its position, its sequence count, the
+    # extras, then that many sequence ids.
+    words = src[offset : offset + 4 * ((len(src) - offset) // 4)].view("<i4")
+    skip = ext // 4
+    starts, counts, used = _records(words, cells, skip)
+    positions = words[starts]
+    width = int(counts.max())
+    ids = np.full((cells, width), -1, dtype=np.int64)
+    for count in np.unique(counts).tolist():
+        rows = np.nonzero(counts == count)[0]
+        ids[rows, :count] = words[starts[rows, None] + 2 + skip + np.arange(count)]
+    if (positions < 0).any() or (ids >= _MAX_SEQUENCES).any() or (ids[:, 0] < 0).any():
+        raise StateFormatError("cell metadata")
+    order = _order(positions, ids, first)
+    lengths = (2 + skip + counts)[order]
+    begins = np.cumsum(lengths) - lengths
+    gather = np.arange(int(lengths.sum())) - np.repeat(begins - starts[order], lengths)
+    dst[offset : offset + 4 * used].view("<i4")[:] = words[gather]
+    return _rows(src, dst, offset + 4 * used, cells, order)
+
+
+def _records(words: np.ndarray, cells: int, skip: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Where each cell's record starts (in words) and its sequence count, and the words they take.
+    Records of one count follow each other in runs (a sequence's cells, those it shares): each run
+    is found at once, its count read at its first record."""
+    starts = np.empty(cells, dtype=np.int64)
+    counts = np.empty(cells, dtype=np.int64)
+    at = done = 0
+    while done < cells:
+        count = int(words[at + 1])
+        if not 0 < count <= _MAX_SEQUENCES:
             raise StateFormatError("cell metadata")
-        if end > len(head):
-            head = words[: max(2 * len(head), end)].tolist()
-            if end > len(head):
-                raise StateFormatError("cell metadata")
-        spans.append((at, end))
-        positions.append(pos)
-        sequences.append(head[at + 2 + skip : end])
-        at = end
-    order = _order(positions, sequences, first)
-    base = offset
-    for i in order:
-        start, end = spans[i]
-        out += state[base + 4 * start : base + 4 * end]
-    offset = base + 4 * at
-    return _rows(state, offset, cells, np.asarray(order, dtype=np.intp), out)
+        stride = 2 + skip + count
+        room = min(cells - done, 4096, (len(words) - at - 1) // stride + 1)
+        if room <= 0:
+            raise StateFormatError("cell metadata")
+        same = words[at + 1 : at + 1 + stride * room : stride] == count
+        run = room if same.all() else int(np.argmin(same))
+        starts[done : done + run] = at + stride * np.arange(run)
+        counts[done : done + run] = count
+        at += stride * run
+        done += run
+    if at > len(words):
+        raise StateFormatError("cell metadata")
+    return starts, counts, at
 
 
-def _order(positions: list[int], sequences: list[list[int]], first: list[int]) -> list[int]:
+def _order(positions: np.ndarray, ids: np.ndarray, first: list[int]) -> np.ndarray:
     """Cell indices: each sequence of `first` in turn, by position, then the rest as they were."""
-    placed = [False] * len(positions)
-    order: list[int] = []
-    holders: dict[int, list[int]] = {seq: [] for seq in first}
-    for i, seqs in enumerate(sequences):
-        for seq in seqs:
-            if seq in holders:
-                holders[seq].append(i)
-    for seq in first:
-        mine = [i for i in holders[seq] if not placed[i]]
-        mine.sort(key=positions.__getitem__)
-        for i in mine:
-            placed[i] = True
-        order += mine
-    order += [i for i, done in enumerate(placed) if not done]
-    return order
+    rank = np.full(int(ids.max()) + 2, len(first), dtype=np.int64)  # the last entry: no sequence (-1)
+    for k, seq in reversed(list(enumerate(first))):
+        if 0 <= seq < len(rank) - 1:
+            rank[seq] = k
+    cell_rank = rank[ids].min(axis=1)
+    within = np.where(cell_rank < len(first), positions, np.arange(len(positions)))
+    return np.lexsort((within, cell_rank))
 
 
-def _rows(state: memoryview, offset: int, cells: int, order: np.ndarray, out: bytearray) -> int:
+def _rows(src: np.ndarray, dst: np.ndarray, offset: int, cells: int, order: np.ndarray) -> int:
     """The layers' K and V rows, each layer's cells in `order`; the offset after them."""
-    v_trans, layers = _u32(state, offset), _u32(state, offset + 4)
+    v_trans, layers = _u32(src, offset), _u32(src, offset + 4)
     if v_trans > 1 or not 0 < layers <= 4096:
         raise StateFormatError("layer header")
-    out += state[offset : offset + 8]
+    dst[offset : offset + 8] = src[offset : offset + 8]
     offset += 8
-    for _ in range(2 * layers):  # K rows of every layer, then V of every layer
-        kind, size = struct.unpack_from("<iQ", state, offset)
+    for block in range(2 * layers):  # K rows of every layer, then V of every layer
+        kind, size = struct.unpack_from("<iQ", src.data, offset)
         if not 0 <= kind < _MAX_TYPE or size <= 0:
             raise StateFormatError("row header")
-        if v_trans and _ >= layers:  # transposed V: element size, channels, then a row per channel
-            kind, element, channels = struct.unpack_from("<iII", state, offset)
-            out += state[offset : offset + 12]
+        dst[offset : offset + 12] = src[offset : offset + 12]
+        if v_trans and block >= layers:  # transposed V: element size, channels, then a row per channel
+            _, element, channels = struct.unpack_from("<iII", src.data, offset)
             offset += 12
-            block = channels * cells * element
-            channel_rows = np.frombuffer(state, dtype=np.uint8, count=block, offset=offset)
-            out += channel_rows.reshape(channels, cells, element)[:, order, :].tobytes()
+            end = offset + channels * cells * element
+            if end > len(src):
+                raise StateFormatError("rows")
+            shape = (channels, cells, element)
+            np.take(src[offset:end].reshape(shape), order, axis=1, out=dst[offset:end].reshape(shape))
         else:
-            out += state[offset : offset + 12]
             offset += 12
-            block = cells * size
-            cell_rows = np.frombuffer(state, dtype=np.uint8, count=block, offset=offset)
-            out += cell_rows.reshape(cells, size)[order].tobytes()
-        offset += block
+            end = offset + cells * size
+            if end > len(src):
+                raise StateFormatError("rows")
+            np.take(src[offset:end].reshape(cells, size), order, axis=0, out=dst[offset:end].reshape(cells, size))
+        offset = end
     return offset

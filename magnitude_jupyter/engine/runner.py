@@ -596,9 +596,12 @@ def _save_state(ctx: Any, seq_id: int, flags: int = 0, size: int | None = None) 
     return state
 
 
-def _restore_state(ctx: Any, seq_id: int, data: SavedState, flags: int = 0) -> bool:
+def _restore_state(ctx: Any, seq_id: int, data: SavedState | np.ndarray, flags: int = 0) -> bool:
     array = ctypes.c_uint8 * len(data)
-    buf = array.from_buffer(data) if isinstance(data, bytearray) else array.from_buffer_copy(data)
+    if isinstance(data, np.ndarray):
+        buf = array.from_buffer(data.data)
+    else:
+        buf = array.from_buffer(data) if isinstance(data, bytearray) else array.from_buffer_copy(data)
     return bool(llama_cpp.llama_state_seq_set_data_ext(ctx, buf, len(data), seq_id, flags))
 
 
