@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from collections.abc import Sequence
 
 from magnitude_jupyter.client.http import ClientError
 from magnitude_jupyter.config import Settings
@@ -152,7 +153,7 @@ class FakeRunner:
         self.seqs.pop(seq_id, None)
         self.lanes.discard(seq_id)
 
-    def compact_cells(self, max_bytes: int) -> int | None:
+    def compact_cells(self, max_bytes: int, order: Sequence[int] = ()) -> int | None:
         self.compactions += 1  # cells here have no places: nothing to move
         return None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from magnitude_jupyter.engine.compaction import COMPACT_SHARE, compact_if_due
 from magnitude_jupyter.engine.metrics import EngineMetrics
 
@@ -9,7 +11,7 @@ from .fakes import FakeRunner
 
 
 class Moving(FakeRunner):
-    def compact_cells(self, max_bytes: int) -> int | None:
+    def compact_cells(self, max_bytes: int, order: Sequence[int] = ()) -> int | None:
         self.compactions += 1
         return 1024
 

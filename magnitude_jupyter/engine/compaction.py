@@ -9,6 +9,7 @@ measured on the machine it runs on (docs/decisions.md, "KV cells compacted befor
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from .metrics import EngineMetrics
 from .runner_api import Runner
@@ -23,9 +24,12 @@ class CompactionFailed(RuntimeError):
     """llama.cpp did not load the KV state back: the cells every sequence held are gone."""
 
 
-def compact_if_due(runner: Runner, metrics: EngineMetrics, places_prompt: bool, share: float = COMPACT_SHARE) -> bool:
+def compact_if_due(
+    runner: Runner, metrics: EngineMetrics, places_prompt: bool, order: Sequence[int] = (), share: float = COMPACT_SHARE
+) -> bool:
     """Before a step that places prompt rows, compact the KV cells while compactions have taken at
-    most `share` of the steps' time; whether cells moved."""
+    most `share` of the steps' time, each sequence of `order` (the step's, as its rows go) in one run;
+    whether cells moved."""
     if not places_prompt:
         return False
     steps = metrics.step_counts()
@@ -33,7 +37,7 @@ def compact_if_due(runner: Runner, metrics: EngineMetrics, places_prompt: bool, 
         return False
     started = time.perf_counter()
     try:
-        moved = runner.compact_cells(COMPACT_MAX_BYTES)
+        moved = runner.compact_cells(COMPACT_MAX_BYTES, order)
     except RuntimeError as exc:  # runner.RunnerError
         raise CompactionFailed(str(exc)) from exc
     metrics.record_compaction(time.perf_counter() - started, moved is not None)

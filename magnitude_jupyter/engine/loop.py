@@ -181,7 +181,8 @@ class EngineLoop:
             try:
                 self._apply_kv_ops(runner, out.kv_ops)
                 self._start_admitted(runner, out)
-                compact_if_due(runner, self.metrics, out.places_prompt)
+                order = [chunk.request.seq_id for chunk in out.batched if chunk.request.seq_id is not None]
+                compact_if_due(runner, self.metrics, out.places_prompt, order)
                 sampled = self._execute(runner, out)
             except Exception as exc:
                 log.exception("decode failed")

@@ -22,6 +22,7 @@ import numpy as np
 from ..config import KV_CACHE_TYPES
 from . import attention_probe
 from .embeddings import Embedder
+from .kv_state import grouped_by_sequence
 from .memory import KV_PADDING
 from .plan import DecodeItem
 from .ram_tier import SavedState
@@ -418,9 +419,10 @@ class LlamaRunner:
         reads a saved bytearray in place (docs/decisions.md)."""
         return _restore_state(self.ctx, seq_id, data)
 
-    def compact_cells(self, max_bytes: int) -> int | None:
-        """Move every cell in use to the front of the main context's KV cache, in their order: llama.cpp's
-        whole-cache state, saved and loaded back, fills cells from the first (compaction.py). The
+    def compact_cells(self, max_bytes: int, order: Sequence[int] = ()) -> int | None:
+        """Move every cell in use to the front of the main context's KV cache: llama.cpp's whole-cache
+        state, saved and loaded back, fills cells from the first (compaction.py), the cells of each
+        sequence of `order` in turn, by position, then the others in their order (kv_state.py). The
         bytes moved; None when no cell was freed since the last time, the state is over `max_bytes`, or
         the model keeps a recurrent state (its memory has no cells to move)."""
         if not self._cells_freed or self.recurrent:
@@ -429,6 +431,10 @@ class LlamaRunner:
         if size > max_bytes:
             return None
         state = _save_state(self.ctx, -1, size=size)
+        grouped = grouped_by_sequence(state, order) if order else None
+        if grouped is not None and _restore_state(self.ctx, -1, grouped):
+            self._cells_freed = False
+            return len(state)
         if not _restore_state(self.ctx, -1, state):
             raise RunnerError(f"llama.cpp could not load the KV cache's own state back ({len(state)} bytes)")
         self._cells_freed = False
@@ -590,9 +596,12 @@ def _save_state(ctx: Any, seq_id: int, flags: int = 0, size: int | None = None) 
     return state
 
 
-def _restore_state(ctx: Any, seq_id: int, data: SavedState, flags: int = 0) -> bool:
+def _restore_state(ctx: Any, seq_id: int, data: SavedState | np.ndarray, flags: int = 0) -> bool:
     array = ctypes.c_uint8 * len(data)
-    buf = array.from_buffer(data) if isinstance(data, bytearray) else array.from_buffer_copy(data)
+    if isinstance(data, np.ndarray):
+        buf = array.from_buffer(data.data)
+    else:
+        buf = array.from_buffer(data) if isinstance(data, bytearray) else array.from_buffer_copy(data)
     return bool(llama_cpp.llama_state_seq_set_data_ext(ctx, buf, len(data), seq_id, flags))
 
 
