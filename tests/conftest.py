@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from magnitude_jupyter.client.runtime import LocalServer, free_port  # noqa: F401 (tests import it from here)
 from magnitude_jupyter.config import Settings
@@ -16,6 +17,11 @@ pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 
 _RUN_FOLDERS: list[Path] = []
+
+# Hypothesis times each example against a deadline (200 ms): a wall time, which a busy machine
+# misses. No test here asserts one, so no property test has a deadline.
+settings.register_profile("magnitude", deadline=None)
+settings.load_profile("magnitude")
 
 
 def pytest_configure(config):
