@@ -122,7 +122,6 @@ def post(inproc, body, results: dict[str, Any], key: str) -> None:
 
 @settings(
     max_examples=100,
-    deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -253,7 +252,6 @@ def vocab(model_path):
 
 @settings(
     max_examples=800,
-    deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -292,7 +290,6 @@ def _answered_or_refused(inproc, body: dict[str, Any]) -> httpx.Response:
 
 @settings(
     max_examples=80,
-    deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -305,7 +302,6 @@ def test_generated_grammars_never_take_the_server_down(inproc, grammar, sampled)
 
 @settings(
     max_examples=100,
-    deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -395,9 +391,7 @@ def gguf_files(draw: Any) -> bytes:
     )
 
 
-@settings(
-    max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=400, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=gguf_files())
 def test_generated_gguf_headers_are_read_or_refused_in_words(tmp_path, data):
     from magnitude_jupyter.models.gguf_reader import GGUFError
@@ -467,7 +461,6 @@ LISTENER = _Listener()
 
 @settings(
     max_examples=60,
-    deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -274,7 +274,7 @@ def test_saved_entries_come_back_newest_first_within_the_cells_allowed():
     assert cache.bring_back_one(99, ops) and not ops and list(cache.ram.entries) == [tuple(big)]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     st.lists(
         st.tuples(st.sampled_from(["put", "pop", "window", "drop_window"]), st.integers(0, 5), st.integers(1, 40)),
