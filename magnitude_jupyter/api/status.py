@@ -14,7 +14,7 @@ from ..engine.stats import EngineStats
 from ..models.registry import ModelEntry, file_sha256, read_model_info
 
 SETTINGS_SHOWN = (
-    *("parallel", "ctx_size", "threads", "gpu_layers", "n_batch", "prefix_cache_ram_mib"),
+    *("parallel", "ctx_size", "threads", "gpu_layers", "n_batch", "n_ubatch", "prefix_cache_ram_mib"),
     *("cache_type", "cache_type_v", "memory_budget", "mlock", "mmap", "repack", "flash_attention"),
 )
 

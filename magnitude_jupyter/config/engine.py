@@ -41,7 +41,18 @@ class EngineSettings:
         kind="int|auto",
         env=True,
     )
-    n_batch: int = option(512, "Tokens per decode step: decode rows first, then prompt chunks.", kind="int")
+    n_batch: int = option(
+        2048,
+        "Tokens per decode step: decode rows first, then prompt chunks; llama.cpp computes them n_ubatch "
+        "at a time (docs/decisions.md, 'A step of 2,048 tokens in pieces of 512').",
+        kind="int",
+    )
+    n_ubatch: int = option(
+        512,
+        "Tokens llama.cpp computes at once (its compute buffer is sized for this many); a larger step "
+        "runs in pieces. At most n_batch.",
+        kind="int",
+    )
     threads: int = option(
         0,
         "CPU threads for llama.cpp; 0: the cores other processes leave free, read once a second.",
@@ -182,6 +193,7 @@ class EngineSettings:
         for name in (
             "parallel",
             "n_batch",
+            "n_ubatch",
             "max_waiting",
             "default_max_tokens",
             "min_prefix_tokens",
@@ -200,6 +212,12 @@ class EngineSettings:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"engine setting {name!r} must be a number >= 0, got {value!r}")
+
+    @property
+    def ubatch(self) -> int:
+        """The tokens llama.cpp computes at once: n_ubatch, or n_batch where that is smaller (llama.cpp
+        clamps it so)."""
+        return min(self.n_ubatch, self.n_batch)
 
     @property
     def n_threads(self) -> int:

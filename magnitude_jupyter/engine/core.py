@@ -178,6 +178,7 @@ class Engine(EngineLoop):
             n_ctx=es.cells,
             n_seq_max=context_sequences(es, self._windowed),
             n_batch=es.n_batch,
+            n_ubatch=es.n_ubatch,
             n_threads=es.n_threads,
             gpu_layers=es.gpu_layers,
             cache_types=es.kv_types,

@@ -2,7 +2,7 @@
 
 llama.cpp allocates four things for a model and one context: the weights (the file, mapped), the KV
 cache (`ctx_size` cells x bytes per token, written whole when it is cleared), an output buffer and
-a compute buffer (sized for one `n_batch` step, dominated by that step's logits, and without flash
+a compute buffer (sized for the `n_ubatch` tokens llama.cpp computes at once, dominated by their logits, and without flash
 attention by its attention scores too: a row per token of the step, a column per cell, per head). The output buffer
 has a logits row for every sequence of the context, the prefix cache's too, and it is resident
 whole (measured: 256 sequences of the bundled model hold 45 MiB more than 16), which is why the
@@ -94,7 +94,7 @@ def _buffers(info: ModelInfo, es: EngineSettings, cells: int = 0) -> int:
     token of the embedding; without flash attention, or the step's attention scores over `cells`,
     whichever needs more."""
     output = _output_buffer(info, es)
-    compute = es.n_batch * (info.vocab_size + 4 * info.embedding_length) * FLOAT_BYTES
+    compute = es.ubatch * (info.vocab_size + 4 * info.embedding_length) * FLOAT_BYTES
     return output + max(compute, cells * _scores_bytes_per_cell(info, es))
 
 
@@ -103,17 +103,17 @@ def _output_buffer(info: ModelInfo, es: EngineSettings) -> int:
 
 
 def _scores_bytes_per_cell(info: ModelInfo, es: EngineSettings) -> int:
-    """Without flash attention, what a cell adds to one step's attention scores: n_batch x heads
+    """Without flash attention, what a cell adds to one piece's attention scores: n_ubatch x heads
     scores at about 5 bytes each (llama.cpp reserved 182 and 357 MiB of compute buffer for the
     bundled model at 8,192 and 16,384 cells, 99 below 4,096, where the logits need more)."""
-    return 0 if es.uses_flash_attention else es.n_batch * info.attention_heads * SCORE_BYTES
+    return 0 if es.uses_flash_attention else es.ubatch * info.attention_heads * SCORE_BYTES
 
 
 def plan_kv(info: ModelInfo, es: EngineSettings, cells: int | None = None) -> KVLayout:
     """The KV cache llama.cpp makes for these settings (of `cells`, or the settings' own)."""
     cells = -(-(es.cells if cells is None else cells) // KV_PADDING) * KV_PADDING
     sequences = context_sequences(es, is_windowed(info))
-    return kv_layout(info, cells, *es.kv_types, sequences=sequences, batch=es.n_batch, full_windows=es.swa_full)
+    return kv_layout(info, cells, *es.kv_types, sequences=sequences, batch=es.ubatch, full_windows=es.swa_full)
 
 
 def _cells_in(info: ModelInfo, es: EngineSettings, kv_bytes: float, extra_per_cell: float = 0) -> int:

@@ -144,6 +144,7 @@ class LlamaRunner:
         n_ctx: int,
         n_seq_max: int,
         n_batch: int = 512,
+        n_ubatch: int = 512,
         n_threads: int = 2,
         gpu_layers: int = 0,
         cache_types: tuple[str, str] = ("f16", "f16"),
@@ -158,7 +159,8 @@ class LlamaRunner:
     ) -> None:
         """`on_phase`: told what the load is doing, as it goes (progress for whoever waits on it).
         `flash_attention` None: measured now, on this machine (attention_probe.py); `stop_tokens`: the
-        chat format's turn ends, end of generation beside llama.cpp's own (chat_formats.py);
+        chat format's turn ends, end of generation beside llama.cpp's own (chat_formats.py); `n_batch`:
+        the most tokens a step decodes, computed `n_ubatch` at a time;
         `full_windows`: sliding-window layers keep every cell (llama.cpp's swa_full), else a window
         per sequence (kvmath.py)."""
         _init_backend(verbose)
@@ -186,6 +188,7 @@ class LlamaRunner:
         self.cache_types = cache_types
         self._n_threads = n_threads
         self._full_windows = full_windows
+        self._n_ubatch = n_ubatch
         n_swa = int(llama_cpp.llama_model_n_swa(self.model))
         self.sliding_window: int | None = n_swa if n_swa > 0 else None
         self.recurrent = bool(
@@ -237,7 +240,7 @@ class LlamaRunner:
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
-        cparams.n_ubatch = n_batch
+        cparams.n_ubatch = min(n_batch, self._n_ubatch)
         cparams.n_seq_max = n_seq_max
         cparams.n_threads = self._n_threads
         cparams.n_threads_batch = self._n_threads
