@@ -2,8 +2,9 @@
 
 llama.cpp allocates four things for a model and one context: the weights (the file, mapped), the KV
 cache (`ctx_size` cells x bytes per token, written whole when it is cleared), an output buffer and
-a compute buffer (sized for the `n_ubatch` tokens llama.cpp computes at once, dominated by their logits, and without flash
-attention by its attention scores too: a row per token of the step, a column per cell, per head). The output buffer
+a compute buffer (sized for the `n_ubatch` tokens llama.cpp computes at once, dominated by their
+logits, and without flash attention by their attention scores too: a row per token, a column per
+cell, per head). The output buffer
 has a logits row for every sequence of the context, the prefix cache's too, and it is resident
 whole (measured: 256 sequences of the bundled model hold 45 MiB more than 16), which is why the
 cache's sequences are a setting (`prefix_cache_entries`). The prefix cache's RAM tier comes on top,
