@@ -159,8 +159,13 @@ def test_the_plan_counts_the_compute_buffer_llama_cpp_reserves(model_path, flash
     # Without flash attention a step's attention scores outgrow its logits past a few thousand cells.
     info = read_model_info(model_path)
     es = EngineSettings(parallel=2, ctx_size=16384, flash_attention=flash_attention)
-    runner = LlamaRunner(
-        model_path, es.cells, es.parallel + cache_sequences(es), flash_attention=es.uses_flash_attention
+    runner = LlamaRunner(  # shaped as the engine makes it: steps of n_batch, computed n_ubatch at a time
+        model_path,
+        es.cells,
+        es.parallel + cache_sequences(es),
+        n_batch=es.n_batch,
+        n_ubatch=es.n_ubatch,
+        flash_attention=es.uses_flash_attention,
     )
     try:
         reported = runner.compute_buffer_bytes

@@ -110,8 +110,8 @@ def test_a_sliding_window_model_holds_a_window_per_sequence_and_reuses_only_what
     info = read_model_info(path)
     with Engine(str(path), settings=Settings(), parallel=2, ctx_size=2048, threads=1, prefix_cache_entries=4) as engine:
         stats = engine.stats()
-        # 2 slots x 64 + a 512-token batch, in blocks of 256: 768 cells, not 2,048 (the 4 entries take
-        # their sequence ids from the slots)
+        # 2 slots x 64 + a 512-token ubatch (under 2,048-token steps), in blocks of 256: 768 cells, not
+        # 2,048 (the 4 entries take their sequence ids from the slots)
         assert stats.kv_window == {
             "window": 64,
             "cells": 768,
