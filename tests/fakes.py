@@ -117,6 +117,9 @@ class FakeRunner:
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return [int(w) for w in text.split()]
 
+    def control_texts(self) -> tuple[str, ...]:
+        return ()
+
     def token_to_piece(self, token: int) -> bytes:
         return f"{token} ".encode()
 

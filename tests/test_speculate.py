@@ -6,7 +6,8 @@ import pytest
 
 from magnitude_jupyter.config import Settings
 from magnitude_jupyter.engine import Engine, SamplingParams
-from magnitude_jupyter.engine.draft_policy import BAND_STEPS, EXPLORE_EVERY, DraftPolicy
+from magnitude_jupyter.engine import draft_policy
+from magnitude_jupyter.engine.draft_policy import DraftPolicy, StepCost, measure_step_costs
 from magnitude_jupyter.engine.request import FinishReason, Request
 from magnitude_jupyter.engine.scheduler import Scheduler
 from magnitude_jupyter.engine.speculate import MAX_MATCH, MEMORY_KEY, AnswerMemory, Guess, NgramIndex
@@ -76,17 +77,17 @@ def test_a_greedy_request_that_repeats_an_earlier_one_drafts_that_answer_from_it
 
 def cpu_like(policy: DraftPolicy) -> DraftPolicy:
     """Step costs of a small model on a 2-core CPU: a row costs most of a one-token step."""
+    policy.cost = StepCost()
     for n in (1, 2, 5, 10, 20, 40):
-        for _ in range(BAND_STEPS):
-            policy.cost.observe(n, 0.007 + 0.008 * n)
+        policy.cost.observe(n, 0.007 + 0.008 * n)
     return policy
 
 
 def gpu_like(policy: DraftPolicy) -> DraftPolicy:
-    """A few more rows are nearly free."""
+    """A few more rows are nearly free (in place of the costs a real engine timed at load)."""
+    policy.cost = StepCost()
     for n in (1, 2, 5, 10, 20, 40):
-        for _ in range(BAND_STEPS):
-            policy.cost.observe(n, 0.010 + 0.00001 * n)
+        policy.cost.observe(n, 0.010 + 0.00001 * n)
     return policy
 
 
@@ -99,24 +100,41 @@ def test_step_costs_are_learned_from_the_steps():
     assert only_one.seconds(3) == pytest.approx(0.020)  # one size seen: a row costs half a one-token step
 
 
-def test_steps_of_one_size_only_make_the_policy_time_a_larger_step_until_it_has_two_sizes():
-    policy, guess = DraftPolicy(6), Guess(list(range(6)), 12)
-    for _ in range(BAND_STEPS):
-        policy.cost.observe(4, 0.005)  # four sequences decoding steadily: every step has 4 rows
-    plans = [policy.plan([(guess, NgramIndex())] * 4, 4, 4, 100) for _ in range(EXPLORE_EVERY)]
-    # With one size seen a row is priced at a fifth of the step, so no draft pays, except one step
-    # in EXPLORE_EVERY, which takes the likeliest rows up to the next band (8 rows).
-    assert plans[:-1] == [[0, 0, 0, 0]] * (EXPLORE_EVERY - 1)
-    assert plans[-1] == [1, 1, 1, 1]
-    for _ in range(BAND_STEPS):
-        policy.cost.observe(8, 0.0055)  # the larger steps cost little more: drafts pay from now on
-    assert all(sum(policy.plan([(guess, NgramIndex())] * 4, 4, 4, 100)) > 0 for _ in range(EXPLORE_EVERY))
-    costly = DraftPolicy(6)
-    for n, seconds in ((4, 0.005), (8, 0.010)):
-        for _ in range(BAND_STEPS):
-            costly.cost.observe(n, seconds)  # a row costs a quarter of the step: no draft, no more exploring
-    plans = [costly.plan([(guess, NgramIndex())] * 4, 4, 4, 100) for _ in range(2 * EXPLORE_EVERY)]
-    assert plans == [[0, 0, 0, 0]] * (2 * EXPLORE_EVERY)
+def test_step_costs_are_timed_at_load_the_fastest_of_each_size_counting():
+    """measure_step_costs times steps of 1, 2, 4, ... rows, the sizes in turn, the fastest of each
+    kept (a fake clock: the second round of each size is the slow one)."""
+    clock = iter(range(10_000))
+    timed: list[int] = []
+
+    def fake_clock() -> float:
+        return next(clock) * 0.001
+
+    def decode(n: int) -> None:
+        timed.append(n)
+        for _ in range(n * (1 + (timed.count(n) == 2))):  # each row a millisecond, the 2nd round twice that
+            next(clock)
+
+    original = draft_policy.time.perf_counter
+    draft_policy.time.perf_counter = fake_clock
+    try:
+        cost = measure_step_costs(decode, 7)
+    finally:
+        draft_policy.time.perf_counter = original
+    assert timed == [1, 2, 4, 7] * draft_policy.MEASURED_REPEATS
+    assert [n for n, _ in cost.points()] == [1, 2, 4, 7]
+    assert [t for _, t in cost.points()] == pytest.approx([0.002, 0.003, 0.005, 0.008])
+
+
+def test_the_same_guesses_get_the_same_plan_whatever_was_drafted_and_timed_before():
+    """Decisions come from counts and the costs fixed at load: what other requests' drafts kept
+    moves /status's figures, never the next plan (the same greedy request answers the same)."""
+    guess = Guess(list(range(6)), 12)
+    policy = cpu_like(DraftPolicy(6))
+    first = policy.plan([(guess, NgramIndex())], 1, 1, 100)
+    for _ in range(50):
+        policy.acceptance.record(12, 6, 0, NgramIndex())  # others' drafts all refused
+    assert policy.plan([(guess, NgramIndex())], 1, 1, 100) == first
+    assert policy.snapshot()["drafts_counted"]["12-15"] == 50
 
 
 def test_drafts_run_long_where_rows_are_cheap_and_short_or_none_where_they_are_not():
@@ -243,8 +261,9 @@ def test_drafts_give_the_tokens_one_token_steps_give_in_fewer_steps():
         results = {}
         for draft in (0, 4):
             with fake_engine(draft_tokens=draft, n_batch=32) as engine:
+                at_load = len(engine.fake.calls)  # with drafts, the steps timed at load
                 result = engine.generate(prompt, params=SamplingParams(max_tokens=9, temperature=0))
-                stats, calls = engine.stats(), len(engine.fake.calls)
+                stats, calls = engine.stats(), len(engine.fake.calls) - at_load
                 # Refused drafts left no cells: the cache holds exactly what it says it holds.
                 assert engine.fake.live_cells() == stats.scheduler.prefix_cache_cells
             results[draft] = (result.text, result.token_ids, result.counts, calls, stats)

@@ -496,7 +496,7 @@ class ResponseStore:
         with self._lock:
             self._expire()
             found = self._items.get(response_id)
-            if found is not None and found[4] != tenant:
+            if found is not None and not visible_to(found[4], tenant):
                 found = None
             if found is not None:
                 self._items.move_to_end(response_id)
@@ -509,7 +509,7 @@ class ResponseStore:
     def delete(self, response_id: str, tenant: str | None = None) -> bool:
         with self._lock:
             found = self._items.get(response_id)
-            return found is not None and found[4] == tenant and self._drop(response_id)
+            return found is not None and visible_to(found[4], tenant) and self._drop(response_id)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -533,6 +533,12 @@ def conversation_to_store(data: dict[str, Any], messages: list[dict[str, Any]]) 
     if data.get("instructions") is not None and messages and messages[0].get("role") == "system":
         return messages[1:]
     return messages
+
+
+def visible_to(owner: str | None, viewer: str | None) -> bool:
+    """Whether what `owner` made (a response, a stream) is `viewer`'s to see: a tenant sees its own;
+    the owner of the server (None) sees everything (docs/operations.md, "Several clients")."""
+    return viewer is None or owner == viewer
 
 
 def stored_input(data: dict[str, Any], store: ResponseStore, tenant: str | None = None) -> list[dict[str, Any]] | None:

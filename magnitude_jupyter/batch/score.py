@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import threading
 import time
@@ -26,6 +27,8 @@ from ..client.exchange import prompt_messages
 from ..client.http import ClientError, StreamResult, discover
 from .labels import label_shares, labels_grammar, probability_column
 from .options import PROBABILITY_COLUMN, TOOL_CALLS_COLUMN, BatchError, BatchOptions
+
+log = logging.getLogger(__name__)
 
 
 class ChatClient(Protocol):
@@ -126,8 +129,12 @@ class Checkpoint:
         self.path = Path(path) if path else None
         self._lock = threading.Lock()
         self.records: dict[tuple[str, str], dict[str, Any]] = {}
+        self.failure: str | None = None  # why the checkpoint stopped being written, in words
+        self._torn_tail = False  # the file ends inside a line (a crash or a full disk cut it short)
         if self.path is not None and self.path.exists():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
+            data = self.path.read_bytes()
+            self._torn_tail = bool(data) and not data.endswith(b"\n")
+            for line in data.decode("utf-8", errors="replace").splitlines():
                 try:
                     record = json.loads(line)
                 except ValueError:
@@ -145,11 +152,27 @@ class Checkpoint:
         return len(self.records)
 
     def append(self, row: Any, key: str, record: dict[str, Any]) -> None:
-        if self.path is None:
+        """Save a finished row. A line that cannot be written (a full disk, a file gone read-only)
+        stops the saving, said in `failure`: the batch goes on, its rows in its result, and the next
+        record written (by a rerun) starts on a line of its own after the torn one."""
+        if self.path is None or self.failure is not None:
             return
-        with self._lock, self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"row": str(row), "key": key, **record}, default=str) + "\n")
-            fh.flush()
+        line = json.dumps({"row": str(row), "key": key, **record}, default=str) + "\n"
+        with self._lock:
+            try:
+                with self.path.open("a", encoding="utf-8") as fh:
+                    if self._torn_tail:
+                        fh.write("\n")
+                        self._torn_tail = False
+                    fh.write(line)
+                    fh.flush()
+            except OSError as exc:
+                self._torn_tail = True
+                self.failure = (
+                    f"the checkpoint {self.path} could not be written ({exc.strerror or exc}): rows finished "
+                    "from then on are in the result but not saved for a rerun"
+                )
+                log.warning("%s", self.failure)
 
 
 def answer_probability(logprobs: list[dict[str, Any]]) -> float | None:
@@ -400,6 +423,7 @@ class _BatchRun:
             "errors": sum(1 for i in self.collected if results[i].get("error")),
             "skipped_from_checkpoint": self.reused,
             "checkpoint_unmatched": self.checkpoint.unmatched,
+            "checkpoint_failure": self.checkpoint.failure,
         }
         return out
 
@@ -431,6 +455,8 @@ def summary_line(result: pd.DataFrame, checkpoint: str | Path | None = None, don
             f"; the checkpoint {checkpoint} also holds {info['checkpoint_unmatched']} rows of a different job "
             "(another template, model, DataFrame or setting): they were not reused"
         )
+    if info.get("checkpoint_failure"):
+        note += f"; {info['checkpoint_failure']}"
     if info.get("interrupted"):
         note += "; interrupted: the finished rows are kept" + (
             ", rerun with the same checkpoint to finish" if checkpoint else ""

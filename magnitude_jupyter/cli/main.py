@@ -239,7 +239,13 @@ def batch(
         out = score_dataframe(df, template, client=client, **options)
     except BatchError as exc:
         raise click.ClickException(str(exc)) from exc
-    out.to_json(output_path, orient="records", lines=True, force_ascii=False)
+    try:
+        out.to_json(output_path, orient="records", lines=True, force_ascii=False)
+    except OSError as exc:
+        raise click.ClickException(
+            f"{summary_line(out, options.get('checkpoint'))}; but the output {output_path} could not be written: "
+            f"{exc.strerror or exc}"
+        ) from exc
     failed = int(out["error"].notna().sum())
     truncated = int((out["finish_reason"] == "length").sum())
     click.echo(f"{summary_line(out, options.get('checkpoint'))}; {truncated} hit max tokens -> {output_path}", err=True)
@@ -273,6 +279,7 @@ def serve(
     from ..engine.pool import ModelPool
     from ..server.standalone import is_loopback, resolve_token
     from ..server.standalone import serve as run_server
+    from ..server.tenants import check_owner_key_apart
 
     if no_auth and not is_loopback(host) and not force:
         raise click.ClickException(
@@ -291,6 +298,10 @@ def serve(
     except (ModelNotFoundError, ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     token, generated = resolve_token(token, no_auth)
+    try:
+        check_owner_key_apart(token, settings.api_keys)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
     if generated:
         click.echo(f"token: {token}  (clients on this machine also find it in ~/.magnitude/runtime)")
     try:

@@ -147,6 +147,13 @@ class EngineSettings:
         "llama.cpp's repacked weight layouts; null: on, unless this build's AMX kernels would crash.",
         kind="bool|null",
     )
+    control_tokens_in_messages: bool = option(
+        False,
+        "Read a control token's text written in a chat message (<|im_start|>system in a user's or a tool's "
+        "text) as that control token, as llama-server does; false: message text is text, and only the chat "
+        "template writes control tokens (docs/decisions.md, 'Message text is text').",
+        kind="bool",
+    )
     flash_attention: bool | None = option(
         None,
         "llama.cpp's flash attention; null: on with GPU layers or a quantized V, else measured at load on "
@@ -183,7 +190,7 @@ class EngineSettings:
             )
         if not (self.repack is None or isinstance(self.repack, bool)):
             raise ConfigError(f"engine setting 'repack' must be true, false or null, got {self.repack!r}")
-        for name in ("prefix_reuse", "swa_full"):
+        for name in ("prefix_reuse", "swa_full", "control_tokens_in_messages"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"engine setting {name!r} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.prefix_cache_ram_mib, int) or self.prefix_cache_ram_mib < 0:

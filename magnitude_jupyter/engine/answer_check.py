@@ -9,14 +9,25 @@ its API's own shape, its text kept. docs/decisions.md, "Validated after generati
 The schema is a client's: its regular expressions run on RE2, whose matching takes linear time
 (Python's `re` backtracks, and `(a|a)*b` on a model's long answer would stall the server), and
 `uniqueItems` is checked in one pass, not pairwise. Nothing is fetched: references resolve inside
-the schema only (schema_limits.py checks that before).
+the schema only (schema_limits.py checks that before, and refuses a schema whose references fan
+out past `MAX_EXPANDED_NODES`).
+
+Every check has a budget: each keyword the validator applies is one step, a format or pattern
+checked on a string one more per `CHARS_PER_STEP` of it, and a check stops after `MAX_CHECK_STEPS`
+steps or `CHECK_DEADLINE_SECONDS` (a backstop for a busy machine), its answer ending with that
+reason. The steps also bound the memory the validator's errors take. Formats whose checkers do not
+run in linear time (the IRI ones, a parser that backtracks) are checked here through their URI form.
+docs/decisions.md, "The check after generation within a budget".
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +37,64 @@ from .tools import ToolRequest, parse_answer
 
 MAX_ERRORS_READ = 32  # the errors the message is chosen from (the validator yields them lazily)
 MESSAGE_CHARS = 300
+MAX_CHECK_STEPS = 50_000  # keywords applied in one answer's check, and its strings' length in CHARS_PER_STEP
+CHARS_PER_STEP = 64
+CHECK_DEADLINE_SECONDS = 10.0
+
+
+class CheckBudgetError(Exception):
+    """A check that went over its budget; the message says which part."""
+
+
+class _Budget:
+    __slots__ = ("deadline", "steps")
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.deadline = time.monotonic() + CHECK_DEADLINE_SECONDS
+
+    def charge(self, steps: int = 1) -> None:
+        self.steps += steps
+        if self.steps > MAX_CHECK_STEPS:
+            raise CheckBudgetError(
+                f"checking it took more than {MAX_CHECK_STEPS:,} steps (the schema's keywords applied to the answer)"
+            )
+        if time.monotonic() > self.deadline:
+            raise CheckBudgetError(f"checking it took more than {CHECK_DEADLINE_SECONDS:g} s")
+
+
+_current = threading.local()
+
+
+def _charge(steps: int = 1) -> None:
+    budget: _Budget | None = getattr(_current, "budget", None)
+    if budget is not None:
+        budget.charge(steps)
+
+
+@contextlib.contextmanager
+def within_budget() -> Iterator[None]:
+    """A budget for the checks inside, unless one is already running (one answer, one budget)."""
+    if getattr(_current, "budget", None) is not None:
+        yield
+        return
+    _current.budget = _Budget()
+    try:
+        yield
+    finally:
+        _current.budget = None
+
+
+def _counted(keyword: Any) -> Any:
+    """A keyword's function that charges one step each time the validator applies it."""
+
+    def apply(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:
+        _charge(1 + (len(instance) // CHARS_PER_STEP if isinstance(instance, str) else 0))
+        errors = keyword(validator, value, instance, schema)
+        if errors:
+            yield from errors
+
+    return apply
 
 
 @functools.lru_cache(maxsize=512)
@@ -115,6 +184,32 @@ _OWN_KEYWORDS = {
 }
 
 
+def _as_uri(iri: str) -> str:
+    """An IRI's URI form (RFC 3987, 3.1): every character outside ASCII percent-encoded as UTF-8."""
+    return "".join(c if ord(c) < 128 else "".join(f"%{b:02X}" for b in c.encode()) for c in iri)
+
+
+def _format_checker(base: Any) -> Any:
+    """The validator's format checker, with the IRI formats checked in linear time (their URI form
+    against RFC 3986's grammar) and every format's string charged to the budget."""
+    from jsonschema import FormatChecker
+
+    checker = FormatChecker(())
+    for name, (func, raises) in base.FORMAT_CHECKER.checkers.items():
+        checker.checkers[name] = (func, raises)
+    uri = checker.checkers.get("uri")
+    uri_reference = checker.checkers.get("uri-reference")
+    if uri is not None:
+        checker.checkers["iri"] = (lambda v, f=uri[0]: f(_as_uri(v)) if isinstance(v, str) else True, uri[1])
+    if uri_reference is not None:
+        reference = uri_reference[0]
+        checker.checkers["iri-reference"] = (
+            lambda v, f=reference: f(_as_uri(v)) if isinstance(v, str) else True,
+            uri_reference[1],
+        )
+    return checker
+
+
 def _refuse_retrieval(uri: str) -> Any:
     raise GrammarError(f"'$ref' {uri[:200]!r} points outside the schema")
 
@@ -144,20 +239,23 @@ class SchemaCheck:
             base.check_schema(schema)
         except SchemaError as exc:
             raise GrammarError(f"the JSON schema is not valid: {exc.message[:MESSAGE_CHARS]}") from None
-        own = validators.extend(base, _OWN_KEYWORDS)
+        keywords_counted = {name: _counted(fn) for name, fn in {**base.VALIDATORS, **_OWN_KEYWORDS}.items()}
+        own = validators.extend(base, keywords_counted)
         registry: Any = Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
-        self._validator = own(schema, registry=registry, format_checker=base.FORMAT_CHECKER)
+        self._validator = own(schema, registry=registry, format_checker=_format_checker(base))
 
     def problem(self, value: Any) -> str | None:
-        """Why `value` does not follow the schema, in words; None when it does."""
+        """Why `value` does not follow the schema, in words; None when it does. Within a budget of
+        its own (see the module doc): CheckBudgetError when it runs out."""
         from jsonschema.exceptions import best_match
 
-        try:
-            error = best_match(itertools.islice(self._validator.iter_errors(value), MAX_ERRORS_READ))
-        except RecursionError:
-            return "the schema refers to itself without end"
-        except GrammarError as exc:
-            return str(exc)
+        with within_budget():
+            try:
+                error = best_match(itertools.islice(self._validator.iter_errors(value), MAX_ERRORS_READ))
+            except RecursionError:
+                return "the schema refers to itself without end"
+            except GrammarError as exc:
+                return str(exc)
         if error is None:
             return None
         return f"{error.message[:MESSAGE_CHARS]} (at {error.json_path})"
@@ -185,7 +283,15 @@ class AnswerCheck:
         return cls(SchemaCheck(answer_schema) if answer_schema is not None else None, checks, tuple(words))
 
     def problem(self, text: str, tool_form: str | None) -> str | None:
-        """Why the finished answer `text` fails the check, in words; None when it passes."""
+        """Why the finished answer `text` fails the check, in words; None when it passes. The whole
+        answer, every tool call of it, is checked within one budget."""
+        try:
+            with within_budget():
+                return self._problem(text, tool_form)
+        except CheckBudgetError as exc:
+            return self._said(f"the answer could not be checked within its budget: {exc}")
+
+    def _problem(self, text: str, tool_form: str | None) -> str | None:
         if self.answer is not None:
             try:
                 value = json.loads(text)

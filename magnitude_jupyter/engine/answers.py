@@ -2,8 +2,9 @@
 reasoning split, the end (a stop, a cap, a grammar's dead end, a cancel) and its final event, and the
 check after generation of what a grammar could not hold (answer_check.py).
 
-The engine's thread calls it with the engine's lock held; the answer check runs on a thread of its
-own and takes the lock to write its final event.
+The engine's thread calls it with the engine's lock held; the answer check runs off that thread, on
+a thread of the request's tenant (one per API key: one tenant's checks never queue ahead of
+another's), within its budget (answer_check.py), and takes the lock to write its final event.
 """
 
 from __future__ import annotations
@@ -48,11 +49,11 @@ class AnswerWriter:
         self.recent = recent  # the finished requests /status lists last
         self._lock = lock
         self.notify = notify  # wakes whoever waits on a step (after a checked answer's final event)
-        self.checker: ThreadPoolExecutor | None = None
+        self.checkers: dict[str | None, ThreadPoolExecutor] = {}  # by tenant (None: the owner)
 
     def close(self) -> None:
-        if self.checker is not None:
-            self.checker.shutdown(wait=False, cancel_futures=False)
+        for checker in list(self.checkers.values()):
+            checker.shutdown(wait=False, cancel_futures=False)
 
     def update(self, out: SchedulerOutput, sampled: list[list[Sampled]]) -> list[int]:
         now = time.monotonic()
@@ -163,7 +164,7 @@ class AnswerWriter:
         final = {"text": text, "reasoning": reasoning, "token_ids": token_ids, "logprobs": logprobs}
         if reason is FinishReason.STOP and request.answer_check is not None:
             # Off the engine's thread: a client's schema may take a while to check a long answer.
-            self._answer_checks().submit(self._check_answer, request, final)
+            self._answer_checks(request.tenant).submit(self._check_answer, request, final)
         else:
             self.write_final(request, final)
         return seq_id
@@ -184,10 +185,12 @@ class AnswerWriter:
         self.metrics.record_finished(request)
         self.recent.appendleft(FinishedRequest.of(request))
 
-    def _answer_checks(self) -> ThreadPoolExecutor:
-        if self.checker is None:
-            self.checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="magnitude-answer-check")
-        return self.checker
+    def _answer_checks(self, tenant: str | None) -> ThreadPoolExecutor:
+        """The thread that checks `tenant`'s answers, one after another. Lock held."""
+        checker = self.checkers.get(tenant)
+        if checker is None:
+            checker = self.checkers[tenant] = ThreadPoolExecutor(1, thread_name_prefix="magnitude-answer-check")
+        return checker
 
     def _check_answer(self, request: Request, final: dict[str, Any]) -> None:
         """Validate a finished answer against what its grammar could not hold (answer_check.py); one

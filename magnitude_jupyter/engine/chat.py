@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 from jinja2 import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from .template_budget import BudgetedEnvironment, TemplateBudgetError
+from .template_budget import render as render_within_budget
 from .tools import ToolError, generic_messages, native_messages, template_form
 
 if TYPE_CHECKING:
@@ -33,7 +35,7 @@ def _raise(message: str) -> None:
 
 @functools.lru_cache(maxsize=8)
 def _compile(template: str) -> Any:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = BudgetedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
     env.filters["tojson"] = _tojson  # Hugging Face's: plain JSON (Jinja's own escapes <, > and & for HTML)
     return env.from_string(template)
@@ -100,6 +102,64 @@ def _tool_ready(messages: Any, template: str | None, tools: ToolRequest | None) 
         raise ChatFormatError(str(exc), exc.param) from None
 
 
+# Where a control token's text stood in a message: MARK_OPEN, its index in the shielded list, MARK_CLOSE
+# (characters of Unicode's private use area, which templates pass through as they are).
+MARK_OPEN, MARK_CLOSE = "\ue000", "\ue001"
+MARK = re.compile("\ue000([0-9]+)\ue001")
+
+
+def _shield_text(text: str, pattern: re.Pattern[str], shielded: list[str]) -> str:
+    def mark(match: re.Match[str]) -> str:
+        shielded.append(match.group(0))
+        return f"{MARK_OPEN}{len(shielded) - 1}{MARK_CLOSE}"
+
+    return pattern.sub(mark, text)
+
+
+@functools.lru_cache(maxsize=8)
+def _control_pattern(texts: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile("|".join(re.escape(t) for t in texts))
+
+
+def _shield_messages(messages: list[dict[str, Any]], texts: tuple[str, ...], shielded: list[str]) -> None:
+    """Each control token's text in the messages' text (content, tool-call arguments) replaced by a mark."""
+    pattern = _control_pattern(texts)
+    for message in messages:
+        message["content"] = _shield_text(message["content"], pattern, shielded)
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):
+            message["tool_calls"] = [_shield_call(call, pattern, shielded) for call in calls]
+
+
+def _shield_call(call: Any, pattern: re.Pattern[str], shielded: list[str]) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    return {**call, "function": {**function, "arguments": _shield_text(function["arguments"], pattern, shielded)}}
+
+
+def split_shielded(text: str, shielded: list[str]) -> list[tuple[str, bool]]:
+    """A rendered prompt as (piece, is it message text that spelled a control token), in order."""
+    pieces: list[tuple[str, bool]] = []
+    at = 0
+    for match in MARK.finditer(text):
+        index = int(match.group(1))
+        if index >= len(shielded):
+            continue
+        if match.start() > at:
+            pieces.append((text[at : match.start()], False))
+        pieces.append((shielded[index], True))
+        at = match.end()
+    if at < len(text):
+        pieces.append((text[at:], False))
+    return pieces
+
+
+def restore_shielded(text: str, shielded: list[str]) -> str:
+    """The rendered prompt as the model reads it: each mark back to the text it stood for."""
+    return "".join(piece for piece, _ in split_shielded(text, shielded))
+
+
 def render_chat(
     messages: Any,
     template: str | None,
@@ -108,15 +168,22 @@ def render_chat(
     add_generation_prompt: bool = True,
     tools: ToolRequest | None = None,
     enable_thinking: bool | None = None,
+    shield: tuple[str, ...] = (),
+    shielded: list[str] | None = None,
 ) -> str:
-    """`enable_thinking`: given to templates that read it (Qwen3's and others': False turns thinking off)."""
+    """`enable_thinking`: given to templates that read it (Qwen3's and others': False turns thinking off).
+    `shield`: control tokens' texts that, written in a message, are replaced by marks, each original
+    appended to `shielded` (`split_shielded` puts them back, to be tokenized as plain text)."""
     messages, template_tools = _tool_ready(messages, template, tools)
     normalized = normalize_messages(messages)
+    if shield and shielded is not None:
+        _shield_messages(normalized, shield, shielded)
     extra: dict[str, Any] = {"tools": template_tools} if template_tools else {}
     if enable_thinking is not None:
         extra["enable_thinking"] = enable_thinking
     try:
-        return _compile(template or CHATML_TEMPLATE).render(
+        return render_within_budget(
+            _compile(template or CHATML_TEMPLATE),
             messages=normalized,
             bos_token=bos_token,
             eos_token=eos_token,
@@ -125,5 +192,8 @@ def render_chat(
         )
     except ChatFormatError:
         raise
-    except TemplateError as exc:
-        raise ChatFormatError(f"the model's chat template failed: {exc}") from exc
+    except TemplateBudgetError as exc:
+        raise ChatFormatError(f"the model's chat template was stopped: {exc}") from None
+    except (TemplateError, ArithmeticError, LookupError, TypeError, ValueError, RecursionError, MemoryError) as exc:
+        # A model file's template is not the server's code: whatever breaks in it is said, not a 500.
+        raise ChatFormatError(f"the model's chat template failed: {type(exc).__name__}: {exc}"[:500]) from None

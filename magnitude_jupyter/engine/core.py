@@ -277,7 +277,9 @@ class Engine(EngineLoop):
         """Tokens of a plain prompt, or of chat messages rendered through the model's template."""
         runner, _ = self._require_ready()
         if messages is not None:
-            return chat_prompt_tokens(runner, messages, self._chat_template, tools)
+            return chat_prompt_tokens(
+                runner, messages, self._chat_template, tools, self.engine_settings.control_tokens_in_messages
+            )
         if prompt is None:
             raise ValueError("give a prompt or messages")
         return runner.tokenize(prompt, add_special=True)
@@ -325,7 +327,14 @@ class Engine(EngineLoop):
         if prompt_tokens is not None:
             tokens = list(prompt_tokens)
         elif messages is not None:
-            tokens, text = chat_prompt(runner, messages, self._chat_template, tools, thinking.enabled)
+            tokens, text = chat_prompt(
+                runner,
+                messages,
+                self._chat_template,
+                tools,
+                thinking.enabled,
+                control_in_messages=self.engine_settings.control_tokens_in_messages,
+            )
             if self._reasoning is not None:
                 inside = prompt_opens_thinking(text, self._reasoning)
                 splitter = ReasoningSplitter(inside=inside, tags=self._reasoning, inline=not thinking.split)

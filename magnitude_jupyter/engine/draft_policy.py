@@ -3,25 +3,30 @@
 A step of N tokens takes T(N) seconds and yields Y tokens (one per sequence it samples, plus the
 drafts kept). Draft tokens kept with probabilities q1, q2, ... make it N + k tokens yielding
 Y + q1 + ... + qk; the policy decodes the k that gives the step the most tokens per second (the
-goodput rule SmartSpec, Liu et al. 2024, proposes for vLLM). Both sides are measured here, while
-the engine runs:
+goodput rule SmartSpec, Liu et al. 2024, proposes for vLLM).
 
-- `StepCost`: T(N) from the engine's own times for steps of decode rows, averaged per band of
-  step sizes (1, 2-3, 4-7, ...), straight lines between the bands. Where a few more rows are
-  nearly free drafts run long; where a row costs a good part of a one-token step (a
-  small model on a 2-core CPU) only a near-certain guess pays, and less so the more sequences
-  share the step, since each extra row then slows all of them. A steady number of sequences makes
-  steps of one size only, so until two bands are measured the policy now and then decodes enough
-  guessed rows to time a larger step.
-- `AcceptanceModel`: the chance that draft token j is kept when the ones before it were, for each
-  length of the match the guess came from (4 matching tokens guess worse than 12), counted from
-  what the picks confirmed; and per sequence, how its own guesses fared against that (a
-  conversation that resends its history keeps most, an answer that echoes a phrase once few).
+Every decision is a function of counts and of figures fixed when the model loads, never of a clock
+read while serving: a draft step computes its rows in one batch, whose sums llama.cpp orders unlike
+a one-row step's, so a near tie between two tokens can go either way, and a policy that followed
+measured step times would make the same greedy request answer differently on an idle server
+(docs/decisions.md, "Drafts decided from counts").
+
+- `StepCost`: T(N), measured once at load (`measure_step_costs`: decode steps of 1, 2, 4, ... rows
+  of a scratch sequence, the fastest of a few each), straight lines between the sizes. Where a few
+  more rows are nearly free drafts run long; where a row costs a good part of a one-token step (a
+  small model on a 2-core CPU) only a near-certain guess pays, and less so the more sequences share
+  the step, since each extra row then slows all of them.
+- `AcceptanceModel`: the chance that draft token j is kept when the ones before it were, from the
+  length of the match the guess came from (4 matching tokens guess worse than 12: fixed figures
+  from conversation data), and per sequence, how its own guesses fared against that (a conversation
+  that resends its history keeps most, an answer that echoes a phrase once few). What every draft
+  kept is counted too, for /status, without moving the decisions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from itertools import pairwise
 from typing import Any
 
@@ -41,37 +46,29 @@ MAX_CHANCE = 0.99
 # of logits to read, refused cells to drop), so a promise within the noise is not taken.
 MIN_GAIN = 1.1
 SHOWN_STEP_SIZES = (1, 2, 4, 8, 16, 32)
-# Until two bands of step sizes have this many steps each, one step in EXPLORE_EVERY that could draft
-# decodes enough guessed rows to reach the next band: a steady number of sequences makes steps of one
-# size only, and the prior alone never lets a draft pay (docs/decisions.md, "Prompt-lookup drafts").
-BAND_STEPS = 3
-EXPLORE_EVERY = 8
+MEASURED_REPEATS = 3  # each step size is decoded this often at load; the fastest counts
 
 
 class StepCost:
-    """Seconds per decode step as a function of its tokens, learned from the engine's own steps."""
+    """Seconds per decode step as a function of its tokens, from the steps timed at load."""
 
     def __init__(self) -> None:
-        self._bands: dict[int, list[float]] = {}  # bit length of N -> [mean N, mean seconds, steps]
+        self._bands: dict[int, list[float]] = {}  # N -> [N, mean seconds, steps]
 
     def observe(self, tokens: int, seconds: float) -> None:
         if tokens <= 0 or seconds <= 0:
             return
-        band = self._bands.get(tokens.bit_length())
+        band = self._bands.get(tokens)
         if band is None:
-            self._bands[tokens.bit_length()] = [float(tokens), seconds, 1.0]
+            self._bands[tokens] = [float(tokens), seconds, 1.0]
         else:
             band[0] += STEP_EWMA * (tokens - band[0])
             band[1] += STEP_EWMA * (seconds - band[1])
             band[2] += 1
 
     def points(self) -> list[tuple[float, float]]:
-        """(mean tokens, mean seconds) per band measured, smallest first (safe from another thread)."""
+        """(tokens, mean seconds) per step size measured, smallest first (safe from another thread)."""
         return sorted((n, t) for n, t, _ in list(self._bands.values()))
-
-    def bands_measured(self) -> int:
-        """How many bands of step sizes have been timed over BAND_STEPS steps or more."""
-        return sum(steps >= BAND_STEPS for _, _, steps in list(self._bands.values()))
 
     def seconds(self, tokens: int) -> float:
         """T(N) at N = `tokens`: straight lines between the bands' averages, the end ones extended.
@@ -106,7 +103,13 @@ class AcceptanceModel:
         return max(i for i, low in enumerate(MATCH_CLASSES) if matched >= low or i == 0)
 
     def chance(self, match_class: int, position: int) -> float:
+        """What the drafts counted so far kept at this position (for /status)."""
         return self.kept[match_class][position] / self.tried[match_class][position]
+
+    @staticmethod
+    def prior(match_class: int) -> float:
+        """What the policy expects a draft token of this match class to keep: a fixed figure."""
+        return PRIOR_KEPT[match_class]
 
     def record(self, matched: int, drafted: int, kept: int, index: NgramIndex) -> None:
         """Count a draft of `drafted` tokens of which the first `kept` were confirmed: position j was
@@ -115,7 +118,7 @@ class AcceptanceModel:
         self.drafts[c] += 1
         tried, kept_at = self.tried[c], self.kept[c]
         for j in range(min(kept + 1, drafted)):
-            index.expected += self.chance(c, j)
+            index.expected += self.prior(c)
             index.kept += j < kept
             tried[j] += 1
             kept_at[j] += j < kept
@@ -129,8 +132,8 @@ class AcceptanceModel:
         # The sequence's own record against the class's: a repetitive answer keeps more, a fresh one less.
         own = (index.kept + SEQUENCE_WEIGHT) / (index.expected + SEQUENCE_WEIGHT)
         chances, q = [], 1.0
-        for j in range(min(len(guess.tokens), len(self.tried[c]))):
-            q *= min(MAX_CHANCE, self.chance(c, j) * own)
+        for _ in range(min(len(guess.tokens), len(self.tried[c]))):
+            q *= min(MAX_CHANCE, self.prior(c) * own)
             chances.append(q)
         return chances
 
@@ -140,13 +143,8 @@ class DraftPolicy:
 
     def __init__(self, max_draft: int) -> None:
         self.max_draft = max_draft
-        self.cost = StepCost()
+        self.cost = StepCost()  # until measure_step_costs: a row priced as a whole one-token step
         self.acceptance = AcceptanceModel(max_draft)
-        self._plans_since_exploring = 0
-
-    def costs_changed(self) -> None:
-        """The machine's step costs changed (llama.cpp got another thread count): measure them anew."""
-        self.cost = StepCost()
 
     def plan(
         self, guesses: Sequence[tuple[Guess, NgramIndex]], step_tokens: int, yielded: int, budget: int
@@ -161,24 +159,11 @@ class DraftPolicy:
         # one that gives the step the most tokens per second: costs need not be convex (on a CPU a
         # second row can cost nearly a whole step, and the next few little), so every count is tried.
         candidates.sort()
-        best_rows = self._exploring_rows(step_tokens, min(budget, len(candidates)))
-        if best_rows is None:
-            best_rows = self._best_rows(candidates[:budget], step_tokens, yielded)
+        best_rows = self._best_rows(candidates[:budget], step_tokens, yielded)
         lengths = [0] * len(guesses)
         for _, _, i in candidates[:best_rows]:
             lengths[i] += 1
         return lengths
-
-    def _exploring_rows(self, step_tokens: int, available: int) -> int | None:
-        """Rows that take this step into the next band of sizes, while fewer than two bands are
-        measured, once every EXPLORE_EVERY plans; None otherwise."""
-        if self.cost.bands_measured() >= 2:
-            return None
-        self._plans_since_exploring += 1
-        if self._plans_since_exploring < EXPLORE_EVERY:
-            return None
-        self._plans_since_exploring = 0
-        return min(available, (1 << step_tokens.bit_length()) - step_tokens)
 
     def _best_rows(self, candidates: list[tuple[float, int, int]], step_tokens: int, yielded: int) -> int:
         """The number of the likeliest rows that gives the step the most tokens per second."""
@@ -192,9 +177,9 @@ class DraftPolicy:
         return best_rows
 
     def snapshot(self) -> dict[str, Any]:
-        """What the policy has measured, for /status: a step's milliseconds by its tokens (once two
-        sizes were seen), and per match length the chance of keeping each draft position, with the
-        number of drafts counted there."""
+        """What the policy has measured, for /status: a step's milliseconds by its tokens (as timed
+        at load), and per match length the chance of keeping each draft position the drafts counted
+        so far showed, with their number."""
         measured = len(self.cost.points()) >= 2
         model, labels = self.acceptance, self.acceptance.labels()
         return {
@@ -204,3 +189,23 @@ class DraftPolicy:
             },
             "drafts_counted": dict(zip(labels, model.drafts, strict=True)),
         }
+
+
+def measure_step_costs(decode_rows: Callable[[int], None], max_rows: int) -> StepCost:
+    """T(N) at N = 1, 2, 4, ... up to `max_rows`, each the fastest of MEASURED_REPEATS steps, the
+    sizes taken in turn: `decode_rows(n)` decodes one step of n rows (at load, before any request)."""
+    sizes, n = [], 1
+    while n < max_rows:
+        sizes.append(n)
+        n *= 2
+    sizes.append(max_rows)
+    best = dict.fromkeys(sizes, float("inf"))
+    for _ in range(MEASURED_REPEATS):
+        for size in sizes:
+            started = time.perf_counter()
+            decode_rows(size)
+            best[size] = min(best[size], time.perf_counter() - started)
+    cost = StepCost()
+    for size, seconds in best.items():
+        cost.observe(size, seconds)
+    return cost

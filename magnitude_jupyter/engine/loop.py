@@ -18,10 +18,11 @@ from ..config import EngineSettings
 from ..models.registry import ModelInfo
 from .answers import AnswerWriter, step_chunks
 from .compaction import CompactionFailed, compact_if_due
+from .draft_policy import measure_step_costs
 from .kv_ops import KVOp
 from .memory import cache_sequences, plan_kv, shares_sequences
 from .metrics import EngineMetrics
-from .plan import SchedulerOutput
+from .plan import DecodeItem, SchedulerOutput
 from .request import FinishReason, Request
 from .runner_api import Runner, Sampled, apply_kv_ops
 from .scheduler import Scheduler
@@ -108,6 +109,14 @@ class EngineLoop:
                 sequence_start=self.runner.sequence_start,
                 shared_sequences=shares_sequences(self._windowed, es),
             )
+            if self.scheduler.drafts is not None:
+                self._set_load_phase("timing draft steps")
+                try:
+                    self.scheduler.drafts.cost = measure_step_costs(
+                        scratch_steps(self.runner), self.scheduler.drafts.max_draft + 1
+                    )
+                finally:
+                    self.runner.drop_cells(0, 0, -1)
             if trained and es.cells > trained:
                 # Said at start-up, never discovered by a request (docs/configuration.md, ctx_size).
                 log.warning(
@@ -148,8 +157,6 @@ class EngineLoop:
                 if threads is not None:
                     runner.set_threads(threads)
                     self._threads = threads
-                    if scheduler.drafts is not None:
-                        scheduler.drafts.costs_changed()
             with self._lock:
                 now = time.monotonic()
                 if now >= next_housekeeping:
@@ -245,10 +252,9 @@ class EngineLoop:
             runner.end_sequence(seq_id)
 
     def _execute(self, runner: Runner, out: SchedulerOutput) -> list[list[Sampled]]:
-        drafts = self.scheduler.drafts if self.scheduler is not None else None
         solo_one_thread = self._threads > 1 and self.engine_settings.uses_flash_attention
         threads = self._threads if solo_one_thread else None
-        return execute_plan(runner, out, self.metrics, drafts, threads, lambda: self._make_room(runner))
+        return execute_plan(runner, out, self.metrics, threads, lambda: self._make_room(runner))
 
     def _make_room(self, runner: Runner) -> bool:
         """llama.cpp found no cells for a step: the cache gives back every entry no request runs on
@@ -296,3 +302,20 @@ class EngineLoop:
             for request in list(self._requests.values()):
                 if not request.is_finished and self._writer is not None:
                     self._answers().finish(request, FinishReason.CANCELLED, error=error)
+
+
+SCRATCH_PROMPT = 16  # tokens the scratch sequence holds before its timed steps
+
+
+def scratch_steps(runner: Runner) -> Callable[[int], None]:
+    """Decode steps of n rows after a short prompt, each row a logits row as a draft's are, on
+    sequence 0 before any request holds it: the draft policy's step costs, timed at load. Each
+    step's cells are dropped after it; the caller drops the prompt's."""
+    token = [0]  # any token: only the time counts
+    runner.decode([DecodeItem(0, token * SCRATCH_PROMPT, 0, False)])
+
+    def decode(n: int) -> None:
+        runner.decode([DecodeItem(0, token * n, SCRATCH_PROMPT, True, draft=n - 1)])
+        runner.drop_cells(0, SCRATCH_PROMPT, -1)
+
+    return decode

@@ -41,6 +41,10 @@ class ModelLoadError(EngineError):
     """A model could not be loaded; the message names the file and the reason."""
 
 
+class NotResidentError(EngineError):
+    """A model that is not loaded, asked for by one who may not load models."""
+
+
 class NoRoomError(EngineError):
     """A model does not fit now: the models that would have to make room are busy."""
 
@@ -195,11 +199,13 @@ class ModelPool:
         for resident in residents:
             resident.engine.shutdown()
 
-    def checkout(self, name: str | None, keep_alive: float | None = None) -> Resident:
+    def checkout(self, name: str | None, keep_alive: float | None = None, may_load: bool = True) -> Resident:
         """The model's Resident for one request, its load started if it was not resident (may unload
         idle models first: call off the event loop). It counts as busy until `checkin`. Raises
-        ModelNotFoundError, ModelLoadError, or NoRoomError when busy models leave no room now."""
-        return self._acquire(self.resolve(name), keep_alive)
+        ModelNotFoundError, ModelLoadError, or NoRoomError when busy models leave no room now; with
+        `may_load` False, NotResidentError for a model that is not resident (nothing is loaded or
+        unloaded)."""
+        return self._acquire(self.resolve(name), keep_alive, may_load)
 
     def checkin(self, resident: Resident) -> None:
         with self._lock:
@@ -262,11 +268,13 @@ class ModelPool:
         self._unload(resident, "asked to")
         return True
 
-    def _acquire(self, entry: ModelEntry, keep_alive: float | None) -> Resident:
+    def _acquire(self, entry: ModelEntry, keep_alive: float | None, may_load: bool = True) -> Resident:
         evicted: list[Resident] = []
         try:
             with self._lock:
                 resident = self._resident.get(entry.alias)
+                if resident is None and not may_load:
+                    raise NotResidentError(f"model {entry.alias!r} is not loaded")
                 if resident is None:
                     resident, evicted = self._admit(entry)
                     self._resident[entry.alias] = resident

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .chat import render_chat
+from .chat import render_chat, restore_shielded, split_shielded
 from .kv_ops import (
     ClearSequence,
     CopyCells,
@@ -72,6 +72,7 @@ class Runner(Protocol):
         ...
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
+    def control_texts(self) -> tuple[str, ...]: ...
     def token_to_piece(self, token: int) -> bytes: ...
     def is_eog(self, token: int) -> bool: ...
     def start_sequence(self, seq_id: int, params: SamplingParams, prompt_tokens: list[int], cells: int) -> None: ...
@@ -181,19 +182,41 @@ def chat_prompt(
     chat_template: str | None,
     tools: ToolRequest | None = None,
     enable_thinking: bool | None = None,
+    control_in_messages: bool = False,
 ) -> tuple[list[int], str]:
     """Chat messages (and the tools they may call) rendered through the model's template: the
-    tokens, and the text they were made from."""
+    tokens, and the text they were made from. Unless `control_in_messages`, a control token's text
+    written in a message (`<|im_start|>system` in a user's or a tool's text) is tokenized as the
+    text it is: only the template writes control tokens (docs/decisions.md, "Message text is text")."""
+    shielded: list[str] | None = None if control_in_messages else []
     text = render_chat(
-        messages, chat_template, runner.bos_token, runner.eos_token, tools=tools, enable_thinking=enable_thinking
+        messages,
+        chat_template,
+        runner.bos_token,
+        runner.eos_token,
+        tools=tools,
+        enable_thinking=enable_thinking,
+        shield=runner.control_texts() if shielded is not None else (),
+        shielded=shielded,
     )
     # The template writes the BOS token itself when the model wants one.
-    tokens = runner.tokenize(text, add_special=not (runner.bos_token and text.startswith(runner.bos_token)))
-    return tokens, text
+    if not shielded:
+        tokens = runner.tokenize(text, add_special=not (runner.bos_token and text.startswith(runner.bos_token)))
+        return tokens, text
+    tokens = []
+    whole = restore_shielded(text, shielded)
+    add_bos = not (runner.bos_token and whole.startswith(runner.bos_token))
+    for piece, is_message_text in split_shielded(text, shielded):
+        tokens += runner.tokenize(piece, add_special=add_bos and not tokens, parse_special=not is_message_text)
+    return tokens, whole
 
 
 def chat_prompt_tokens(
-    runner: Runner, messages: Any, chat_template: str | None, tools: ToolRequest | None = None
+    runner: Runner,
+    messages: Any,
+    chat_template: str | None,
+    tools: ToolRequest | None = None,
+    control_in_messages: bool = False,
 ) -> list[int]:
     """Chat messages (and the tools they may call) rendered through the model's template, as tokens."""
-    return chat_prompt(runner, messages, chat_template, tools)[0]
+    return chat_prompt(runner, messages, chat_template, tools, control_in_messages=control_in_messages)[0]

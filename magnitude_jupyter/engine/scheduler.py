@@ -466,6 +466,11 @@ class Scheduler(PromptStarts):
                 target = out.solo
             else:
                 size = min(remaining, token_budget)
+                if size == remaining and remaining > 1 and req.params.greedy and not req.output_tokens:
+                    # A greedy request's first token comes from a step of its last prompt token
+                    # alone, cached prefix or not: the same request answers the same on an idle
+                    # server (docs/decisions.md, "One greedy answer").
+                    size -= 1
                 if size <= 0:
                     continue
                 token_budget -= size

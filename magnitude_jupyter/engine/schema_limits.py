@@ -22,6 +22,10 @@ MAX_PROPERTIES = 256  # properties of one object
 MAX_ALTERNATIVES = 64  # anyOf / oneOf / allOf entries
 MAX_DEPTH = 32  # schemas nested in schemas
 MAX_NODES = 4096  # subschemas in one document
+# Subschemas counted with every `$ref` expanded to what it names (a reference to the schema's own
+# ancestor counts once): the work of the check after generation grows with this, not with the
+# document's size, and a chain of definitions that each refer twice to the next doubles it per level.
+MAX_EXPANDED_NODES = 16384
 MAX_PATTERN_LENGTH = 1000  # characters of one `pattern`
 MAX_PATTERN_REPEAT = 4096  # n in a pattern's {n} / {m,n}: written as a flat {m,n} repetition, as lengths are
 MAX_INTEGER_DIGITS = 15  # |minimum| / |maximum| below 10**15: ranges are built digit by digit
@@ -182,6 +186,72 @@ def check_schema(schema: Any, where: str = "") -> None:
         if depth > MAX_DEPTH:
             raise SchemaLimitError(f"the schema is nested more than {MAX_DEPTH} levels deep (at {_where(path)})")
         _check_node(node, path)
+    expanded = expanded_size(schema, MAX_EXPANDED_NODES)
+    if expanded > MAX_EXPANDED_NODES:
+        raise SchemaLimitError(
+            f"the schema expands to more than {MAX_EXPANDED_NODES} subschemas once its '$ref's are followed "
+            f"(in {_where(root)}: definitions that each refer to others several times multiply); "
+            f"the limit is {MAX_EXPANDED_NODES}"
+        )
+
+
+def _children(node: Any) -> list[Any]:
+    """The schemas directly inside a schema object (or a list of them), as `schema_objects` walks them."""
+    if isinstance(node, list):
+        return [item for item in node if isinstance(item, (dict, list))]
+    out: list[Any] = []
+    for key, value in node.items():
+        if key in DATA_KEYWORDS:
+            continue
+        if key in SCHEMA_MAPS and isinstance(value, dict):
+            out.extend(sub for sub in value.values() if isinstance(sub, (dict, list)))
+        elif isinstance(value, (dict, list)):
+            out.append(value)
+    return out
+
+
+def resolve_pointer(document: Any, ref: str) -> Any:
+    """What a '#/...' reference names in `document`, None when it names nothing."""
+    from urllib.parse import unquote
+
+    node = document
+    for raw in ref[2:].split("/") if ref.startswith("#/") else []:
+        part = unquote(raw).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def expanded_size(schema: Any, cap: int) -> int:
+    """The schema objects in `schema` with each `$ref` counted as the size of what it names; a
+    reference back to a schema still being counted (recursion) counts one. Stops counting past
+    `cap`. Walks without recursion."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(schema, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        inside = _children(node)
+        if isinstance(node, dict) and isinstance(node.get("$ref"), str):
+            target = resolve_pointer(schema, node["$ref"])
+            if isinstance(target, (dict, list)):
+                inside.append(target)
+        if children_done:
+            own = 1 if isinstance(node, dict) else 0
+            sizes[key] = min(cap + 1, own + sum(sizes.get(id(child), 1) for child in inside))
+            open_.discard(key)
+            continue
+        if key in sizes or key in open_:
+            continue
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in inside if id(child) not in sizes and id(child) not in open_)
+    return sizes.get(id(schema), 1)
 
 
 def _check_node(node: dict[str, Any], path: list[str]) -> None:

@@ -8,7 +8,6 @@ import logging
 import time
 from collections.abc import Callable
 
-from .draft_policy import DraftPolicy
 from .metrics import EngineMetrics
 from .plan import DecodeItem, ScheduledChunk, SchedulerOutput
 from .runner_api import GrammarDeadEnd, NoRoomForBatch, Runner, Sampled
@@ -20,7 +19,6 @@ def execute_plan(
     runner: Runner,
     out: SchedulerOutput,
     metrics: EngineMetrics,
-    drafts: DraftPolicy | None,
     solo_threads: int | None,
     make_room: Callable[[], bool] = lambda: False,
 ) -> list[list[Sampled]]:
@@ -36,13 +34,8 @@ def execute_plan(
     for group in groups:
         started = time.perf_counter()
         if group is out.batched:
-            decodes_only = out.decodes_only  # as planned: a step short of cells may leave its prompts out
             rows = decode_batched(runner, group, make_room)
             seconds = time.perf_counter() - started
-            # Only steps of decode rows teach the policy what a draft row costs: prompt rows are
-            # cheaper per token (they fill the step in one matrix product) and would hide the price.
-            if drafts is not None and decodes_only:
-                drafts.cost.observe(sum(len(chunk.tokens) for chunk in group), seconds)
         else:
             rows = decode_solo(runner, [chunk.item() for chunk in group], solo_threads)
             seconds = time.perf_counter() - started

@@ -27,10 +27,11 @@ from ..api.errors import ApiError, api_error_from
 from ..api.generation import GenerationRequest, parse_json_body, short_string
 from ..api.openai import parse_generation
 from ..api.openai_shapes import ResponseShape, completion_response, stream_renderer
+from ..api.responses import visible_to
 from ..api.status import model_json, pool_json, props_json, status_json
 from ..api.submit import submit
 from ..engine import Engine, Priority, Request
-from ..engine.pool import ROOM_POLL_SECONDS, ROOM_WAIT_SECONDS, ModelPool, NoRoomError, Resident
+from ..engine.pool import ROOM_POLL_SECONDS, ROOM_WAIT_SECONDS, ModelPool, NoRoomError, NotResidentError, Resident
 from ..engine.request import prompt_head
 from ..engine.slo import Shed, check_shed
 from ..engine.stats import LoadWaiter
@@ -106,14 +107,18 @@ class ApiMixin(RequestHandler):
         """The model for one request, loaded, and the milliseconds its load took (None when it was
         resident), without blocking the loop: waits for room while busy models leave none, and for
         the load, listed in /status meanwhile as `waiter(since)` makes it (made only for a load, not
-        for every request). The caller hands it back with `pool.checkin`."""
+        for every request). A tenant without the `models` right gets resident models only: a 403
+        for any other. The caller hands it back with `pool.checkin`."""
         loop = asyncio.get_running_loop()
         pool = self.pool
         started = time.monotonic()
+        may_load = self.tenant.models
         while True:
             try:
-                resident = await loop.run_in_executor(None, pool.checkout, name, keep_alive)
+                resident = await loop.run_in_executor(None, pool.checkout, name, keep_alive, may_load)
                 break
+            except NotResidentError as exc:
+                raise self.tenant.refuse(f"load models ({exc}; it may use the models that are)", "model") from None
             except NoRoomError:
                 if time.monotonic() - started > ROOM_WAIT_SECONDS:
                     raise
@@ -336,13 +341,14 @@ class StreamHandler(ApiMixin):
     """Re-attach to a generation (`Last-Event-ID` or `?starting_after=N`), or cancel it."""
 
     def _find(self, stream_id: str) -> tuple[Engine, Any]:
-        """The stream, if it is this tenant's: another tenant's answers as if it did not exist."""
+        """The stream, if it is this tenant's (the owner sees all): another tenant's answers as if it
+        did not exist."""
         engine, stream = self.pool.find_stream(stream_id)
         try:
             owner = engine.tenant_of(stream_id)
         except KeyError:
             owner = None
-        if owner != self.tenant.scope:
+        if not visible_to(owner, self.tenant.scope):
             raise ApiError(404, f"no stream {stream_id!r}", code="stream_not_found")
         return engine, stream
 
@@ -474,9 +480,10 @@ class MetricsHandler(ApiMixin):
         # prometheus_client is imported at the first scrape: a server nobody scrapes does without it.
         from .metrics import make_registry, render_metrics
 
-        registry = self.settings.get(REGISTRY_KEY)
+        registries = self.settings.setdefault(REGISTRY_KEY, {})  # one per viewer: the owner's, each tenant's
+        registry = registries.get(self.tenant.scope)
         if registry is None:
-            registry = self.settings[REGISTRY_KEY] = make_registry(self.pool)
+            registry = registries[self.tenant.scope] = make_registry(self.pool, self.tenant.scope)
         body, content_type = render_metrics(registry)
         self.set_header("Content-Type", content_type)
         self.finish(body)

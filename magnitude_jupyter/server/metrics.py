@@ -1,7 +1,12 @@
 """`/metrics`: the engine's counters in Prometheus' text format, through `prometheus_client`.
 
 A collector reads the pool's engines when scraped (nothing is copied on the hot path), into a
-registry of its own per server, so two servers in one process never mix their figures.
+registry of its own per server and viewer, so two servers in one process never mix their figures.
+
+Who scrapes decides what is shown (docs/operations.md, "Several clients"): the owner sees every
+family; a tenant sees the server's state now (the gauges, the objectives' judgement) and its own
+`magnitude_tenant_*` series, but no counter or histogram that sums every tenant's requests, since
+another tenant's request sizes and times could be read from two scrapes of them.
 """
 
 from __future__ import annotations
@@ -143,10 +148,12 @@ ENGINE_GAUGES: tuple[tuple[str, str, Reading], ...] = (
 
 
 class PoolCollector:
-    """Every resident model's figures, one label value per model (a model that unloads leaves)."""
+    """Every resident model's figures, one label value per model (a model that unloads leaves);
+    `tenant`: the one tenant whose scrape this is (None: the owner's, everything)."""
 
-    def __init__(self, pool: ModelPool) -> None:
+    def __init__(self, pool: ModelPool, tenant: str | None = None) -> None:
         self.pool = pool
+        self.tenant = tenant
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}
@@ -169,26 +176,30 @@ class PoolCollector:
         stats = engine.stats()
         metrics = engine.metrics
         model, sched = stats.model, stats.scheduler
-        requests = family(
-            CounterMetricFamily, "magnitude_requests", "Finished requests by outcome.", ("model", "outcome")
-        )
-        for outcome in OUTCOMES:
-            requests.add_metric([model, outcome], metrics.requests_by_outcome.get(outcome, 0))
         self._tenants(metrics, model, family)
-        for name, help_text, read in ENGINE_COUNTERS:
-            family(CounterMetricFamily, name, help_text).add_metric([model], read(metrics, sched, stats))
-        for name, help_text, hist in (
-            ("magnitude_time_to_first_token_seconds", "Arrival to first token.", metrics.ttft),
-            ("magnitude_e2e_request_latency_seconds", "Arrival to last token.", metrics.e2e),
-        ):
-            _add_histogram(family(HistogramMetricFamily, name, help_text), model, hist)
+        if self.tenant is None:  # what sums every tenant's requests: the owner's only
+            requests = family(
+                CounterMetricFamily, "magnitude_requests", "Finished requests by outcome.", ("model", "outcome")
+            )
+            for outcome in OUTCOMES:
+                requests.add_metric([model, outcome], metrics.requests_by_outcome.get(outcome, 0))
+            for name, help_text, read in ENGINE_COUNTERS:
+                family(CounterMetricFamily, name, help_text).add_metric([model], read(metrics, sched, stats))
+            for name, help_text, hist in (
+                ("magnitude_time_to_first_token_seconds", "Arrival to first token.", metrics.ttft),
+                ("magnitude_e2e_request_latency_seconds", "Arrival to last token.", metrics.e2e),
+            ):
+                _add_histogram(family(HistogramMetricFamily, name, help_text), model, hist)
         for name, help_text, read in ENGINE_GAUGES:
             family(GaugeMetricFamily, name, help_text).add_metric([model], read(metrics, sched, stats))
         self._slo(engine, model, family)
 
     def _tenants(self, metrics: EngineMetrics, model: str, family: Callable[..., Any]) -> None:
-        """A server with several API keys: each tenant's requests and tokens."""
+        """A server with several API keys: each tenant's requests and tokens (a tenant's scrape: its own)."""
         tenant_requests, tenant_tokens = metrics.tenant_counts()
+        if self.tenant is not None:
+            tenant_requests = {k: v for k, v in tenant_requests.items() if k[0] == self.tenant}
+            tenant_tokens = {k: v for k, v in tenant_tokens.items() if k[0] == self.tenant}
         if not tenant_requests:
             return
         by_tenant = family(
@@ -223,9 +234,9 @@ class PoolCollector:
                     metrics[name].add_metric([model, state.name], float(value))
 
 
-def make_registry(pool: ModelPool) -> CollectorRegistry:
+def make_registry(pool: ModelPool, tenant: str | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(PoolCollector(pool))
+    registry.register(PoolCollector(pool, tenant))
     return registry
 
 

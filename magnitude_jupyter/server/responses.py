@@ -21,6 +21,7 @@ from ..api.responses import (
     parse_responses,
     response_object,
     stored_input,
+    visible_to,
 )
 from ..engine import Engine, Request
 from ..engine.streams import StreamEvent
@@ -70,7 +71,7 @@ class LiveResponses:
 
     def get(self, response_id: str, tenant: str | None = None) -> LiveResponse | None:
         live = self._items.get(response_id)
-        return live if live is not None and live.tenant == tenant else None
+        return live if live is not None and visible_to(live.tenant, tenant) else None
 
     def remove(self, response_id: str, tenant: str | None = None) -> LiveResponse | None:
         if self.get(response_id, tenant) is None:

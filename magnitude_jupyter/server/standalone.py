@@ -22,7 +22,7 @@ from ..engine.pool import ModelPool
 from .handlers import DEFAULT_MAX_BODY_BYTES, MAX_BODY_KEY, ApiMixin, api_key_as_bearer
 from .routes import fallback_route, make_routes
 from .sse import POOL_KEY
-from .tenants import API_KEYS_KEY, OWNER, Tenant, tenant_for
+from .tenants import API_KEYS_KEY, OWNER, Tenant, check_owner_key_apart, tenant_for
 
 log = logging.getLogger("magnitude.serve")
 SHUTDOWN_SECONDS = 3.0  # after SIGTERM or SIGINT, the most a graceful shutdown may take
@@ -102,6 +102,7 @@ def make_app(
     routes = [(r"/", RootHandler), *make_routes(TokenAuthHandler, "/"), *make_routes(TokenAuthHandler, "/magnitude/")]
     routes.append(fallback_route(TokenAuthHandler, "/"))
     settings: dict[str, Any] = {POOL_KEY: pool, TOKEN_KEY: token, MAX_BODY_KEY: max_body_bytes}
+    check_owner_key_apart(token, pool.settings.api_keys)
     settings[API_KEYS_KEY] = pool.settings.api_keys
     settings[REMOTE_KEY] = allow_remote
     return tornado.web.Application(routes, **settings)

@@ -14,7 +14,7 @@ import hmac
 from dataclasses import dataclass
 
 from ..api.errors import ApiError
-from ..config import ApiKey
+from ..config import ApiKey, ConfigError
 
 API_KEYS_KEY = "magnitude_api_keys"
 
@@ -51,3 +51,16 @@ def tenant_for(given: str, keys: tuple[ApiKey, ...]) -> Tenant | None:
         if hmac.compare_digest(given.encode(), key.key.encode()):
             found = key
     return Tenant.of(found) if found is not None else None
+
+
+def check_owner_key_apart(token: str | None, keys: tuple[ApiKey, ...]) -> None:
+    """Refuse, before serving, a tenant key equal to the owner's `--token`: whoever held it would be
+    the owner, with every right, while the config says it is a tenant with fewer."""
+    if token is None:
+        return
+    for key in keys:
+        if hmac.compare_digest(token.encode(), key.key.encode()):
+            raise ConfigError(
+                f"api_keys: the key of {key.name!r} is the server's own --token (the owner's key, which has "
+                "every right): give the tenant a key of its own"
+            )
