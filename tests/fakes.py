@@ -120,6 +120,9 @@ class FakeRunner:
     def control_texts(self) -> tuple[str, ...]:
         return ()
 
+    def logit_gap(self, row: int, token: int, other: int) -> float:
+        return float("-inf")  # the fake model's picks are never near a tie
+
     def token_to_piece(self, token: int) -> bytes:
         return f"{token} ".encode()
 

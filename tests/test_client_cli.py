@@ -162,6 +162,50 @@ def test_a_checkpoint_is_reused_only_by_the_same_job(server, tmp_path):
 
 
 @pytest.mark.model
+def test_a_checkpoint_that_cannot_be_written_is_said_and_the_finished_rows_are_output(server, tmp_path):
+    """A checkpoint whose writes fail (a full disk, a folder gone) stops being written, said in
+    words; the batch goes on and --output holds every finished row."""
+    env = {"MAGNITUDE_URL": server.url, "MAGNITUDE_TOKEN": server.token}
+    rows = tmp_path / "in.jsonl"
+    rows.write_text("".join(json.dumps({"review": f"review number {i}"}) + "\n" for i in range(4)))
+    out = tmp_path / "out.jsonl"
+    done = magnitude(
+        "batch", "--input", str(rows), "--output", str(out), "--template", "Classify: {{ review }}",
+        "--checkpoint", str(tmp_path / "gone" / "ck.jsonl"), "--max-tokens", "3", env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "4 of 4 rows scored" in done.stderr and "could not be written" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert len(out.read_text().splitlines()) == 4
+
+
+@pytest.mark.model
+def test_a_rerun_after_a_torn_checkpoint_line_starts_its_records_on_a_line_of_their_own(server, tmp_path):
+    env = {"MAGNITUDE_URL": server.url, "MAGNITUDE_TOKEN": server.token}
+    rows = tmp_path / "in.jsonl"
+    rows.write_text("".join(json.dumps({"review": f"review number {i}"}) + "\n" for i in range(3)))
+    checkpoint, out = tmp_path / "ck.jsonl", tmp_path / "out.jsonl"
+
+    def batch() -> str:
+        done = magnitude(
+            "batch", "--input", str(rows), "--output", str(out), "--template", "Classify: {{ review }}",
+            "--checkpoint", str(checkpoint), "--max-tokens", "3", env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
+    batch()
+    lines = checkpoint.read_text().splitlines()
+    checkpoint.write_text(lines[0] + "\n" + lines[1][: len(lines[1]) // 2])  # a crash cut the second line
+    said = batch()
+    assert "1 reused from the checkpoint" in said
+    records = checkpoint.read_text().splitlines()
+    assert records[1] == lines[1][: len(lines[1]) // 2]  # the torn line stays torn, alone on its line
+    assert len(records) == 4 and all(json.loads(line)["row"] for line in (records[0], *records[2:]))
+    assert "3 reused from the checkpoint" in batch()
+
+
+@pytest.mark.model
 def test_cli_chat_reads_a_piped_prompt(server):
     env = {**os.environ, "MAGNITUDE_URL": server.url, "MAGNITUDE_TOKEN": server.token}
     done = subprocess.run(

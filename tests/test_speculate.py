@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from magnitude_jupyter.config import Settings
-from magnitude_jupyter.engine import Engine, SamplingParams
-from magnitude_jupyter.engine import draft_policy
+from magnitude_jupyter.engine import Engine, SamplingParams, draft_policy
 from magnitude_jupyter.engine.draft_policy import DraftPolicy, StepCost, measure_step_costs
 from magnitude_jupyter.engine.request import FinishReason, Request
 from magnitude_jupyter.engine.scheduler import Scheduler

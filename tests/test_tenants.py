@@ -12,9 +12,11 @@ import pytest
 from magnitude_jupyter.config import ConfigError, parse_api_keys
 
 ALICE, BOB, CAROL = "alice-key-0123456789", "bob-key-0123456789ab", "carol-key-0123456789"
+OWNER_KEY = "owner-key-0123456789"
 CONFIG = f"""
 engine:
   ctx_size: 4096
+max_loaded_models: 2
 api_keys:
   - name: alice
     key: {ALICE}
@@ -30,10 +32,10 @@ LONG = "You are a careful assistant. " * 40
 
 
 @pytest.fixture(scope="module")
-def tenants_server():
+def tenants_server(models_dir):
     from magnitude_jupyter.client.runtime import LocalServer
 
-    with LocalServer(token="owner-key-0123456789", config=CONFIG) as server:
+    with LocalServer(token=OWNER_KEY, config=CONFIG + f"models_dir: {models_dir}\n") as server:
         yield server
 
 
@@ -59,6 +61,10 @@ def test_a_tenant_cannot_read_continue_or_delete_another_tenants_response(tenant
         r = call(tenants_server, BOB, method, path, body)
         assert r.status_code == 404, (method, path, r.text)
     assert call(tenants_server, ALICE, "GET", f"/v1/responses/{response_id}").status_code == 200
+    # The owner's --token sees and may do everything (docs/operations.md, "Several clients").
+    assert call(tenants_server, OWNER_KEY, "GET", f"/v1/responses/{response_id}").status_code == 200
+    assert call(tenants_server, OWNER_KEY, "DELETE", f"/v1/responses/{response_id}").status_code == 200
+    assert call(tenants_server, ALICE, "GET", f"/v1/responses/{response_id}").status_code == 404
 
 
 @pytest.mark.model
@@ -77,6 +83,7 @@ def test_a_tenant_cannot_follow_or_cancel_another_tenants_stream(tenants_server)
     assert call(tenants_server, BOB, "GET", f"/v1/streams/{stream_id}").status_code == 404
     assert call(tenants_server, BOB, "DELETE", f"/v1/streams/{stream_id}").status_code == 404
     assert call(tenants_server, ALICE, "GET", f"/v1/streams/{stream_id}").status_code == 200
+    assert call(tenants_server, OWNER_KEY, "GET", f"/v1/streams/{stream_id}").status_code == 200
 
 
 @pytest.mark.model
@@ -89,12 +96,52 @@ def test_what_a_key_may_do_is_its_own(tenants_server):
     assert call(tenants_server, BOB, "POST", "/models/smollm2-135m/unload").status_code == 403
     assert call(tenants_server, CAROL, "POST", "/v1/chat/completions", {**ask, "priority": "batch"}).status_code == 200
     assert (
-        call(
-            tenants_server, "owner-key-0123456789", "POST", "/v1/chat/completions", {**ask, "priority": "batch"}
-        ).status_code
-        == 200
+        call(tenants_server, OWNER_KEY, "POST", "/v1/chat/completions", {**ask, "priority": "batch"}).status_code == 200
     )
     assert call(tenants_server, "not-a-key-at-all-xx", "POST", "/v1/chat/completions", ask).status_code == 401
+
+
+@pytest.mark.model
+def test_a_key_without_the_models_right_uses_resident_models_only(tenants_server):
+    """Alice (`models: false`) asking for a model that is not loaded gets a 403, on every route that
+    would load it; nothing is loaded or unloaded for her. A key with the right loads it."""
+    from .conftest import SECOND_MODEL
+
+    ask = {"model": SECOND_MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    for path, body in (
+        ("/v1/chat/completions", ask),
+        ("/v1/completions", {"model": SECOND_MODEL, "prompt": "Hi", "max_tokens": 2}),
+        ("/v1/embeddings", {"model": SECOND_MODEL, "input": "Hi"}),
+        ("/v1/messages", {**ask, "max_tokens": 2}),
+        ("/v1/responses", {"model": SECOND_MODEL, "input": "Hi", "max_output_tokens": 2}),
+    ):
+        r = call(tenants_server, ALICE, "POST", path, body)
+        assert r.status_code == 403, (path, r.text)
+        error = r.json()["error"]
+        assert error["type"] == "permission_error" and "load models" in error["message"], (path, error)
+    loaded = call(tenants_server, OWNER_KEY, "GET", "/").json()["loaded"]
+    assert SECOND_MODEL not in loaded and "smollm2-135m" in loaded
+    assert (
+        call(tenants_server, ALICE, "POST", "/v1/chat/completions", {**ask, "model": "smollm2-135m"}).status_code == 200
+    )
+    assert call(tenants_server, CAROL, "POST", "/v1/chat/completions", ask).status_code == 200
+    assert call(tenants_server, ALICE, "POST", "/v1/chat/completions", ask).status_code == 200  # resident now
+
+
+@pytest.mark.model
+def test_a_tenant_key_equal_to_the_owners_token_is_refused_before_serving(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    config = tmp_path / "config.yaml"
+    config.write_text(f"api_keys:\n  - name: alice\n    key: {OWNER_KEY}\n")
+    env = {**os.environ, "MAGNITUDE_CONFIG": str(config), "MAGNITUDE_RUNTIME_DIR": str(tmp_path / "runtime")}
+    done = subprocess.run(
+        [sys.executable, "-m", "magnitude_jupyter.cli", "serve", "--token", OWNER_KEY, "--port", "0"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0 and "is the server's own --token" in done.stderr, done.stderr
 
 
 @pytest.mark.model
@@ -117,12 +164,25 @@ def test_metrics_count_each_tenant_and_status_shows_a_tenant_no_other_requests(t
         "/v1/chat/completions",
         {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
     )
-    text = call(tenants_server, "owner-key-0123456789", "GET", "/metrics").text
+    text = call(tenants_server, OWNER_KEY, "GET", "/metrics").text
     assert 'magnitude_tenant_requests_total{model="smollm2-135m",outcome="length",tenant="alice"}' in text
     assert 'tenant="alice",kind="prompt"' in text or 'kind="prompt",model="smollm2-135m",tenant="alice"' in text
+    # Bob's scrape: his own series and the server's state now, nothing that sums alice's requests.
+    bobs = call(tenants_server, BOB, "GET", "/metrics").text
+    assert 'tenant="alice"' not in bobs and "magnitude_prompt_tokens_total" not in bobs
+    assert "magnitude_time_to_first_token_seconds" not in bobs and "magnitude_kv_usage_ratio" in bobs
+    call(
+        tenants_server,
+        BOB,
+        "POST",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+    )
+    assert 'tenant="bob"' in call(tenants_server, BOB, "GET", "/metrics").text
+    assert "magnitude_prompt_tokens_total" in text
     status = json.loads(call(tenants_server, BOB, "GET", "/status").text)
     assert status["recent"] == [] and status["requests"] == []
-    assert call(tenants_server, "owner-key-0123456789", "GET", "/status").json()["recent"]
+    assert call(tenants_server, OWNER_KEY, "GET", "/status").json()["recent"]
 
 
 @pytest.mark.parametrize(

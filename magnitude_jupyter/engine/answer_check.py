@@ -39,6 +39,9 @@ MAX_ERRORS_READ = 32  # the errors the message is chosen from (the validator yie
 MESSAGE_CHARS = 300
 MAX_CHECK_STEPS = 50_000  # keywords applied in one answer's check, and its strings' length in CHARS_PER_STEP
 CHARS_PER_STEP = 64
+# Keywords applied inside one another: a schema that refers to itself where the answer goes no deeper
+# ({"anyOf": [{"$ref": "#"}]}) would otherwise recurse until Python's own limit.
+MAX_CHECK_DEPTH = 128
 CHECK_DEADLINE_SECONDS = 10.0
 
 
@@ -47,10 +50,11 @@ class CheckBudgetError(Exception):
 
 
 class _Budget:
-    __slots__ = ("deadline", "steps")
+    __slots__ = ("deadline", "depth", "steps")
 
     def __init__(self) -> None:
         self.steps = 0
+        self.depth = 0
         self.deadline = time.monotonic() + CHECK_DEADLINE_SECONDS
 
     def charge(self, steps: int = 1) -> None:
@@ -66,10 +70,9 @@ class _Budget:
 _current = threading.local()
 
 
-def _charge(steps: int = 1) -> None:
+def _budget() -> _Budget | None:
     budget: _Budget | None = getattr(_current, "budget", None)
-    if budget is not None:
-        budget.charge(steps)
+    return budget
 
 
 @contextlib.contextmanager
@@ -89,10 +92,21 @@ def _counted(keyword: Any) -> Any:
     """A keyword's function that charges one step each time the validator applies it."""
 
     def apply(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:
-        _charge(1 + (len(instance) // CHARS_PER_STEP if isinstance(instance, str) else 0))
-        errors = keyword(validator, value, instance, schema)
-        if errors:
-            yield from errors
+        budget = _budget()
+        if budget is None:
+            yield from keyword(validator, value, instance, schema) or ()
+            return
+        budget.charge(1 + (len(instance) // CHARS_PER_STEP if isinstance(instance, str) else 0))
+        budget.depth += 1
+        try:
+            if budget.depth > MAX_CHECK_DEPTH:
+                raise CheckBudgetError(
+                    f"the schema applies its keywords more than {MAX_CHECK_DEPTH} deep (it refers to itself "
+                    "where the answer goes no deeper)"
+                )
+            yield from keyword(validator, value, instance, schema) or ()
+        finally:
+            budget.depth -= 1
 
     return apply
 

@@ -198,7 +198,9 @@ class AnswerWriter:
         assert request.answer_check is not None
         try:
             problem = request.answer_check.problem(request.output_text, request.tool_form)
-        except Exception as exc:  # a check that breaks must not lose the answer's final event
+        except BaseException as exc:  # a check that breaks (a native panic too) must not lose the final event
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
             log.exception("request %s: the answer check failed", request.request_id)
             problem = f"the answer could not be checked: {exc}"
         with self._lock:

@@ -33,6 +33,9 @@ class ScheduledChunk:
     sample: bool  # the last token's logits are wanted: the prompt is complete, or this is a decode step
     draft: list[int] = field(default_factory=list)  # guessed tokens after the sampled one, ending `tokens`
     draft_match: int = 0  # how many tokens matched where the draft was found
+    # The kept answer's tokens from this step's first pick on, where the request repeats an earlier
+    # greedy one (anchors.py): a pick within a near tie of one takes it (step.py).
+    expected: list[int] = field(default_factory=list)
 
     def item(self) -> DecodeItem:
         return DecodeItem(self.seq_id, self.tokens, self.start_pos, self.sample, len(self.draft))

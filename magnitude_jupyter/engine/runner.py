@@ -558,6 +558,11 @@ class LlamaRunner:
             raise RunnerError(f"no logits for batch row {row}")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
+    def logit_gap(self, row: int, token: int, other: int) -> float:
+        """How far `token`'s logit stands above `other`'s in a logits row of the last decode."""
+        logits = self._logits_view(row)
+        return float(logits[token]) - float(logits[other])
+
     def token_logprobs(self, row: int, token: int, top_n: int) -> TokenLogprob:
         """`token`'s log probability in a logits row (the model's own distribution, before any sampler
         changes it), and the `top_n` most likely tokens there."""

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from .admission_errors import OverloadedError, PromptTooLongError
+from .anchors import GreedyAnchors
 from .budget import KVBudget
 from .draft_policy import DraftPolicy
 from .kv_ops import CopyCells, ForgetSuspended, KVOp, LoadWindow, SuspendSequence
@@ -91,6 +92,7 @@ class Scheduler(PromptStarts):
         self.drafts = DraftPolicy(draft_tokens) if draft_tokens > 0 else None
         self.draft_max_sequences = draft_max_sequences  # ... made while at most this many sequences decode
         self.answers = AnswerMemory()  # greedy answers given lately: guesses for a request that repeats one
+        self.anchors = GreedyAnchors()  # ... and what a request with the same prompt follows (anchors.py)
         self.spell = spell  # a token's text, for matching a prompt that spells a cached answer otherwise
         self.max_running = max_running
         self.n_batch = n_batch
@@ -466,11 +468,6 @@ class Scheduler(PromptStarts):
                 target = out.solo
             else:
                 size = min(remaining, token_budget)
-                if size == remaining and remaining > 1 and req.params.greedy and not req.output_tokens:
-                    # A greedy request's first token comes from a step of its last prompt token
-                    # alone, cached prefix or not: the same request answers the same on an idle
-                    # server (docs/decisions.md, "One greedy answer").
-                    size -= 1
                 if size <= 0:
                     continue
                 token_budget -= size
@@ -499,6 +496,9 @@ class Scheduler(PromptStarts):
                     if n:
                         chunk.draft, chunk.draft_match = guess.tokens[:n], guess.matched
                         chunk.tokens = chunk.tokens + chunk.draft
+        for chunk in out.batched:  # where a request repeats an earlier greedy one, what it answered
+            if chunk.sample and chunk.request.params.draftable:
+                chunk.expected = self.anchors.expected(chunk.request, len(chunk.draft) + 1)
         self._rows_scheduled = sum(len(c.tokens) for c in (*out.batched, *out.solo))
         return out
 
@@ -648,6 +648,9 @@ class Scheduler(PromptStarts):
         shared = request.cache_scope is None
         if self.drafts is not None and request.params.draftable and reason != FinishReason.ERROR and shared:
             self.answers.remember(request.prompt_tokens, request.output_tokens)
+        if reason in (FinishReason.STOP, FinishReason.LENGTH):
+            self.anchors.remember(request)
+        self.anchors.forget(request)
         request.ngrams = None  # a finished request's record stays a while (for its stream): not its index
         request.seq_id = None
         return seq_id

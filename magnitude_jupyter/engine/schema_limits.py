@@ -186,6 +186,9 @@ def check_schema(schema: Any, where: str = "") -> None:
         if depth > MAX_DEPTH:
             raise SchemaLimitError(f"the schema is nested more than {MAX_DEPTH} levels deep (at {_where(path)})")
         _check_node(node, path)
+        ref = node.get("$ref")
+        if isinstance(ref, str) and resolve_pointer(schema, ref) is None:
+            raise SchemaLimitError(f"'$ref' {ref[:200]!r} (in {_where(path)}) names nothing in the schema")
     expanded = expanded_size(schema, MAX_EXPANDED_NODES)
     if expanded > MAX_EXPANDED_NODES:
         raise SchemaLimitError(

@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from .anchors import NEAR_TIE
 from .metrics import EngineMetrics
 from .plan import DecodeItem, ScheduledChunk, SchedulerOutput
 from .runner_api import GrammarDeadEnd, NoRoomForBatch, Runner, Sampled
@@ -46,7 +47,8 @@ def execute_plan(
             picks: list[Sampled] = []
             if row is not None:
                 for i in range(len(chunk.draft) + 1):
-                    picks.append(sample(runner, chunk, row + i))
+                    expected = chunk.expected[i] if i < len(chunk.expected) else None
+                    picks.append(sample(runner, chunk, row + i, expected))
                     if i == len(chunk.draft) or picks[-1].dead_end or picks[-1].token != chunk.draft[i]:
                         break
                 if chunk.draft:
@@ -101,11 +103,15 @@ def keep_prompt_rows(group: list[ScheduledChunk], keep: int) -> None:
     group[:] = kept
 
 
-def sample(runner: Runner, chunk: ScheduledChunk, row: int) -> Sampled:
+def sample(runner: Runner, chunk: ScheduledChunk, row: int, expected: int | None = None) -> Sampled:
+    """The pick of one logits row. `expected`: the token an earlier answer to the same greedy request
+    put here (anchors.py); it is taken where the model's own pick beats it by less than NEAR_TIE."""
     try:
         token = runner.sample(chunk.seq_id, row)
     except GrammarDeadEnd as end:  # this request ends; the others in the step go on
         return Sampled(-1, dead_end=str(end), complete=end.complete)
+    if expected is not None and token != expected and runner.logit_gap(row, expected, token) > -NEAR_TIE:
+        token = expected
     params = chunk.request.params
     # Read from this step's logits row before the next decode overwrites it.
     logprob = runner.token_logprobs(row, token, params.top_logprobs) if params.logprobs else None

@@ -286,7 +286,9 @@ class GenerationHandler(ApiMixin):
         resident, load_ms = await self.checkout_model(model, req.keep_alive, waiter)
         try:
             engine = resident.engine
-            request = await off_loop(self, self._body_size, lambda: self._submit(engine, req, arrival, load_ms))
+            request = await off_loop(
+                self, self._body_size, lambda: self._submit(engine, req, arrival, load_ms), engine.model_id
+            )
             return engine, request
         finally:
             self.pool.checkin(resident)

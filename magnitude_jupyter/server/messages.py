@@ -65,7 +65,9 @@ class CountTokensHandler(AnthropicErrors):
             resident, _ = await self.checkout_model(req.model, req.keep_alive)
             try:
                 engine = resident.engine
-                tokens = await off_loop(self, size, lambda: engine.prompt_tokens_for(None, req.messages, req.tools))
+                tokens = await off_loop(
+                    self, size, lambda: engine.prompt_tokens_for(None, req.messages, req.tools), engine.model_id
+                )
             finally:
                 self.pool.checkin(resident)
         except ClientGone:
