@@ -10,8 +10,10 @@ checkpoint on a failing disk in test_client_cli.py, one greedy answer in test_sp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -22,6 +24,7 @@ from magnitude_jupyter.engine import answer_check, template_budget
 from magnitude_jupyter.engine.answer_check import AnswerCheck, SchemaCheck
 from magnitude_jupyter.engine.chat import ChatFormatError, render_chat
 from magnitude_jupyter.engine.schema_limits import MAX_EXPANDED_NODES, SchemaLimitError, check_schema, expanded_size
+from magnitude_jupyter.engine.step_budget import StepBudget
 
 from .test_untrusted_server import MESSAGES, assert_still_serving, post, schema_format
 
@@ -32,6 +35,23 @@ def fan_out(levels: int, root: dict | None = None) -> dict:
     defs = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"$ref": f"#/$defs/d{i + 1}"}]} for i in range(levels)}
     defs[f"d{levels}"] = {"type": "string", "minLength": 5, "format": "email"}
     return {**(root or {"$ref": "#/$defs/d0"}), "$defs": defs}
+
+
+@contextlib.contextmanager
+def steps_taken() -> Iterator[list[int]]:
+    """Every count of steps a budget reached inside the block, in order."""
+    taken: list[int] = []
+    original = StepBudget.charge
+
+    def counting(self: StepBudget, steps: int = 1) -> None:
+        original(self, steps)
+        taken.append(self.steps)
+
+    StepBudget.charge = counting  # type: ignore[method-assign]
+    try:
+        yield taken
+    finally:
+        StepBudget.charge = original  # type: ignore[method-assign]
 
 
 # -- the check after generation ---------------------------------------------------------------------
@@ -126,18 +146,8 @@ def test_every_admitted_schema_is_checked_within_its_budget(schema, value):
         return
     except ValueError:  # not a valid schema (GrammarError): refused in words too
         return
-    taken: list[int] = []
-    original = answer_check._Budget.charge
-
-    def counting(self, steps=1):
-        original(self, steps)
-        taken.append(self.steps)
-
-    answer_check._Budget.charge = counting  # type: ignore[method-assign]
-    try:
+    with steps_taken() as taken:
         check.problem(json.dumps(value), None)
-    finally:
-        answer_check._Budget.charge = original  # type: ignore[method-assign]
     assert max(taken, default=0) <= answer_check.MAX_CHECK_STEPS
 
 
@@ -208,20 +218,11 @@ def test_templates_with_loops_and_growing_strings_stop_within_their_budget(count
     for n in counts:
         template += "{% for i in range(" + str(n) + ") %}"
     template += body + "{% endfor %}" * len(counts)
-    taken: list[int] = []
-    original = template_budget._Budget.charge
-
-    def counting(self, steps=1):
-        original(self, steps)
-        taken.append(self.steps)
-
-    template_budget._Budget.charge = counting  # type: ignore[method-assign]
-    try:
-        render_chat(SAY, template)
-    except ChatFormatError as exc:
-        assert "the model's chat template" in str(exc)
-    finally:
-        template_budget._Budget.charge = original  # type: ignore[method-assign]
+    with steps_taken() as taken:
+        try:
+            render_chat(SAY, template)
+        except ChatFormatError as exc:
+            assert "the model's chat template" in str(exc)
     assert max(taken, default=0) <= template_budget.MAX_RENDER_STEPS
 
 

@@ -22,17 +22,15 @@ docs/decisions.md, "The check after generation within a budget".
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import json
-import threading
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .schema_limits import GrammarError, schema_objects
+from .step_budget import StepBudget, running, within
 from .tools import ToolRequest, parse_answer
 
 MAX_ERRORS_READ = 32  # the errors the message is chosen from (the validator yields them lazily)
@@ -49,50 +47,15 @@ class CheckBudgetError(Exception):
     """A check that went over its budget; the message says which part."""
 
 
-class _Budget:
-    __slots__ = ("deadline", "depth", "steps")
-
-    def __init__(self) -> None:
-        self.steps = 0
-        self.depth = 0
-        self.deadline = time.monotonic() + CHECK_DEADLINE_SECONDS
-
-    def charge(self, steps: int = 1) -> None:
-        self.steps += steps
-        if self.steps > MAX_CHECK_STEPS:
-            raise CheckBudgetError(
-                f"checking it took more than {MAX_CHECK_STEPS:,} steps (the schema's keywords applied to the answer)"
-            )
-        if time.monotonic() > self.deadline:
-            raise CheckBudgetError(f"checking it took more than {CHECK_DEADLINE_SECONDS:g} s")
-
-
-_current = threading.local()
-
-
-def _budget() -> _Budget | None:
-    budget: _Budget | None = getattr(_current, "budget", None)
-    return budget
-
-
-@contextlib.contextmanager
-def within_budget() -> Iterator[None]:
-    """A budget for the checks inside, unless one is already running (one answer, one budget)."""
-    if getattr(_current, "budget", None) is not None:
-        yield
-        return
-    _current.budget = _Budget()
-    try:
-        yield
-    finally:
-        _current.budget = None
+def _budget() -> StepBudget:
+    return StepBudget(MAX_CHECK_STEPS, CHECK_DEADLINE_SECONDS, "checking it", CheckBudgetError)
 
 
 def _counted(keyword: Any) -> Any:
     """A keyword's function that charges one step each time the validator applies it."""
 
     def apply(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:
-        budget = _budget()
+        budget = running()
         if budget is None:
             yield from keyword(validator, value, instance, schema) or ()
             return
@@ -263,7 +226,7 @@ class SchemaCheck:
         its own (see the module doc): CheckBudgetError when it runs out."""
         from jsonschema.exceptions import best_match
 
-        with within_budget():
+        with within(_budget):
             try:
                 error = best_match(itertools.islice(self._validator.iter_errors(value), MAX_ERRORS_READ))
             except RecursionError:
@@ -300,7 +263,7 @@ class AnswerCheck:
         """Why the finished answer `text` fails the check, in words; None when it passes. The whole
         answer, every tool call of it, is checked within one budget."""
         try:
-            with within_budget():
+            with within(_budget):
                 return self._problem(text, tool_form)
         except CheckBudgetError as exc:
             return self._said(f"the answer could not be checked within its budget: {exc}")

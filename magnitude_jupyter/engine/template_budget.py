@@ -23,13 +23,13 @@ import functools
 import math
 import operator
 import re
-import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .step_budget import StepBudget, running, within
 
 MAX_RENDER_STEPS = 1_000_000  # loop iterations, calls, filters and joins in one render
 MAX_RENDER_CHARS = 16 << 20  # characters of the rendered prompt, and of any string or list built on the way
@@ -46,31 +46,14 @@ class TemplateBudgetError(ValueError):
     """A render that went over its budget; the message says which part of it."""
 
 
-class _Budget:
-    __slots__ = ("deadline", "steps")
-
-    def __init__(self) -> None:
-        self.steps = 0
-        self.deadline = time.monotonic() + RENDER_DEADLINE_SECONDS
-
-    def charge(self, steps: int = 1) -> None:
-        self.steps += steps
-        if self.steps > MAX_RENDER_STEPS:
-            raise TemplateBudgetError(
-                f"the chat template took more than {MAX_RENDER_STEPS:,} steps (loop iterations, calls and joins)"
-            )
-        if time.monotonic() > self.deadline:
-            raise TemplateBudgetError(f"the chat template ran for more than {RENDER_DEADLINE_SECONDS:g} s")
+def _new_budget() -> StepBudget:
+    return StepBudget(MAX_RENDER_STEPS, RENDER_DEADLINE_SECONDS, "the chat template", TemplateBudgetError)
 
 
-_current = threading.local()
-
-
-def _budget() -> _Budget:
-    budget: _Budget | None = getattr(_current, "budget", None)
-    if budget is None:  # a template rendered outside `render` (a test's): a budget of its own
-        budget = _current.budget = _Budget()
-    return budget
+def _budget() -> StepBudget:
+    """The running render's budget (a template rendered outside `render`, a test's: one of its own)."""
+    budget = running()
+    return budget if budget is not None else _new_budget()
 
 
 def _too_long(what: str, size: int) -> TemplateBudgetError:
@@ -231,8 +214,7 @@ def _replace_node(tree: nodes.Node, old: nodes.Node, new: nodes.Node) -> None:
 
 def render(template: Any, **variables: Any) -> str:
     """Render a template of a BudgetedEnvironment within a fresh budget; its output is bounded too."""
-    _current.budget = budget = _Budget()
-    try:
+    with within(_new_budget) as budget:
         pieces: list[str] = []
         written = 0
         for piece in template.generate(**variables):
@@ -242,5 +224,3 @@ def render(template: Any, **variables: Any) -> str:
             budget.charge(1 + len(piece) // CHARS_PER_STEP)
             pieces.append(piece)
         return "".join(pieces)
-    finally:
-        _current.budget = None
