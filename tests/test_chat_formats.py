@@ -10,6 +10,7 @@ import pytest
 from magnitude_jupyter.engine.chat import render_chat
 from magnitude_jupyter.models.chat_formats import (
     CHATML_TURN,
+    FAMILIES,
     GEMMA_TURN,
     LLAMA3_TURN,
     MISTRAL_TURN,
@@ -87,6 +88,21 @@ def test_gemma_has_no_system_role_the_system_text_opens_the_first_user_turn():
     assert text == (
         "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n"
         "<start_of_turn>user\nName a colour.<end_of_turn>\n<start_of_turn>model\n"
+    )
+
+
+@pytest.mark.parametrize("family", [f.name for f in FAMILIES])
+@pytest.mark.parametrize("before", [CHAT, CHAT[1:2], []])
+def test_a_system_message_after_the_last_user_message_is_in_every_familys_prompt(family, before):
+    """Claude Code puts its environment block there; no format may drop it (nor one with no user turn)."""
+    messages = [*before, {"role": "system", "content": "ENVIRONMENT BLOCK"}]
+    assert "ENVIRONMENT BLOCK" in render_chat(messages, family_named(family).template, bos_token="<s>")
+
+
+def test_gemma_says_a_trailing_system_message_as_a_user_turn_of_its_own():
+    text = render_chat([*CHAT, {"role": "system", "content": "Now: 10:00."}], family_named("gemma").template)
+    assert text.endswith(
+        "Name a colour.<end_of_turn>\n<start_of_turn>user\nNow: 10:00.<end_of_turn>\n<start_of_turn>model\n"
     )
 
 

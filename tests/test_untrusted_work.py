@@ -230,13 +230,19 @@ HOSTILE = "{% for i in range(100000) %}{% for j in range(2000) %}{% endfor %}{% 
 
 
 @pytest.mark.model
-def test_a_model_files_template_that_never_ends_is_a_400_and_the_server_keeps_serving(models_dir):
+def test_a_model_files_template_that_never_ends_is_a_400_and_the_server_keeps_serving(models_dir, tmp_path):
     """A model whose template loops: its chat requests are a 400 naming the budget, on a lane of that
     model's own, while a plain completion of the same model and the other model's chats are served."""
     from magnitude_jupyter.client.runtime import LocalServer
 
     config = f'models_dir: {models_dir}\nmodels:\n  smollm2-135m:\n    chat_template: "{HOSTILE}"\n'
-    with LocalServer(("--ctx-size", "2048", "--parallel", "2"), token="tmpl-token-0123456789", config=config) as server:
+    log = tmp_path / "serve.log"
+    with (
+        log.open("wb") as out,
+        LocalServer(
+            ("--ctx-size", "2048", "--parallel", "2"), token="tmpl-token-0123456789", config=config, log=out
+        ) as server,
+    ):
         headers = {"Authorization": f"Bearer {server.token}"}
 
         def chat(model: str) -> httpx.Response:
@@ -249,6 +255,9 @@ def test_a_model_files_template_that_never_ends_is_a_400_and_the_server_keeps_se
         assert chat("smollm2-135m-q8_0").status_code == 200
         plain = {"model": "smollm2-135m", "prompt": "Hello", "max_tokens": 2}
         assert httpx.post(server.url + "/v1/completions", json=plain, headers=headers, timeout=120).status_code == 200
+    # The serve log's line for the 400 says why.
+    lines = [line for line in log.read_text(errors="replace").splitlines() if "400 POST /v1/chat/completions" in line]
+    assert lines and all("the model's chat template was stopped" in line for line in lines), lines
 
 
 # -- control tokens written in message text ---------------------------------------------------------

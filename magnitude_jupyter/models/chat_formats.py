@@ -26,7 +26,9 @@ VOCAB_MARKERS = frozenset(GEMMA_TURN + LLAMA3_TURN + LLAMA3_EXTRA_STOPS + CHATML
     HARMONY_TURN, HARMONY_STOPS
 )
 
-# Gemma has no system role: a system message opens the first user turn (as its own template does).
+# Gemma has no system role: a system message opens the next user turn (as its own template does); one
+# that no user turn follows (Claude Code's environment block after the last user message) is a user
+# turn of its own.
 GEMMA_TEMPLATE = (
     "{{ bos_token }}{% set ns = namespace(system='') %}"
     "{% for message in messages %}"
@@ -34,7 +36,8 @@ GEMMA_TEMPLATE = (
     "{% else %}<start_of_turn>{{ 'model' if message['role'] == 'assistant' else 'user' }}\n"
     "{% if message['role'] == 'user' %}{{ ns.system }}{% set ns.system = '' %}{% endif %}"
     "{{ message['content'] | trim }}<end_of_turn>\n{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    "{% endfor %}{% if ns.system %}<start_of_turn>user\n{{ ns.system | trim }}<end_of_turn>\n{% endif %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
 LLAMA3_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
@@ -56,6 +59,7 @@ MISTRAL_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] == 'system' %}"
     "{% set ns.system = ns.system + message['content'] + '\n\n' %}{% endif %}{% endfor %}"
     "{% set users = messages | selectattr('role', 'equalto', 'user') | list %}"
+    "{% if not users and ns.system %}[INST] {{ ns.system | trim }} [/INST]{% endif %}"
     "{% for message in messages %}"
     "{% if message['role'] == 'user' %}[INST] "
     "{% if message is sameas users[-1] %}{{ ns.system }}{% endif %}{{ message['content'] | trim }} [/INST]"

@@ -79,8 +79,24 @@ def client_program(user_agent: str | None) -> str | None:
 MAX_PROGRAM_CHARS = 48
 
 
+def log_request(handler: RequestHandler) -> None:
+    """The access log's line for a request, as tornado writes it, with the reason of an error: a 4xx
+    line that says why (the reason on one line, bounded: it may quote what a client sent)."""
+    from tornado.log import access_log
+
+    status = handler.get_status()
+    write = access_log.info if status < 400 else access_log.warning if status < 500 else access_log.error
+    reason = getattr(handler, "error_reason", None)
+    said = ": " + "".join(c if c.isprintable() else " " for c in reason)[:MAX_LOGGED_REASON] if reason else ""
+    write("%d %s %.2fms%s", status, handler._request_summary(), 1000.0 * handler.request.request_time(), said)
+
+
+MAX_LOGGED_REASON = 300
+
+
 class ApiMixin(RequestHandler):
     connection_gone = False  # the client closed its connection while we were answering
+    error_reason: str | None = None  # the message of the error this request was answered with
     _wake: asyncio.Event | None = None
     tenant: Tenant = OWNER  # who is asking: the host's auth sets it (server/tenants.py)
 
@@ -160,6 +176,7 @@ class ApiMixin(RequestHandler):
 
     def send_error_json(self, exc: Exception, prompt_param: str = "messages") -> None:
         err = api_error_from(exc, prompt_param)
+        self.error_reason = err.message
         if err.status >= 500 and err.status != 503:
             self.log_exception(type(exc), exc, exc.__traceback__)
         for name, value in err.headers.items():
@@ -175,6 +192,7 @@ class ApiMixin(RequestHandler):
             message = (exc.log_message if isinstance(exc, HTTPError) and exc.log_message else None) or self._reason
             kind = {401: "authentication_error", 403: "permission_error"}.get(status_code, "invalid_request_error")
             err = ApiError(status_code, message, type=kind)
+        self.error_reason = err.message
         if status_code == 401:
             # send_error() clears the headers set before the error: set the challenge here.
             self.set_header("WWW-Authenticate", 'Bearer realm="magnitude"')

@@ -19,7 +19,7 @@ import tornado.web
 
 from ..client.runtime import write_runtime_file
 from ..engine.pool import ModelPool
-from .handlers import DEFAULT_MAX_BODY_BYTES, MAX_BODY_KEY, ApiMixin, api_key_as_bearer
+from .handlers import DEFAULT_MAX_BODY_BYTES, MAX_BODY_KEY, ApiMixin, api_key_as_bearer, log_request
 from .routes import fallback_route, make_routes
 from .sse import POOL_KEY
 from .tenants import API_KEYS_KEY, OWNER, Tenant, check_owner_key_apart, tenant_for
@@ -105,6 +105,7 @@ def make_app(
     check_owner_key_apart(token, pool.settings.api_keys)
     settings[API_KEYS_KEY] = pool.settings.api_keys
     settings[REMOTE_KEY] = allow_remote
+    settings["log_function"] = log_request
     return tornado.web.Application(routes, **settings)
 
 
