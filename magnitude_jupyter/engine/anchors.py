@@ -7,8 +7,8 @@ held. Those differences are rounding, a few hundredths of a logit, but where two
 that close the greedy pick can go either way, and an idle server gave the same request three
 different answers in eight.
 
-So each greedy answer given is kept (`GreedyAnchors`, bounded in answers and tokens) under its
-prompt and cache scope, and a later request with the same prompt and scope follows it: wherever its
+So each greedy answer given is kept (`GreedyAnchors`, bounded in answers and tokens) under a digest
+of its prompt and its cache scope, and a later request with the same prompt and scope follows it: wherever its
 own pick beats the kept token by less than `NEAR_TIE`, the kept token is taken (step.py). A pick
 that beats it by more is the model's answer and stands; from there on, the request is on its own.
 Another scope's answers are never followed: a tenant must not learn another's answer from its own.
@@ -17,6 +17,8 @@ docs/decisions.md, "One greedy answer", gives the noise measured and the toleran
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 
 from .request import Request
@@ -26,14 +28,15 @@ MAX_ANSWERS = 256  # answers kept, the least recently used out first
 MAX_TOKENS = 65_536  # tokens kept over all of them
 
 
-Key = tuple[str | None, bool, int | None, int, int]
+Key = tuple[str | None, bool, int | None, bytes]
 
 
 def _key(request: Request) -> Key:
-    """What makes two greedy requests the same: their prompt, their scope, and what else moves their
-    tokens (end-of-generation banned, a reasoning budget whose closing tag the engine writes)."""
-    prompt = request.prompt_tokens
-    return request.cache_scope, request.params.bans_eog, request.thinking_budget, len(prompt), hash(tuple(prompt))
+    """What makes two greedy requests the same: their prompt (by a digest: prompts are not kept),
+    their scope, and what else moves their tokens (end-of-generation banned, a reasoning budget whose
+    closing tag the engine writes)."""
+    digest = hashlib.blake2b(array("i", request.prompt_tokens).tobytes(), digest_size=32).digest()
+    return request.cache_scope, request.params.bans_eog, request.thinking_budget, digest
 
 
 class GreedyAnchors:
@@ -42,7 +45,7 @@ class GreedyAnchors:
     def __init__(self, max_answers: int = MAX_ANSWERS, max_tokens: int = MAX_TOKENS) -> None:
         self.max_answers = max_answers
         self.max_tokens = max_tokens
-        self._answers: OrderedDict[Key, tuple[tuple[int, ...], tuple[int, ...]]] = OrderedDict()
+        self._answers: OrderedDict[Key, tuple[int, ...]] = OrderedDict()
         self._tokens = 0
         # request id -> (the answer it follows, its tokens compared so far); None: it follows none
         self._following: dict[str, tuple[Key, int] | None] = {}
@@ -51,17 +54,17 @@ class GreedyAnchors:
         """Keep a finished greedy request's answer (the latest answer to a prompt replaces the one before)."""
         if not request.params.draftable or not request.output_tokens:
             return
-        prompt, answer = tuple(request.prompt_tokens), tuple(request.output_tokens)
+        answer = tuple(request.output_tokens)
         if len(answer) > self.max_tokens:
             return
         key = _key(request)
         old = self._answers.pop(key, None)
         if old is not None:
-            self._tokens -= len(old[1])
-        self._answers[key] = (prompt, answer)
+            self._tokens -= len(old)
+        self._answers[key] = answer
         self._tokens += len(answer)
         while len(self._answers) > self.max_answers or self._tokens > self.max_tokens:
-            _, (_, dropped) = self._answers.popitem(last=False)
+            _, dropped = self._answers.popitem(last=False)
             self._tokens -= len(dropped)
 
     def expected(self, request: Request, count: int) -> list[int]:
@@ -78,13 +81,12 @@ class GreedyAnchors:
                 return []
         else:
             key = _key(request)
-            found = self._answers.get(key)
-            if found is None or list(found[0]) != request.prompt_tokens:
+            if key not in self._answers:
                 self._following[rid] = None
                 return []
             place = (key, 0)
         key, confirmed = place
-        answer = self._answers[key][1]
+        answer = self._answers[key]
         if done > len(answer) or request.output_tokens[confirmed:done] != list(answer[confirmed:done]):
             self._following[rid] = None  # it went its own way: on its own from here
             return []
