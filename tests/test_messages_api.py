@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import httpx
 import jsonschema
@@ -202,3 +204,66 @@ def test_a_prompt_that_alone_does_not_fit_is_an_error_with_its_numbers(claude):
         )
     message = caught.value.body["error"]["message"]
     assert "the prompt is" in message and "tokens" in message and "8192" in message
+
+
+def events_of(form: str, pieces: list[str]) -> list[dict]:
+    """The Messages events for an answer held to a tool form, generated in these pieces."""
+    from magnitude_jupyter.api.anthropic import MessageEvents, MessageShape
+    from magnitude_jupyter.engine.streams import StreamEvent
+    from magnitude_jupyter.token_counts import TokenCounts
+
+    render = MessageEvents(MessageShape("msg_x", "m", 3, tool_form=form))
+    out = []
+    for i, piece in enumerate(pieces, start=1):
+        out += render(StreamEvent(i, "token", text=piece))
+    out += render(StreamEvent(len(pieces) + 1, "done", finish_reason="stop", counts=TokenCounts(3, 0, 5)))
+    return out
+
+
+@pytest.mark.parametrize("form", ["generic", "hermes"])
+def test_with_tools_offered_text_streams_as_it_is_generated(form):
+    events = events_of(form, ["The weather", " is fine", " today."])
+    deltas = [e["delta"]["text"] for e in events if e["type"] == "content_block_delta"]
+    assert deltas == ["The weather", " is fine", " today."]  # one delta an event, not one at the end
+    assert [e["type"] for e in events][-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert events[-2]["delta"]["stop_reason"] == "end_turn"
+
+
+def test_with_tools_a_calls_input_streams_as_input_json_deltas_that_assemble_into_it():
+    pieces = ['{"tool_calls": [{"name": "get_', 'weather", "arguments": {"ci', 'ty": "Oslo", ', '"unit": "celsius"}}]}']
+    events = events_of("generic", pieces)
+    starts = [e for e in events if e["type"] == "content_block_start"]
+    assert [s["content_block"]["type"] for s in starts] == ["tool_use"]
+    assert starts[0]["content_block"]["name"] == "get_weather" and starts[0]["content_block"]["input"] == {}
+    partial = [e["delta"]["partial_json"] for e in events if e["type"] == "content_block_delta"]
+    assert len(partial) == 3 and json.loads("".join(partial)) == {"city": "Oslo", "unit": "celsius"}
+    assert events[-2]["delta"]["stop_reason"] == "tool_use"
+
+
+def test_with_tools_two_calls_are_two_blocks_in_order():
+    call = '{"name": "get_weather", "arguments": {"city": "%s", "unit": "celsius"}}'
+    pieces = ['{"tool_calls": [' + call % "Oslo", ", " + call % "Rome", "]}"]
+    events = events_of("generic", pieces)
+    starts = [(e["index"], e["content_block"]["id"]) for e in events if e["type"] == "content_block_start"]
+    stops = [e["index"] for e in events if e["type"] == "content_block_stop"]
+    assert starts == [(0, "toolu_x_0"), (1, "toolu_x_1")] and stops == [0, 1]
+
+
+def test_a_forced_calls_input_streams_in_pieces_against_the_real_server(claude):
+    request = {
+        "model": "smollm2-135m",
+        "max_tokens": 64,
+        "extra_body": {"temperature": 0},
+        "tools": [WEATHER],
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+        "messages": [{"role": "user", "content": "What is the weather in Oslo, in celsius?"}],
+    }
+    pieces = 0
+    with claude.messages.stream(**request) as stream:
+        for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+                pieces += 1
+        message = stream.get_final_message()
+    (call,) = [block for block in message.content if block.type == "tool_use"]
+    assert pieces > 1  # generated token by token, not sent whole at the end
+    jsonschema.validate(call.input, WEATHER["input_schema"])

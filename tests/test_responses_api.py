@@ -204,3 +204,57 @@ def test_a_continuation_is_the_same_prompt_as_the_whole_history_and_reuses_its_c
     whole = client.responses.create(input=history, store=False, **ask)
     assert second.usage.input_tokens == whole.usage.input_tokens
     assert second.usage.input_tokens_details.cached_tokens > 0
+
+
+def response_events(form: str, pieces: list[str]) -> list[dict]:
+    """The Responses events for an answer held to a tool form, generated in these pieces."""
+    from magnitude_jupyter.api.responses import ResponseEvents, ResponseMeta
+    from magnitude_jupyter.engine.streams import StreamEvent
+    from magnitude_jupyter.token_counts import TokenCounts
+
+    render = ResponseEvents(ResponseMeta("resp_x", "m", {}, tool_form=form))
+    out = []
+    for i, piece in enumerate(pieces, start=1):
+        out += render(StreamEvent(i, "token", text=piece))
+    return out + render(StreamEvent(len(pieces) + 1, "done", finish_reason="stop", counts=TokenCounts(3, 0, 5)))
+
+
+def test_with_tools_offered_the_text_streams_as_it_is_generated():
+    events = response_events("hermes", ["The weather", " is fine", " today."])
+    deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas == ["The weather", " is fine", " today."]
+    (done,) = [e for e in events if e["type"] == "response.output_text.done"]
+    assert done["text"] == "The weather is fine today."
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
+def test_with_tools_a_calls_arguments_stream_and_assemble_into_the_final_item():
+    pieces = ['{"tool_calls": [{"name": "get_', 'weather", "arguments": {"ci', 'ty": "Oslo", ', '"unit": "celsius"}}]}']
+    events = response_events("generic", pieces)
+    added = [e["item"] for e in events if e["type"] == "response.output_item.added"]
+    assert [(item["type"], item["name"], item["arguments"]) for item in added] == [("function_call", "get_weather", "")]
+    deltas = [e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"]
+    assert len(deltas) == 3 and json.loads("".join(deltas)) == {"city": "Oslo", "unit": "celsius"}
+    (done,) = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert done["arguments"] == "".join(deltas)
+    (completed,) = [e for e in events if e["type"] == "response.completed"]
+    assert completed["response"]["output"][0]["call_id"] == added[0]["call_id"]
+
+
+def test_a_required_calls_arguments_stream_in_pieces_against_the_real_server(client):
+    request = {
+        "model": "smollm2-135m",
+        "input": "What is the weather in Oslo, in celsius?",
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "max_output_tokens": 64,
+        "temperature": 0,
+    }
+    pieces = 0
+    with client.responses.stream(**request) as stream:
+        for event in stream:
+            pieces += event.type == "response.function_call_arguments.delta"
+        response = stream.get_final_response()
+    (call,) = [item for item in response.output if item.type == "function_call"]
+    assert pieces > 1
+    jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])

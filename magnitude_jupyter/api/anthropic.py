@@ -18,7 +18,7 @@ from typing import Any
 from ..engine.reasoning import Thinking
 from ..engine.schema_grammar import SchemaGrammar
 from ..engine.streams import StreamEvent
-from ..engine.tools import ToolRequest, ToolSpec, parse_answer
+from ..engine.tools import ParsedAnswer, ToolRequest, ToolSpec, parse_answer
 from .errors import ApiError, refuse_unknown_fields
 from .generation import (
     GenerationRequest,
@@ -401,8 +401,10 @@ _EMPTY_TEXT = {"type": "text", "text": ""}
 
 class MessageEvents:
     """The Messages API's stream for one answer, event by event of the engine's stream: text streams
-    as `text_delta`s; an answer held to a tool form is read whole, then sent as its blocks (a call's
-    input in one `input_json_delta`)."""
+    as `text_delta`s, with tools offered too, once the answer is known to be text (it cannot be a
+    call's opening any more); a call opens its `tool_use` block once its name is whole, and its input
+    streams as `input_json_delta`s as it is generated. What the check after generation finds still
+    ends the stream with an error."""
 
     def __init__(self, shape: MessageShape) -> None:
         self.shape = shape
@@ -411,6 +413,8 @@ class MessageEvents:
         self.block_open = False  # the text block
         self.thinking_open = False
         self.first = 0  # the index of the text (or first tool) block: 1 after a thinking block
+        self.sent = ParsedAnswer()  # with tools: what the blocks sent so far hold
+        self.open_call: int | None = None  # with tools: the call whose block is open
 
     def __call__(self, event: StreamEvent) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -438,33 +442,21 @@ class MessageEvents:
             out.append({"type": "content_block_stop", "index": 0})
             self.thinking_open = False
         first = self.first
-        if self.shape.tool_form is None and event.text:
-            if not self.block_open:
-                out.append({"type": "content_block_start", "index": first, "content_block": _EMPTY_TEXT})
-                self.block_open = True
-            delta = {"type": "text_delta", "text": event.text}
-            out.append({"type": "content_block_delta", "index": first, "delta": delta})
+        if self.shape.tool_form is None:
+            if event.text:
+                out += self._text(event.text)
+        else:
+            out += self._tool_form_deltas()
         if not event.is_final:
             return out
         if event.finish_reason == "error":
             message = event.error or "the generation failed"
             return [*out, {"type": "error", "error": {"type": "api_error", "message": message}}]
-        blocks, called = _blocks(self.shape, self.text)
-        if self.shape.tool_form is None:
-            if not self.block_open:
-                out.append({"type": "content_block_start", "index": first, "content_block": _EMPTY_TEXT})
-            out.append({"type": "content_block_stop", "index": first})
-        else:
-            for index, block in enumerate(blocks, start=first):
-                if block["type"] == "text":
-                    out.append({"type": "content_block_start", "index": index, "content_block": _EMPTY_TEXT})
-                    delta = {"type": "text_delta", "text": block["text"]}
-                else:
-                    opening = {**block, "input": {}}
-                    out.append({"type": "content_block_start", "index": index, "content_block": opening})
-                    delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
-                out.append({"type": "content_block_delta", "index": index, "delta": delta})
-                out.append({"type": "content_block_stop", "index": index})
+        called = self.shape.tool_form is not None and self.sent.is_call and bool(self.sent.calls)
+        if not self.block_open:  # an empty answer still has its (empty) text block
+            out.append({"type": "content_block_start", "index": first, "content_block": _EMPTY_TEXT})
+            self.block_open = True
+        out.append({"type": "content_block_stop", "index": self._open_index()})
         stop_reason, stop_sequence = _stop(event, called)
         usage = _usage(event.counts)
         out.append(
@@ -479,4 +471,42 @@ class MessageEvents:
             }
         )
         out.append({"type": "message_stop"})
+        return out
+
+    def _open_index(self) -> int:
+        return self.first + (self.open_call if self.open_call is not None else 0)
+
+    def _text(self, text: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if not self.block_open:
+            out.append({"type": "content_block_start", "index": self.first, "content_block": _EMPTY_TEXT})
+            self.block_open = True
+        out.append({"type": "content_block_delta", "index": self.first, "delta": {"type": "text_delta", "text": text}})
+        return out
+
+    def _tool_form_deltas(self) -> list[dict[str, Any]]:
+        """With tools offered: the answer so far read again, and what it added since the last event,
+        as text deltas or as calls' blocks (the block of call i at index `first + i`)."""
+        assert self.shape.tool_form is not None
+        answer = parse_answer(self.text, self.shape.tool_form)
+        out: list[dict[str, Any]] = []
+        if not answer.is_call:
+            if answer.content[len(self.sent.content) :]:
+                out += self._text(answer.content[len(self.sent.content) :])
+            self.sent = answer
+            return out
+        for i, call in enumerate(answer.calls):
+            if i >= len(self.sent.calls):
+                if self.block_open:
+                    out.append({"type": "content_block_stop", "index": self._open_index()})
+                block = {"type": "tool_use", "id": self.shape.tool_use_id(i), "name": call.name, "input": {}}
+                out.append({"type": "content_block_start", "index": self.first + i, "content_block": block})
+                self.block_open, self.open_call = True, i
+                piece = call.arguments
+            else:
+                piece = call.arguments[len(self.sent.calls[i].arguments) :]
+            if piece:
+                delta = {"type": "input_json_delta", "partial_json": piece}
+                out.append({"type": "content_block_delta", "index": self.first + i, "delta": delta})
+        self.sent = answer  # a new object at each reading: what was sent stays as it was
         return out

@@ -253,6 +253,9 @@ class ResponseMeta:
     def item_id(self, kind: str, index: int) -> str:
         return f"{kind}_{self.id.removeprefix('resp_')}_{index}"
 
+    def call_id(self, index: int) -> str:
+        return self.item_id("call", index)
+
 
 def _usage(counts: TokenCounts | None) -> dict[str, Any]:
     counts = counts or TokenCounts(0, 0, 0)
@@ -288,7 +291,7 @@ def output_items(meta: ResponseMeta, text: str, status: str = "completed", reaso
                 {
                     "type": "function_call",
                     "id": meta.item_id("fc", i),
-                    "call_id": f"call_{meta.id.removeprefix('resp_')}_{i}",
+                    "call_id": meta.call_id(i),
                     "name": call.name,
                     "arguments": call.arguments or "{}",
                     "status": "completed",
@@ -339,8 +342,10 @@ def response_object(
 
 
 class ResponseEvents:
-    """The Responses API's stream for one answer: text streams as `response.output_text.delta`s; an
-    answer held to a tool form is read whole, then sent as its items. Every event has its number."""
+    """The Responses API's stream for one answer: text streams as `response.output_text.delta`s, with
+    tools offered too, once the answer is known to be text; a call's item is added once its name is
+    whole, and its arguments stream as `response.function_call_arguments.delta`s as they are
+    generated. Every event has its number."""
 
     def __init__(self, meta: ResponseMeta) -> None:
         self.meta = meta
@@ -351,6 +356,8 @@ class ResponseEvents:
         self.reasoning = ""
         self.reasoning_open = False
         self.first = 0  # the message's (or first call's) output index: 1 after a reasoning item
+        self.text_sent = ""  # with tools: the text sent so far
+        self.arguments_sent: list[str] = []  # with tools: each call's arguments sent so far
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -393,6 +400,43 @@ class ResponseEvents:
             item = reasoning_item(self.meta, self.reasoning, status)
             out.append(self._event("response.output_item.done", output_index=0, item=item))
 
+    def _text_delta(self, out: list[dict[str, Any]], text: str) -> None:
+        if not self.message_open:
+            self._open_message(out, self.first)
+            self.message_open = True
+        delta = {"item_id": self.meta.item_id("msg", 0), "output_index": self.first, "content_index": 0}
+        out.append(self._event("response.output_text.delta", **delta, delta=text, logprobs=[]))
+
+    def _tool_form_deltas(self, out: list[dict[str, Any]]) -> None:
+        """With tools offered: the answer so far read again, what it added since sent as text deltas,
+        or as calls' items (call i at output index `first + i`) and their arguments' deltas."""
+        assert self.meta.tool_form is not None
+        answer = parse_answer(self.text, self.meta.tool_form)
+        if not answer.is_call:
+            if answer.content[len(self.text_sent) :]:
+                self._text_delta(out, answer.content[len(self.text_sent) :])
+                self.text_sent = answer.content
+            return
+        for i, call in enumerate(answer.calls):
+            index = self.first + i
+            item_id = self.meta.item_id("fc", i)
+            if i >= len(self.arguments_sent):
+                item = {
+                    "type": "function_call",
+                    "id": item_id,
+                    "call_id": self.meta.call_id(i),
+                    "name": call.name,
+                    "arguments": "",
+                    "status": "in_progress",
+                }
+                out.append(self._event("response.output_item.added", output_index=index, item=item))
+                self.arguments_sent.append("")
+            piece = call.arguments[len(self.arguments_sent[i]) :]
+            if piece:
+                args = {"item_id": item_id, "output_index": index}
+                out.append(self._event("response.function_call_arguments.delta", **args, delta=piece))
+                self.arguments_sent[i] = call.arguments
+
     def __call__(self, event: StreamEvent) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         if not self.started:
@@ -402,21 +446,11 @@ class ResponseEvents:
             out.append(self._event("response.in_progress", response=snapshot))
         self.text += event.text
         self._reasoning(out, event)
-        item_id = self.meta.item_id("msg", 0)
-        if self.meta.tool_form is None and event.text:
-            if not self.message_open:
-                self._open_message(out, self.first)
-                self.message_open = True
-            out.append(
-                self._event(
-                    "response.output_text.delta",
-                    item_id=item_id,
-                    output_index=self.first,
-                    content_index=0,
-                    delta=event.text,
-                    logprobs=[],
-                )
-            )
+        if self.meta.tool_form is None:
+            if event.text:
+                self._text_delta(out, event.text)
+        else:
+            self._tool_form_deltas(out)
         if not event.is_final:
             return out
         final = response_object(self.meta, self.text, event, reasoning=self.reasoning)
@@ -436,10 +470,15 @@ class ResponseEvents:
                 out.append(self._event("response.output_text.done", **done, text=text, logprobs=[]))
                 out.append(self._event("response.content_part.done", **done, part=item["content"][0]))
             else:
-                opening = {**item, "arguments": "", "status": "in_progress"}
-                out.append(self._event("response.output_item.added", output_index=index, item=opening))
+                call = index - self.first
                 args = {"item_id": item["id"], "output_index": index}
-                out.append(self._event("response.function_call_arguments.delta", **args, delta=item["arguments"]))
+                if call >= len(self.arguments_sent):  # not streamed: added now, whole
+                    opening = {**item, "arguments": "", "status": "in_progress"}
+                    out.append(self._event("response.output_item.added", output_index=index, item=opening))
+                    self.arguments_sent.append("")
+                rest = item["arguments"][len(self.arguments_sent[call]) :]
+                if rest or not self.arguments_sent[call]:
+                    out.append(self._event("response.function_call_arguments.delta", **args, delta=rest))
                 out.append(self._event("response.function_call_arguments.done", **args, arguments=item["arguments"]))
             out.append(self._event("response.output_item.done", output_index=index, item=item))
         # An answer cut at max_output_tokens ends with response.completed too, its status "incomplete":
