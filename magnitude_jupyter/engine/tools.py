@@ -343,16 +343,22 @@ class ParsedAnswer:
     is_call: bool = False
 
 
+# What can open or close an object, or a string, or escape inside one: the only characters the scan
+# below stops at (the rest of an argument's text is skipped in C, not read a character at a time).
+_SIGNIFICANT = re.compile(r'[{}"\\]')
+
+
 def _object_end(text: str, start: int) -> int | None:
     """The index after the JSON object starting at `start`, or None if it is not closed yet."""
-    depth, in_string, escaped = 0, False, False
-    for i in range(start, len(text)):
+    depth, in_string, escaped_at = 0, False, -1
+    for match in _SIGNIFICANT.finditer(text, start):
+        i = match.start()
+        if i == escaped_at:  # the character after a backslash in a string
+            continue
         c = text[i]
         if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
+            if c == "\\":
+                escaped_at = i + 1
             elif c == '"':
                 in_string = False
         elif c == '"':
