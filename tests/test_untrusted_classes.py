@@ -579,3 +579,20 @@ def test_agents_learn_the_context_window_from_models_and_props(inproc):
         assert props["default_generation_settings"]["n_ctx"] == default["context_length"]
         assert props["model_alias"] == default["id"] and props["total_slots"] >= 1
     assert httpx.get(inproc.url + "/props", timeout=30).status_code == 401  # behind the same auth
+
+
+def test_llama_servers_router_routes_list_load_and_refuse_in_words(inproc):
+    """Pi's llama.cpp provider speaks llama-server's router: GET /models with each model's status,
+    POST /models/load and /models/unload with {"model": ...}."""
+    models = httpx.get(inproc.url + "/models", headers=inproc.headers(), timeout=60).json()["data"]
+    default = next(m for m in models if m["default"])
+    assert default["status"] == {"value": "loaded"}
+    load = httpx.post(inproc.url + "/models/load", json={"model": default["id"]}, headers=inproc.headers(), timeout=60)
+    assert load.status_code == 200 and load.json()["success"] is True and load.json()["loaded"] is True
+    missing = httpx.post(inproc.url + "/models/load", json={}, headers=inproc.headers(), timeout=60)
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "model"
+    unknown = httpx.post(
+        inproc.url + "/models/load", json={"model": "no-such-model"}, headers=inproc.headers(), timeout=60
+    )
+    assert unknown.status_code == 404
+    assert httpx.get(inproc.url + "/models", timeout=30).status_code == 401  # behind the same auth

@@ -111,6 +111,9 @@ def resident_json(pool: ModelPool, resident: Resident) -> dict[str, Any]:
     }
 
 
+ROUTER_STATUS = {"ready": "loaded", "loading": "loading", "created": "loading"}
+
+
 def model_json(pool: ModelPool, entry: ModelEntry) -> dict[str, Any]:
     """One model as `/v1/models` lists it: OpenAI's fields, then whether it is loaded, what memory it
     holds (or would hold), its settings, and its file's metadata. Reads files: call off the loop."""
@@ -124,6 +127,8 @@ def model_json(pool: ModelPool, entry: ModelEntry) -> dict[str, Any]:
         "owned_by": "magnitude",
         "loaded": resident is not None and resident.engine.ready,
         "state": resident.engine.state if resident is not None else "unloaded",
+        # llama-server's router speaks of a model's status so (Pi's llama.cpp provider reads it)
+        "status": {"value": ROUTER_STATUS.get(resident.engine.state, "unloaded") if resident else "unloaded"},
         "default": entry.alias == pool.default_model,
         "source": entry.source,
         "settings": {name: getattr(settings, name) for name in SETTINGS_SHOWN},

@@ -443,11 +443,12 @@ class ModelActionHandler(ApiMixin):
                 waiter = functools.partial(LoadWaiter.since_then, priority="interactive", origin=origin)
                 resident, load_ms = await self.checkout_model(model_id, None, waiter)
                 self.pool.checkin(resident)
-                body = {"id": resident.entry.alias, "loaded": True, "load_ms": round(load_ms, 1) if load_ms else None}
+                load = round(load_ms, 1) if load_ms else None
+                body = {"id": resident.entry.alias, "loaded": True, "load_ms": load, "success": True}
             else:
                 entry = self.pool.resolve(model_id)
                 unloaded = await loop.run_in_executor(None, self.pool.unload, model_id)
-                body = {"id": entry.alias, "loaded": not unloaded, "unload_when_idle": not unloaded}
+                body = {"id": entry.alias, "loaded": not unloaded, "unload_when_idle": not unloaded, "success": True}
         except Exception as exc:
             self.send_error_json(exc, "model")
             return
@@ -458,6 +459,21 @@ class ModelActionHandler(ApiMixin):
         if not self.request.body:
             return None
         return short_string(self.json_body(), "origin")
+
+
+class RouterModelActionHandler(ModelActionHandler):
+    """llama-server's router routes, POST models/load and models/unload with {"model": ...}: the same
+    actions (Pi's llama.cpp provider loads a model so before it asks)."""
+
+    async def post(self, action: str) -> None:  # type: ignore[override]
+        try:
+            model = short_string(self.json_body(), "model")
+            if model is None:
+                raise ApiError(400, "'model' names the model to load or unload", param="model")
+        except Exception as exc:
+            self.send_error_json(exc, "model")
+            return
+        await super().post(model, action)
 
 
 class HealthHandler(ApiMixin):

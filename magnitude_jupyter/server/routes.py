@@ -16,6 +16,7 @@ from .handlers import (
     ModelActionHandler,
     ModelsHandler,
     PropsHandler,
+    RouterModelActionHandler,
     StatusHandler,
     StreamHandler,
 )
@@ -48,6 +49,8 @@ ROUTES: list[tuple[str, type[ApiMixin]]] = [
     (r"v1/models", ModelsHandler),
     (r"v1/models/([A-Za-z0-9_.\-]+)", ModelsHandler),
     (r"models/([A-Za-z0-9_.\-]+)/(load|unload)", ModelActionHandler),
+    (r"models", ModelsHandler),  # llama-server's router: the models and their status
+    (r"models/(load|unload)", RouterModelActionHandler),  # ... {"model": ...} in the body
     (r"v1/streams/([A-Za-z0-9_\-]+)", StreamHandler),
     (r"health", HealthHandler),
     (r"props", PropsHandler),  # llama-server's, where agents learn the context window
