@@ -267,3 +267,29 @@ def test_a_forced_calls_input_streams_in_pieces_against_the_real_server(claude):
     (call,) = [block for block in message.content if block.type == "tool_use"]
     assert pieces > 1  # generated token by token, not sent whole at the end
     jsonschema.validate(call.input, WEATHER["input_schema"])
+
+
+def test_claude_codes_attribution_block_costs_a_new_session_none_of_the_shared_prompt(claude):
+    """Claude Code's first system block differs per session (its version and entry point, hashed with
+    the first prompt); the instructions after it are the same: a new session reuses them."""
+    instructions = "You are a coding agent. Follow the repository's conventions. " * 30
+
+    def system(session: str) -> list[dict]:
+        header = f"x-anthropic-billing-header: cc_version=2.1.337.{session}; cc_entrypoint=cli;"
+        return [{"type": "text", "text": header}, {"type": "text", "text": instructions}]
+
+    first = claude.messages.create(
+        model="smollm2-135m", max_tokens=2, system=system("a1"), messages=[{"role": "user", "content": "Hi"}]
+    )
+    second = claude.messages.create(
+        model="smollm2-135m", max_tokens=2, system=system("b2"), messages=[{"role": "user", "content": "Hello"}]
+    )
+    prompt = second.usage.input_tokens + second.usage.cache_read_input_tokens
+    assert second.usage.cache_read_input_tokens >= 0.8 * prompt, (first.usage, second.usage)
+    plain = claude.messages.count_tokens(
+        model="smollm2-135m", system=instructions, messages=[{"role": "user", "content": "Hi"}]
+    )
+    with_header = claude.messages.count_tokens(
+        model="smollm2-135m", system=system("c3"), messages=[{"role": "user", "content": "Hi"}]
+    )
+    assert with_header.input_tokens == plain.input_tokens

@@ -113,6 +113,28 @@ def _text_of(content: Any, where: str) -> str:
     return "\n\n".join(parts)
 
 
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def _without_billing_header(system: Any) -> Any:
+    """The `system` blocks but Claude Code's attribution block (`x-anthropic-billing-header:
+    cc_version=...; cc_entrypoint=...;`): metadata for Anthropic's billing, not an instruction, and
+    it differs from one session to the next at the very top of the prompt, so every new session
+    would compute again all the rest (docs/decisions.md, "Claude Code's attribution block")."""
+    if not isinstance(system, list):
+        return system
+    return [
+        block
+        for block in system
+        if not (
+            isinstance(block, dict)
+            and block.get("type") == "text"
+            and isinstance(block.get("text"), str)
+            and block["text"].lstrip().startswith(BILLING_HEADER)
+        )
+    ]
+
+
 def _messages(raw: Any) -> list[dict[str, Any]]:
     """Messages API messages as the engine's chat messages (OpenAI's roles: tool calls and results)."""
     if not isinstance(raw, list) or not raw:
@@ -273,7 +295,9 @@ def parse_messages(data: dict[str, Any]) -> GenerationRequest:
         raise bad_param("max_tokens", "'max_tokens' is required: a positive integer")
     messages = _messages(data.get("messages"))
     if data.get("system") is not None:
-        messages.insert(0, {"role": "system", "content": _text_of(data["system"], "system")})
+        system = _text_of(_without_billing_header(data["system"]), "system")
+        if system or not isinstance(data["system"], list):
+            messages.insert(0, {"role": "system", "content": system})
     metadata = data.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise bad_param("metadata", "'metadata' must be an object")
