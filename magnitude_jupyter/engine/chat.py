@@ -118,7 +118,25 @@ def _shield_text(text: str, pattern: re.Pattern[str], shielded: list[str]) -> st
 
 @functools.lru_cache(maxsize=8)
 def _control_pattern(texts: tuple[str, ...]) -> re.Pattern[str]:
-    return re.compile("|".join(re.escape(t) for t in texts))
+    """One pattern for every text, written as a trie (`<\\|im_(?:start|end)\\|>`): matching it reads
+    each character once, where a plain alternation would try every text at every `<` (a
+    vocabulary may hold thousands of control tokens, and a prompt thousands of `<`)."""
+    trie: dict[str, dict] = {}
+    for text in texts:
+        node = trie
+        for char in text:
+            node = node.setdefault(char, {})
+        node[""] = {}  # a text ends here
+    return re.compile(_trie_regex(trie))
+
+
+def _trie_regex(node: dict[str, dict]) -> str:
+    branches = [re.escape(char) + _trie_regex(child) for char, child in sorted(node.items()) if char]
+    ends = "" in node
+    if not branches:
+        return ""
+    body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+    return f"(?:{body})?" if ends else body
 
 
 def _shield_messages(messages: list[dict[str, Any]], texts: tuple[str, ...], shielded: list[str]) -> None:
