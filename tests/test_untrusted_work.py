@@ -284,3 +284,21 @@ def test_control_tokens_in_a_message_are_text_unless_the_setting_says_otherwise(
         engine.engine_settings = settings
     assert as_control.count(im_start[0]) == as_text.count(im_start[0]) + 1
     assert runner.tokenize("<|im_start|>", add_special=False, parse_special=False) != im_start
+
+
+def longest_first(texts: tuple[str, ...], content: str) -> list[str]:
+    """What a plain alternation of the texts, longest first, finds: the reference for the trie."""
+    import re
+
+    return re.findall("|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True)), content)
+
+
+@settings(max_examples=300, derandomize=True)
+@given(
+    texts=st.lists(st.text(alphabet="<|>ab_", min_size=1, max_size=6), min_size=1, max_size=8, unique=True),
+    content=st.text(alphabet="<|>ab_ x", max_size=60),
+)
+def test_the_control_token_pattern_finds_what_an_alternation_of_the_texts_finds(texts, content):
+    from magnitude_jupyter.engine.chat import _control_pattern
+
+    assert _control_pattern(tuple(texts)).findall(content) == longest_first(tuple(texts), content)
