@@ -22,6 +22,17 @@ WEATHER = {
 }
 
 
+# A request whose answer must be a call of get_weather.
+REQUIRED_CALL = {
+    "model": "smollm2-135m",
+    "input": "What is the weather in Oslo, in celsius?",
+    "tools": [WEATHER],
+    "tool_choice": "required",
+    "max_output_tokens": 64,
+    "temperature": 0,
+}
+
+
 @pytest.fixture
 def client(inproc):
     return openai.OpenAI(base_url=inproc.url + "/v1", api_key=inproc.token, max_retries=0, timeout=300)
@@ -102,14 +113,7 @@ def test_a_response_cannot_be_cancelled_once_finished_nor_streamed_if_unknown(cl
 
 @pytest.mark.parametrize("streamed", [False, True])
 def test_a_function_call_validates_and_its_output_continues_the_conversation(client, streamed):
-    request = {
-        "model": "smollm2-135m",
-        "input": "What is the weather in Oslo, in celsius?",
-        "tools": [WEATHER],
-        "tool_choice": "required",
-        "max_output_tokens": 64,
-        "temperature": 0,
-    }
+    request = REQUIRED_CALL
     if streamed:
         with client.responses.stream(**request) as stream:
             response = stream.get_final_response()
@@ -242,14 +246,7 @@ def test_with_tools_a_calls_arguments_stream_and_assemble_into_the_final_item():
 
 
 def test_a_required_calls_arguments_stream_in_pieces_against_the_real_server(client):
-    request = {
-        "model": "smollm2-135m",
-        "input": "What is the weather in Oslo, in celsius?",
-        "tools": [WEATHER],
-        "tool_choice": "required",
-        "max_output_tokens": 64,
-        "temperature": 0,
-    }
+    request = REQUIRED_CALL
     pieces = 0
     with client.responses.stream(**request) as stream:
         for event in stream:
