@@ -79,7 +79,7 @@ def test_two_models_answer_through_one_server(oai, http):
 def test_load_unload_and_keep_alive(oai, http):
     ask(oai, SECOND_MODEL)
     unloaded = http.post(f"/models/{SECOND_MODEL}/unload").json()
-    assert unloaded == {"id": SECOND_MODEL, "loaded": False, "unload_when_idle": False}
+    assert unloaded == {"id": SECOND_MODEL, "loaded": False, "unload_when_idle": False, "success": True}
     assert listing(http)[SECOND_MODEL]["loaded"] is False
     assert listing(http)[SECOND_MODEL]["state"] == "unloaded"
     assert http.get("/status", params={"model": SECOND_MODEL}).json()["state"] == "unloaded"
