@@ -192,6 +192,7 @@ SAY = [{"role": "user", "content": "hi"}]
         ("{{ '{:100000000}'.format(1) }}", "width of a million"),
         ("{{ '%100000000s' % 1 }}", "width of a million"),
         ("{% set s = 'a' * 100000 %}{{ s.replace('a', 'b' * 100000) }}", "'replace'"),
+        ("{% set s = 'a' * 100000 %}{{ s.replace('', 'b' * 1000) }}", "'replace'"),
         ("{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}", "a prompt of"),
     ],
 )

@@ -476,7 +476,7 @@ class MessageEvents:
         if event.finish_reason == "error":
             message = event.error or "the generation failed"
             return [*out, {"type": "error", "error": {"type": "api_error", "message": message}}]
-        called = self.shape.tool_form is not None and self.sent.is_call and bool(self.sent.calls)
+        called = self.sent.is_call and bool(self.sent.calls)  # only an answer held to a tool form reads calls
         if not self.block_open:  # an empty answer still has its (empty) text block
             out.append({"type": "content_block_start", "index": first, "content_block": _EMPTY_TEXT})
             self.block_open = True

@@ -166,24 +166,23 @@ def _as_uri(iri: str) -> str:
     return "".join(c if ord(c) < 128 else "".join(f"%{b:02X}" for b in c.encode()) for c in iri)
 
 
+def _through_uri(check: Any) -> Any:
+    """A URI format's check, made an IRI format's: the value's URI form checked."""
+    return lambda value: check(_as_uri(value)) if isinstance(value, str) else True
+
+
 def _format_checker(base: Any) -> Any:
-    """The validator's format checker, with the IRI formats checked in linear time (their URI form
-    against RFC 3986's grammar) and every format's string charged to the budget."""
+    """The validator's format checker, with the IRI formats checked in linear time: their URI form
+    against RFC 3986's grammar. (A format's string is charged to the budget with its `format`
+    keyword, as every keyword's instance is.)"""
     from jsonschema import FormatChecker
 
     checker = FormatChecker(())
-    for name, (func, raises) in base.FORMAT_CHECKER.checkers.items():
-        checker.checkers[name] = (func, raises)
-    uri = checker.checkers.get("uri")
-    uri_reference = checker.checkers.get("uri-reference")
-    if uri is not None:
-        checker.checkers["iri"] = (lambda v, f=uri[0]: f(_as_uri(v)) if isinstance(v, str) else True, uri[1])
-    if uri_reference is not None:
-        reference = uri_reference[0]
-        checker.checkers["iri-reference"] = (
-            lambda v, f=reference: f(_as_uri(v)) if isinstance(v, str) else True,
-            uri_reference[1],
-        )
+    checker.checkers.update(base.FORMAT_CHECKER.checkers)
+    for iri, uri in (("iri", "uri"), ("iri-reference", "uri-reference")):
+        if uri in checker.checkers:
+            check, raises = checker.checkers[uri]
+            checker.checkers[iri] = (_through_uri(check), raises)
     return checker
 
 

@@ -228,7 +228,7 @@ class LlamaRunner:
         self._embedder_lock = threading.Lock()
         self._piece_buf = ctypes.create_string_buffer(256)
         self._pieces: dict[int, bytes] = {}
-        self._control_texts: tuple[str, ...] | None = None
+        self._control_texts = self._read_control_texts()
         self._lanes: dict[int, Lane] = {}
         self._cells_freed = False  # a removal since the last compaction (compact_cells)
         self._last_ctx = self.ctx  # where the last decode's logits are
@@ -310,18 +310,20 @@ class LlamaRunner:
         return choice.flash_attention, choice.reason, "measured"
 
     def control_texts(self) -> tuple[str, ...]:
-        """The text of every control token of the vocabulary (`<|im_start|>`, `<start_of_turn>`...),
-        longest first, read once: what the tokenizer turns into a control token when it parses
-        special tokens."""
-        if self._control_texts is None:
-            control = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
-            texts = {
-                self._special_text(token)
-                for token in range(self.n_vocab)
-                if llama_cpp.llama_vocab_get_attr(self.vocab, token) & control
-            }
-            self._control_texts = tuple(sorted((t for t in texts if t.strip()), key=len, reverse=True))
+        """The text of every control token of the vocabulary (`<|im_start|>`, `<start_of_turn>`...):
+        what the tokenizer turns into a control token when it parses special tokens."""
         return self._control_texts
+
+    def _read_control_texts(self) -> tuple[str, ...]:
+        """Read at load, in a fixed order: a scan of the whole vocabulary, kept off the first
+        request's time to its first token."""
+        control = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+        texts = {
+            self._special_text(token)
+            for token in range(self.n_vocab)
+            if llama_cpp.llama_vocab_get_attr(self.vocab, token) & control
+        }
+        return tuple(sorted(t for t in texts if t.strip()))
 
     def _special_text(self, token: int) -> str:
         if token < 0:

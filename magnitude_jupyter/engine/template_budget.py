@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -82,10 +81,6 @@ def _counted_loop(iterable: Any) -> Iterator[Any]:
         yield item
 
 
-def _joined(value: Any) -> Any:
-    return _sized(value)
-
-
 def _length(value: Any) -> int | None:
     return len(value) if isinstance(value, (str, list, tuple, bytes)) else None
 
@@ -118,7 +113,8 @@ def _check_sized_by_argument(name: str, args: Iterable[Any], kwargs: dict[str, A
 
 def _check_replace(target: Any, args: tuple[Any, ...]) -> None:
     if isinstance(target, str) and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
-        size = len(target) + target.count(args[0]) * max(0, len(args[1]) - len(args[0])) if args[0] else 0
+        # count("") is len + 1: an empty `old` inserts `new` between every two characters
+        size = len(target) + target.count(args[0]) * max(0, len(args[1]) - len(args[0]))
         if size > MAX_RENDER_CHARS:
             raise _too_long("the result of 'replace'", size)
 
@@ -147,7 +143,7 @@ class BudgetedEnvironment(ImmutableSandboxedEnvironment):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.globals["__magnitude_loop"] = _counted_loop
-        self.globals["__magnitude_join"] = _joined
+        self.globals["__magnitude_join"] = _sized
         self.filters = {name: _budgeted_filter(name, fn) for name, fn in self.filters.items()}
 
     def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
@@ -170,7 +166,7 @@ class BudgetedEnvironment(ImmutableSandboxedEnvironment):
             sizes = (_length(left), _length(right))
             if sizes[0] is not None and sizes[1] is not None and sizes[0] + sizes[1] > MAX_RENDER_CHARS:
                 raise _too_long("a concatenation", sizes[0] + sizes[1])
-        return _sized(BINOPS[operator_name](left, right))
+        return _sized(self.binop_table[operator_name](left, right))
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
         _budget().charge()
@@ -184,15 +180,6 @@ class BudgetedEnvironment(ImmutableSandboxedEnvironment):
             if name == "replace":
                 _check_replace(target, args)
         return _sized(super().call(__context, __obj, *args, **kwargs))
-
-
-BINOPS: dict[str, Callable[[Any, Any], Any]] = {
-    "*": operator.mul,
-    "**": operator.pow,
-    "+": operator.add,
-    "%": operator.mod,
-    "//": operator.floordiv,
-}
 
 
 def _replace_node(tree: nodes.Node, old: nodes.Node, new: nodes.Node) -> None:
